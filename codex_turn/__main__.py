@@ -1,0 +1,5 @@
+import sys
+
+from codex_turn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""The compaction machine: who compacts a session, in which order, and what is reported.
+
+Two compaction systems exist and must never be silently conflated: the context engine's
+``compact()`` and Codex's native ``thread/compact/start``. This table makes the ownership
+decision explicit and terminal (OpenClaw bugs #82008, #85958, #115666 came from chaining
+fallbacks across that boundary).
+
+Rule 1: every decision about what happens next lives in ``COMPACTION_TABLE`` and the guards
+of :class:`CompactionModel`. Rule 2: no I/O; facts arrive as :class:`CompactionFacts` (does
+an active engine own compaction, is there a Codex thread binding) and as past-tense triggers.
+
+Theory of operation:
+
+* An owning engine compacts first and its result is primary. If it compacted, maintenance
+  runs (reason "compaction"). Then, only when a thread binding exists, Codex native
+  compaction runs as a best-effort secondary step. An engine failure still goes to native
+  compaction; a native failure never turns a successful engine result into a failure (that
+  is the result-building code's job, but the table guarantees native runs after either).
+* A non-owning engine, or none: native compaction only, exactly as Codex does it; without a
+  binding there is nothing to compact and the run goes straight to ``reported``.
+
+WARNING: ``diagrams/compaction.mmd`` is rendered from this table; a test fails when stale.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from codex_turn.fsm._machine import Edge, Model, TableMachine
+
+__all__ = [
+    "COMPACTION_TABLE",
+    "CompactionFacts",
+    "CompactionModel",
+    "CompactionState",
+    "CompactionTrigger",
+]
+
+
+class CompactionState(enum.Enum):
+    IDLE = "idle"
+    ENGINE_COMPACTING = "engine_compacting"
+    COMPACTION_MAINTENANCE = "compaction_maintenance"
+    NATIVE_COMPACTING = "native_compacting"
+    REPORTED = "reported"
+
+
+class CompactionTrigger(enum.StrEnum):
+    STARTED = "started"
+    ENGINE_COMPACTED = "engine_compacted"
+    ENGINE_DECLINED = "engine_declined"  # ok, but nothing compacted (e.g. below threshold)
+    ENGINE_FAILED = "engine_failed"
+    MAINTENANCE_RAN = "maintenance_ran"
+    MAINTENANCE_FAILED = "maintenance_failed"
+    NATIVE_COMPACTED = "native_compacted"
+    NATIVE_FAILED = "native_failed"
+    NATIVE_TIMED_OUT = "native_timed_out"
+
+
+@attrs.frozen
+class CompactionFacts:
+    engine_owns: bool = False  # an active (non-legacy) engine with info.owns_compaction
+    has_binding: bool = False  # a Codex thread binding exists for the session
+
+
+S = CompactionState
+T = CompactionTrigger
+
+# After the engine's part: native compaction when there is a thread to compact, else report.
+_THEN_NATIVE = ("has_binding",)
+
+COMPACTION_TABLE: dict[CompactionState, tuple[Edge, ...]] = {
+    # State: idle (the ownership decision, made once)
+    S.IDLE: (
+        Edge(T.STARTED, S.ENGINE_COMPACTING, when=("engine_owns",)),
+        Edge(T.STARTED, S.NATIVE_COMPACTING, when=_THEN_NATIVE, unless=("engine_owns",)),
+        Edge(T.STARTED, S.REPORTED, unless=("engine_owns", "has_binding")),
+    ),
+    # State: engine_compacting (primary; failure still proceeds to native)
+    S.ENGINE_COMPACTING: (
+        Edge(T.ENGINE_COMPACTED, S.COMPACTION_MAINTENANCE),
+        Edge(T.ENGINE_DECLINED, S.NATIVE_COMPACTING, when=_THEN_NATIVE),
+        Edge(T.ENGINE_DECLINED, S.REPORTED, unless=_THEN_NATIVE),
+        Edge(T.ENGINE_FAILED, S.NATIVE_COMPACTING, when=_THEN_NATIVE),
+        Edge(T.ENGINE_FAILED, S.REPORTED, unless=_THEN_NATIVE),
+    ),
+    # State: compaction_maintenance (only after the engine compacted; never fatal)
+    S.COMPACTION_MAINTENANCE: (
+        Edge(T.MAINTENANCE_RAN, S.NATIVE_COMPACTING, when=_THEN_NATIVE),
+        Edge(T.MAINTENANCE_RAN, S.REPORTED, unless=_THEN_NATIVE),
+        Edge(T.MAINTENANCE_FAILED, S.NATIVE_COMPACTING, when=_THEN_NATIVE),
+        Edge(T.MAINTENANCE_FAILED, S.REPORTED, unless=_THEN_NATIVE),
+    ),
+    # State: native_compacting (best effort; every ending is reported)
+    S.NATIVE_COMPACTING: (
+        Edge(T.NATIVE_COMPACTED, S.REPORTED),
+        Edge(T.NATIVE_FAILED, S.REPORTED),
+        Edge(T.NATIVE_TIMED_OUT, S.REPORTED),
+    ),
+    # Final state.
+    S.REPORTED: (),
+}
+
+COMPACTION_MACHINE = TableMachine(
+    name="compaction",
+    states=CompactionState,
+    table=COMPACTION_TABLE,
+    initial=CompactionState.IDLE,
+    final=(CompactionState.REPORTED,),
+)
+
+
+@attrs.define(eq=False, slots=False)
+class CompactionModel(Model):
+    """One compaction run through :data:`COMPACTION_TABLE`."""
+
+    machine = COMPACTION_MACHINE
+
+    facts: CompactionFacts = attrs.field(factory=CompactionFacts)
+
+    @classmethod
+    def begin(
+        cls, facts: CompactionFacts | None = None, *, state: CompactionState = CompactionState.IDLE
+    ) -> CompactionModel:
+        model = cls(facts=facts or CompactionFacts())
+        model._attach(state)
+        return model
+
+    @property
+    def engine_owns(self) -> bool:
+        return self.facts.engine_owns
+
+    @property
+    def has_binding(self) -> bool:
+        return self.facts.has_binding

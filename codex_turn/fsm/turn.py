@@ -1,0 +1,336 @@
+"""The turn machine: one Codex turn driven through a context engine, as a table.
+
+Rule 1: every decision about what happens next in a turn lives in this file, in
+``TURN_TABLE`` and the guard properties of :class:`TurnModel`. The orchestrator never
+branches on its own: it awaits a stage's work, then fires the past-tense trigger that
+describes what happened (``history_read``, ``assemble_failed``, ``turn_aborted`` ...), and the
+table decides where the turn goes.
+
+Rule 2: this file performs no I/O and knows nothing of Codex, engines or files. Facts about
+the world arrive in two ways only: :class:`TurnFacts`, fixed when the turn begins (is a
+non-legacy engine active, did the session file exist before this turn wrote anything, can the
+engine maintain, does it want maintenance in the background), and the triggers themselves,
+from which the model records the turn's outcome.
+
+Theory of operation. A turn is a pipeline of stages with a fallback at every stage, because a
+context engine is a plugin and must never be able to break a turn:
+
+    idle -> reading_history -> bootstrapping -> assembling -> projecting -> building_prompt
+         -> starting_thread -> running_turn -> mirroring -> finalizing -> maintaining -> done
+
+* bootstrapping is entered on every turn and either bootstraps (only with an active engine and
+  a session file that existed before the turn) or is skipped; a failed bootstrap continues.
+* assembling without an active engine is skipped straight to building_prompt (the turn is
+  plain Codex); a failed assemble also skips projection and keeps the baseline prompt.
+* projecting falls back to the baseline prompt on failure.
+* starting_thread starts, resumes or rotates the Codex thread; failing to start one is the
+  only in-flight failure that is terminal (``failed``), because nothing reached Codex and
+  there is nothing to mirror. ``cancelled`` ends any pre-Codex stage the same way.
+* running_turn ends in exactly one of five outcomes; Codex's own in-turn compactions are
+  internal transitions, counted but not leaving the state.
+* Once running_turn was reached, mirroring and finalizing always follow (an engine must see
+  every turn that ran, OpenClaw bug #121515); a failed mirror finalizes from the fallback
+  snapshot.
+* After finalizing the table, not the orchestrator, chooses between maintaining and skipping;
+  a skip records one :class:`SkipReason`. Maintenance never fails a turn.
+
+Guards are tried in declaration order; the first edge whose guards hold wins. A trigger
+whose edges are all closed is illegal like any other (see ``_machine``).
+
+WARNING: ``diagrams/turn.mmd`` is rendered from this table by ``python -m
+codex_turn.fsm.diagrams``; a test fails when the committed diagram is stale.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from codex_turn.fsm._machine import Edge, Model, TableMachine
+
+__all__ = [
+    "TURN_TABLE",
+    "SkipReason",
+    "TurnFacts",
+    "TurnModel",
+    "TurnOutcome",
+    "TurnState",
+    "TurnTrigger",
+    "maintenance_skip_reason",
+]
+
+
+class TurnState(enum.Enum):
+    IDLE = "idle"
+    READING_HISTORY = "reading_history"
+    BOOTSTRAPPING = "bootstrapping"
+    ASSEMBLING = "assembling"
+    PROJECTING = "projecting"
+    BUILDING_PROMPT = "building_prompt"
+    STARTING_THREAD = "starting_thread"
+    RUNNING_TURN = "running_turn"
+    MIRRORING = "mirroring"
+    FINALIZING = "finalizing"
+    MAINTAINING = "maintaining"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TurnTrigger(enum.StrEnum):
+    STARTED = "started"
+    HISTORY_READ = "history_read"
+    HISTORY_READ_FAILED = "history_read_failed"
+    BOOTSTRAPPED = "bootstrapped"
+    BOOTSTRAP_FAILED = "bootstrap_failed"
+    BOOTSTRAP_SKIPPED = "bootstrap_skipped"
+    ASSEMBLED = "assembled"
+    ASSEMBLE_FAILED = "assemble_failed"
+    ASSEMBLE_SKIPPED = "assemble_skipped"
+    PROJECTED = "projected"
+    PROJECTION_FAILED = "projection_failed"
+    PROMPT_BUILT = "prompt_built"
+    THREAD_STARTED = "thread_started"
+    THREAD_RESUMED = "thread_resumed"
+    THREAD_ROTATED = "thread_rotated"
+    THREAD_START_FAILED = "thread_start_failed"
+    CANCELLED = "cancelled"
+    NATIVE_COMPACTION_STARTED = "native_compaction_started"
+    NATIVE_COMPACTION_COMPLETED = "native_compaction_completed"
+    TURN_COMPLETED = "turn_completed"
+    TURN_FAILED = "turn_failed"
+    TURN_ABORTED = "turn_aborted"
+    TURN_YIELD_ABORTED = "turn_yield_aborted"
+    TURN_TIMED_OUT = "turn_timed_out"
+    MIRRORED = "mirrored"
+    MIRROR_FAILED = "mirror_failed"
+    FINALIZED = "finalized"
+    FINALIZE_FAILED = "finalize_failed"
+    MAINTENANCE_RAN = "maintenance_ran"
+    MAINTENANCE_FAILED = "maintenance_failed"
+    MAINTENANCE_DEFERRED = "maintenance_deferred"
+
+
+class TurnOutcome(enum.Enum):
+    """How the turn ended. The first five come from running_turn; the last two are terminal."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"  # Codex reported a prompt error
+    ABORTED = "aborted"
+    YIELD_ABORTED = "yield_aborted"
+    TIMED_OUT = "timed_out"
+    THREAD_START_FAILED = "thread_start_failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def prompt_error(self) -> bool:
+        return self in (TurnOutcome.FAILED, TurnOutcome.TIMED_OUT)
+
+    @property
+    def aborted(self) -> bool:
+        # A timeout interrupts the turn and a yield aborts the run: both count as aborted.
+        return self in (TurnOutcome.ABORTED, TurnOutcome.YIELD_ABORTED, TurnOutcome.TIMED_OUT)
+
+    @property
+    def yield_aborted(self) -> bool:
+        return self is TurnOutcome.YIELD_ABORTED
+
+
+class SkipReason(enum.Enum):
+    """Why turn maintenance did not run. Structural reasons first, then the turn's fate."""
+
+    NO_ENGINE = "no_engine"
+    NO_MAINTAIN = "no_maintain"
+    PROMPT_ERROR = "prompt_error"
+    YIELD_ABORTED = "yield_aborted"
+    ABORTED = "aborted"
+    FINALIZE_FAILED = "finalize_failed"
+
+
+# Which outcome each terminal-for-the-stage trigger establishes.
+OUTCOME_OF_TRIGGER: dict[str, TurnOutcome] = {
+    TurnTrigger.TURN_COMPLETED: TurnOutcome.COMPLETED,
+    TurnTrigger.TURN_FAILED: TurnOutcome.FAILED,
+    TurnTrigger.TURN_ABORTED: TurnOutcome.ABORTED,
+    TurnTrigger.TURN_YIELD_ABORTED: TurnOutcome.YIELD_ABORTED,
+    TurnTrigger.TURN_TIMED_OUT: TurnOutcome.TIMED_OUT,
+    TurnTrigger.THREAD_START_FAILED: TurnOutcome.THREAD_START_FAILED,
+    TurnTrigger.CANCELLED: TurnOutcome.CANCELLED,
+}
+
+
+@attrs.frozen
+class TurnFacts:
+    """What is known about the world when the turn begins; the guards read only these."""
+
+    engine_active: bool = False  # a non-legacy engine is configured
+    had_session_file: bool = False  # the transcript existed before this turn wrote anything
+    engine_maintains: bool = False  # the engine implements maintain()
+    background_maintenance: bool = False  # turn_maintenance_mode == "background"
+
+
+def maintenance_skip_reason(
+    facts: TurnFacts, outcome: TurnOutcome | None, *, finalize_failed: bool
+) -> SkipReason | None:
+    """Why turn maintenance must not run after this turn, or ``None`` when it may."""
+    if not facts.engine_active:
+        return SkipReason.NO_ENGINE
+    if not facts.engine_maintains:
+        return SkipReason.NO_MAINTAIN
+    if outcome is None or outcome.prompt_error:
+        return SkipReason.PROMPT_ERROR
+    if outcome.yield_aborted:
+        return SkipReason.YIELD_ABORTED
+    if outcome.aborted:
+        return SkipReason.ABORTED
+    if finalize_failed:
+        return SkipReason.FINALIZE_FAILED
+    return None
+
+
+S = TurnState
+T = TurnTrigger
+
+
+_CANCEL = Edge(T.CANCELLED, S.FAILED)
+
+TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
+    # State: idle
+    S.IDLE: (Edge(T.STARTED, S.READING_HISTORY),),
+    # State: reading_history (a failed read continues with empty history)
+    S.READING_HISTORY: (
+        Edge(T.HISTORY_READ, S.BOOTSTRAPPING),
+        Edge(T.HISTORY_READ_FAILED, S.BOOTSTRAPPING),
+        _CANCEL,
+    ),
+    # State: bootstrapping (only with an engine and a pre-existing transcript; failure continues)
+    S.BOOTSTRAPPING: (
+        Edge(T.BOOTSTRAPPED, S.ASSEMBLING, when=("may_bootstrap",)),
+        Edge(T.BOOTSTRAP_FAILED, S.ASSEMBLING, when=("may_bootstrap",)),
+        Edge(T.BOOTSTRAP_SKIPPED, S.ASSEMBLING, unless=("may_bootstrap",)),
+        _CANCEL,
+    ),
+    # State: assembling (no engine: plain Codex; failure: baseline prompt, no projection)
+    S.ASSEMBLING: (
+        Edge(T.ASSEMBLED, S.PROJECTING, when=("engine_active",)),
+        Edge(T.ASSEMBLE_FAILED, S.BUILDING_PROMPT, when=("engine_active",)),
+        Edge(T.ASSEMBLE_SKIPPED, S.BUILDING_PROMPT, unless=("engine_active",)),
+        _CANCEL,
+    ),
+    # State: projecting (failure: baseline prompt and instructions)
+    S.PROJECTING: (
+        Edge(T.PROJECTED, S.BUILDING_PROMPT),
+        Edge(T.PROJECTION_FAILED, S.BUILDING_PROMPT),
+        _CANCEL,
+    ),
+    # State: building_prompt (before_prompt_build hooks; their errors are ignored)
+    S.BUILDING_PROMPT: (
+        Edge(T.PROMPT_BUILT, S.STARTING_THREAD),
+        _CANCEL,
+    ),
+    # State: starting_thread (the only terminal failure: nothing reached Codex)
+    S.STARTING_THREAD: (
+        Edge(T.THREAD_STARTED, S.RUNNING_TURN),
+        Edge(T.THREAD_RESUMED, S.RUNNING_TURN),
+        Edge(T.THREAD_ROTATED, S.RUNNING_TURN),
+        Edge(T.THREAD_START_FAILED, S.FAILED),
+        _CANCEL,
+    ),
+    # State: running_turn (native compactions are internal; five ways out, all to mirroring)
+    S.RUNNING_TURN: (
+        Edge(T.NATIVE_COMPACTION_STARTED, None),
+        Edge(T.NATIVE_COMPACTION_COMPLETED, None),
+        Edge(T.TURN_COMPLETED, S.MIRRORING),
+        Edge(T.TURN_FAILED, S.MIRRORING),
+        Edge(T.TURN_ABORTED, S.MIRRORING),
+        Edge(T.TURN_YIELD_ABORTED, S.MIRRORING),
+        Edge(T.TURN_TIMED_OUT, S.MIRRORING),
+    ),
+    # State: mirroring (a failed mirror still finalizes, from history + snapshot)
+    S.MIRRORING: (
+        Edge(T.MIRRORED, S.FINALIZING),
+        Edge(T.MIRROR_FAILED, S.FINALIZING),
+    ),
+    # State: finalizing (the table decides: maintain, or skip with a recorded reason)
+    S.FINALIZING: (
+        Edge(T.FINALIZED, S.MAINTAINING, when=("maintenance_allowed",)),
+        Edge(T.FINALIZED, S.DONE, unless=("maintenance_allowed",)),
+        Edge(T.FINALIZE_FAILED, S.DONE),
+    ),
+    # State: maintaining (never fails the turn; background mode defers it)
+    S.MAINTAINING: (
+        Edge(T.MAINTENANCE_RAN, S.DONE, unless=("background_maintenance",)),
+        Edge(T.MAINTENANCE_FAILED, S.DONE, unless=("background_maintenance",)),
+        Edge(T.MAINTENANCE_DEFERRED, S.DONE, when=("background_maintenance",)),
+    ),
+    # Final states: nothing happens after them.
+    S.DONE: (),
+    S.FAILED: (),
+}
+
+TURN_MACHINE = TableMachine(
+    name="turn",
+    states=TurnState,
+    table=TURN_TABLE,
+    initial=TurnState.IDLE,
+    final=(TurnState.DONE, TurnState.FAILED),
+)
+
+
+@attrs.define(eq=False, slots=False)
+class TurnModel(Model):
+    """One turn's run through :data:`TURN_TABLE`: state, trace, outcome and skip reason.
+
+    Create one per turn with :meth:`begin`; it attaches to the process-wide machine and
+    detaches itself when it reaches ``done`` or ``failed``.
+    """
+
+    machine = TURN_MACHINE
+
+    facts: TurnFacts = attrs.field(factory=TurnFacts)
+    outcome: TurnOutcome | None = attrs.field(init=False, default=None)
+    skip_reason: SkipReason | None = attrs.field(init=False, default=None)
+    native_compactions: int = attrs.field(init=False, default=0)
+
+    @classmethod
+    def begin(
+        cls,
+        facts: TurnFacts | None = None,
+        *,
+        state: TurnState = TurnState.IDLE,
+        outcome: TurnOutcome | None = None,
+    ) -> TurnModel:
+        """A new turn in ``state`` (tests start mid-table; runners always start idle)."""
+        model = cls(facts=facts or TurnFacts())
+        model.outcome = outcome
+        model._attach(state)
+        return model
+
+    # Guards (read by the table by name).
+    @property
+    def engine_active(self) -> bool:
+        return self.facts.engine_active
+
+    @property
+    def may_bootstrap(self) -> bool:
+        return self.facts.engine_active and self.facts.had_session_file
+
+    @property
+    def maintenance_allowed(self) -> bool:
+        return maintenance_skip_reason(self.facts, self.outcome, finalize_failed=False) is None
+
+    @property
+    def background_maintenance(self) -> bool:
+        return self.facts.background_maintenance
+
+    def _on_fired(self, trigger: str) -> None:
+        if trigger in OUTCOME_OF_TRIGGER:
+            self.outcome = OUTCOME_OF_TRIGGER[trigger]
+        elif trigger == TurnTrigger.NATIVE_COMPACTION_COMPLETED:
+            self.native_compactions += 1
+        elif trigger == TurnTrigger.FINALIZE_FAILED or (
+            trigger == TurnTrigger.FINALIZED and self.state_name == "DONE"
+        ):
+            self.skip_reason = maintenance_skip_reason(
+                self.facts, self.outcome, finalize_failed=trigger == TurnTrigger.FINALIZE_FAILED
+            )

@@ -1,0 +1,178 @@
+"""Ordering checks shared by the real-table tests and the mutation tests.
+
+Each check takes the model class to exercise (the real one, or one bound to a mutant table)
+and returns a list of human-readable disagreements with the hand-written oracle; an empty
+list means the machine behaves exactly as the oracle says.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from fsm_oracle import (
+    COMPACTION_STATES,
+    COMPACTION_TERMINAL,
+    COMPACTION_TRIGGERS,
+    INTERNAL,
+    OUTCOME_BY_EXIT,
+    TURN_OUTCOMES,
+    TURN_STATES,
+    TURN_TERMINAL,
+    TURN_TRIGGERS,
+    compaction_oracle,
+    turn_oracle,
+    turn_skip_reason,
+)
+
+from codex_turn.fsm import (
+    CompactionFacts,
+    CompactionState,
+    IllegalTransition,
+    TurnFacts,
+    TurnOutcome,
+    TurnState,
+)
+
+TURN_FLAG_COMBOS = [
+    dict(zip(("engine", "session_file", "maintains", "background"), bits, strict=True))
+    for bits in itertools.product((False, True), repeat=4)
+]
+COMPACTION_FLAG_COMBOS = [
+    {"owns": owns, "binding": binding}
+    for owns, binding in itertools.product((False, True), repeat=2)
+]
+
+
+def turn_facts(flags: dict[str, bool]) -> TurnFacts:
+    return TurnFacts(
+        engine_active=flags["engine"],
+        had_session_file=flags["session_file"],
+        engine_maintains=flags["maintains"],
+        background_maintenance=flags["background"],
+    )
+
+
+def compaction_facts(flags: dict[str, bool]) -> CompactionFacts:
+    return CompactionFacts(engine_owns=flags["owns"], has_binding=flags["binding"])
+
+
+def _fire_one(model: Any, trigger: str) -> tuple[str | None, str | None]:
+    """Fire and report (destination, error) where exactly one is set."""
+    try:
+        model.fire(trigger)
+    except IllegalTransition as error:
+        if error.state != model.state.name or error.trigger != trigger:
+            return None, f"IllegalTransition carries state={error.state} trigger={error.trigger}"
+        return None, None
+    return model.state.name, None
+
+
+def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES) -> list[str]:
+    """Every state x trigger x guard facts x recorded outcome against the oracle."""
+    problems: list[str] = []
+    for state, flags, outcome, trigger in itertools.product(
+        states, TURN_FLAG_COMBOS, TURN_OUTCOMES, TURN_TRIGGERS
+    ):
+        model = model_cls.begin(
+            turn_facts(flags),
+            state=TurnState[state],
+            outcome=TurnOutcome(outcome) if outcome else None,
+        )
+        expected = turn_oracle(state, trigger, outcome=outcome, **flags)
+        trace_before = len(model.trace)
+        dest, error = _fire_one(model, trigger)
+        label = f"{state} --{trigger}--> ? with {flags} outcome={outcome}"
+        if error:
+            problems.append(f"{label}: {error}")
+        elif expected is None and dest is not None:
+            problems.append(f"{label}: accepted (to {dest}), oracle says illegal")
+        elif expected is None and model.state.name != state:
+            problems.append(f"{label}: rejected but state changed to {model.state.name}")
+        elif expected is None and len(model.trace) != trace_before:
+            problems.append(f"{label}: rejected but the trace grew")
+        elif expected is not None and dest is None:
+            problems.append(f"{label}: rejected, oracle says {expected}")
+        elif expected is not None and dest != (state if expected == INTERNAL else expected):
+            problems.append(f"{label}: went to {dest}, oracle says {expected}")
+        model.close()
+    return problems
+
+
+def exhaustive_compaction_check(model_cls: Any) -> list[str]:
+    problems: list[str] = []
+    for state, flags, trigger in itertools.product(
+        COMPACTION_STATES, COMPACTION_FLAG_COMBOS, COMPACTION_TRIGGERS
+    ):
+        model = model_cls.begin(compaction_facts(flags), state=CompactionState[state])
+        expected = compaction_oracle(state, trigger, **flags)
+        dest, error = _fire_one(model, trigger)
+        label = f"{state} --{trigger}--> ? with {flags}"
+        if error:
+            problems.append(f"{label}: {error}")
+        elif expected != dest:
+            problems.append(f"{label}: machine says {dest}, oracle says {expected}")
+        elif expected is None and model.state.name != state:
+            problems.append(f"{label}: rejected but state changed")
+        model.close()
+    return problems
+
+
+# Pre-Codex endings: the run is over, and the outcome says why.
+TERMINAL_OUTCOMES = {"thread_start_failed": "thread_start_failed", "cancelled": "cancelled"}
+
+
+def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, str | None]]:
+    """Every legal trigger sequence from IDLE to a terminal state under ``flags``, by the
+    oracle, with at most one native compaction pair; yields (triggers, final state, outcome).
+    """
+
+    def walk(
+        state: str, path: list[str], outcome: str | None, compactions: int
+    ) -> Iterator[tuple[list[str], str, str | None]]:
+        if state in TURN_TERMINAL:
+            yield path, state, outcome
+            return
+        for trigger in TURN_TRIGGERS:
+            dest = turn_oracle(state, trigger, outcome=outcome, **flags)
+            if dest is None:
+                continue
+            if dest == INTERNAL:
+                # Only the ordered pair, once: started then completed.
+                if compactions >= 1 or trigger != "native_compaction_started":
+                    continue
+                yield from walk(
+                    state, [*path, trigger, "native_compaction_completed"], outcome, compactions + 1
+                )
+                continue
+            next_outcome = TERMINAL_OUTCOMES.get(trigger, OUTCOME_BY_EXIT.get(trigger, outcome))
+            yield from walk(dest, [*path, trigger], next_outcome, compactions)
+
+    yield from walk("IDLE", [], None, 0)
+
+
+def expected_skip_reason(
+    flags: dict[str, bool], path: list[str], outcome: str | None
+) -> str | None:
+    if "finalized" not in path and "finalize_failed" not in path:
+        return None
+    return turn_skip_reason(
+        engine=flags["engine"],
+        maintains=flags["maintains"],
+        outcome=outcome,
+        finalize_failed="finalize_failed" in path,
+    )
+
+
+def legal_compaction_paths(flags: dict[str, bool]) -> Iterator[list[str]]:
+    def walk(state: str, path: list[str]) -> Iterator[list[str]]:
+        if state in COMPACTION_TERMINAL:
+            yield path
+            return
+        for trigger in COMPACTION_TRIGGERS:
+            dest = compaction_oracle(state, trigger, **flags)
+            if dest is not None:
+                yield from walk(dest, [*path, trigger])
+
+    yield from walk("IDLE", [])

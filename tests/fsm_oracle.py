@@ -1,0 +1,207 @@
+"""Independent oracles for the turn and compaction machines.
+
+Written by hand from DESIGN.md and the issue text, NOT derived from the tables in
+``codex_turn.fsm``: a mistyped edge in a table disagrees with these functions. Each oracle
+answers "where does ``trigger`` take a run in ``state`` under these facts", with ``None``
+meaning the trigger must be rejected. ``INTERNAL`` marks a legal trigger that stays put.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INTERNAL: Final = "<internal>"
+
+TURN_STATES = (
+    "IDLE",
+    "READING_HISTORY",
+    "BOOTSTRAPPING",
+    "ASSEMBLING",
+    "PROJECTING",
+    "BUILDING_PROMPT",
+    "STARTING_THREAD",
+    "RUNNING_TURN",
+    "MIRRORING",
+    "FINALIZING",
+    "MAINTAINING",
+    "DONE",
+    "FAILED",
+)
+TURN_TERMINAL = frozenset({"DONE", "FAILED"})
+TURN_TRIGGERS = (
+    "started",
+    "history_read",
+    "history_read_failed",
+    "bootstrapped",
+    "bootstrap_failed",
+    "bootstrap_skipped",
+    "assembled",
+    "assemble_failed",
+    "assemble_skipped",
+    "projected",
+    "projection_failed",
+    "prompt_built",
+    "thread_started",
+    "thread_resumed",
+    "thread_rotated",
+    "thread_start_failed",
+    "cancelled",
+    "native_compaction_started",
+    "native_compaction_completed",
+    "turn_completed",
+    "turn_failed",
+    "turn_aborted",
+    "turn_yield_aborted",
+    "turn_timed_out",
+    "mirrored",
+    "mirror_failed",
+    "finalized",
+    "finalize_failed",
+    "maintenance_ran",
+    "maintenance_failed",
+    "maintenance_deferred",
+    "no_such_trigger",  # unknown triggers are illegal everywhere
+)
+TURN_OUTCOMES = (None, "completed", "failed", "aborted", "yield_aborted", "timed_out")
+
+# Outcome each running_turn exit establishes, and which of them forbid maintenance.
+OUTCOME_BY_EXIT = {
+    "turn_completed": "completed",
+    "turn_failed": "failed",
+    "turn_aborted": "aborted",
+    "turn_yield_aborted": "yield_aborted",
+    "turn_timed_out": "timed_out",
+}
+
+
+def turn_oracle(
+    state: str,
+    trigger: str,
+    *,
+    engine: bool,
+    session_file: bool,
+    maintains: bool,
+    background: bool,
+    outcome: str | None,
+) -> str | None:
+    can_bootstrap = engine and session_file
+    if (
+        state
+        in (
+            "READING_HISTORY",
+            "BOOTSTRAPPING",
+            "ASSEMBLING",
+            "PROJECTING",
+            "BUILDING_PROMPT",
+            "STARTING_THREAD",
+        )
+        and trigger == "cancelled"
+    ):
+        return "FAILED"
+    if state == "IDLE":
+        return "READING_HISTORY" if trigger == "started" else None
+    if state == "READING_HISTORY":
+        return "BOOTSTRAPPING" if trigger in ("history_read", "history_read_failed") else None
+    if state == "BOOTSTRAPPING":
+        if trigger in ("bootstrapped", "bootstrap_failed"):
+            return "ASSEMBLING" if can_bootstrap else None
+        if trigger == "bootstrap_skipped":
+            return None if can_bootstrap else "ASSEMBLING"
+        return None
+    if state == "ASSEMBLING":
+        if trigger == "assembled":
+            return "PROJECTING" if engine else None
+        if trigger == "assemble_failed":
+            return "BUILDING_PROMPT" if engine else None
+        if trigger == "assemble_skipped":
+            return None if engine else "BUILDING_PROMPT"
+        return None
+    if state == "PROJECTING":
+        return "BUILDING_PROMPT" if trigger in ("projected", "projection_failed") else None
+    if state == "BUILDING_PROMPT":
+        return "STARTING_THREAD" if trigger == "prompt_built" else None
+    if state == "STARTING_THREAD":
+        if trigger in ("thread_started", "thread_resumed", "thread_rotated"):
+            return "RUNNING_TURN"
+        return "FAILED" if trigger == "thread_start_failed" else None
+    if state == "RUNNING_TURN":
+        if trigger in ("native_compaction_started", "native_compaction_completed"):
+            return INTERNAL
+        return "MIRRORING" if trigger in OUTCOME_BY_EXIT else None
+    if state == "MIRRORING":
+        return "FINALIZING" if trigger in ("mirrored", "mirror_failed") else None
+    if state == "FINALIZING":
+        if trigger == "finalize_failed":
+            return "DONE"
+        if trigger == "finalized":
+            allowed = engine and maintains and outcome == "completed"
+            return "MAINTAINING" if allowed else "DONE"
+        return None
+    if state == "MAINTAINING":
+        if trigger in ("maintenance_ran", "maintenance_failed"):
+            return None if background else "DONE"
+        if trigger == "maintenance_deferred":
+            return "DONE" if background else None
+        return None
+    return None  # DONE, FAILED: nothing happens after a terminal state
+
+
+def turn_skip_reason(
+    *, engine: bool, maintains: bool, outcome: str | None, finalize_failed: bool
+) -> str | None:
+    """The skip reason the oracle expects on reaching DONE from FINALIZING."""
+    if not engine:
+        return "no_engine"
+    if not maintains:
+        return "no_maintain"
+    if outcome in (None, "failed", "timed_out"):
+        return "prompt_error"
+    if outcome == "yield_aborted":
+        return "yield_aborted"
+    if outcome == "aborted":
+        return "aborted"
+    return "finalize_failed" if finalize_failed else None
+
+
+COMPACTION_STATES = (
+    "IDLE",
+    "ENGINE_COMPACTING",
+    "COMPACTION_MAINTENANCE",
+    "NATIVE_COMPACTING",
+    "REPORTED",
+)
+COMPACTION_TERMINAL = frozenset({"REPORTED"})
+COMPACTION_TRIGGERS = (
+    "started",
+    "engine_compacted",
+    "engine_declined",
+    "engine_failed",
+    "maintenance_ran",
+    "maintenance_failed",
+    "native_compacted",
+    "native_failed",
+    "native_timed_out",
+    "no_such_trigger",
+)
+
+
+def compaction_oracle(state: str, trigger: str, *, owns: bool, binding: bool) -> str | None:
+    after_engine = "NATIVE_COMPACTING" if binding else "REPORTED"
+    if state == "IDLE" and trigger == "started":
+        if owns:
+            return "ENGINE_COMPACTING"
+        return after_engine
+    if state == "ENGINE_COMPACTING":
+        if trigger == "engine_compacted":
+            return "COMPACTION_MAINTENANCE"
+        if trigger in ("engine_declined", "engine_failed"):
+            return after_engine
+    if state == "COMPACTION_MAINTENANCE" and trigger in ("maintenance_ran", "maintenance_failed"):
+        return after_engine
+    if state == "NATIVE_COMPACTING" and trigger in (
+        "native_compacted",
+        "native_failed",
+        "native_timed_out",
+    ):
+        return "REPORTED"
+    return None
