@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     diagrams.add_argument("args", nargs=argparse.REMAINDER)
     commands.add_parser("demo", help="render the diagrams and run the offline demo")
-    args = parser.parse_args(argv)
+    parser.parse_args(argv)
 
     for path in write_diagrams(DEFAULT_DIR):
         print(f"wrote {path}")
