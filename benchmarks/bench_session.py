@@ -1,0 +1,150 @@
+"""Session transcript figures: cold read, incremental re-read, mirror append latency.
+
+    .venv/bin/python benchmarks/bench_session.py [--entries 100000] [--turns 30]
+
+* cold read: parse + context of an N-entry transcript (cache cleared first);
+* re-read after appending one turn: must not grow with the file, so it is shown for 10k and
+  100k entries;
+* mirror append: one ``mirror_turn`` of four messages, including both locks and the fsync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+
+SCOPE = "codex-app-server:bench-thread"
+
+
+def _turn(index: int) -> tuple[list[dict[str, object]], list[str]]:
+    ts = 1_774_000_000_000 + index
+    usage = {"input": 1200, "output": 300, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 1500}
+    assistant = {
+        "api": "openai-codex-responses",
+        "provider": "openai",
+        "model": "gpt-5.5",
+        "usage": usage,
+        "stopReason": "stop",
+        "timestamp": ts,
+    }
+    messages: list[dict[str, object]] = [
+        {"role": "user", "content": f"please look at item {index} " + "x" * 120, "timestamp": ts},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Codex reasoning:\n" + "r" * 200}],
+            **assistant,
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Codex plan:\n" + "p" * 80}],
+            **assistant,
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": f"done with {index} " + "a" * 300}],
+            **assistant,
+        },
+    ]
+    kinds = ("prompt", "reasoning", "plan", "assistant")
+    return messages, [f"turn-{index}:{kind}" for kind in kinds]
+
+
+def _build(path: Path, entries: int) -> None:
+    """Write a transcript of ``entries`` message entries, chained, as the mirror would."""
+    header = {
+        "type": "session",
+        "version": 3,
+        "id": "bench",
+        "timestamp": "2026-04-24T00:00:00.000Z",
+        "cwd": "/",
+    }
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps(header, separators=(",", ":")) + "\n")
+        parent = None
+        for index in range(entries // 4):
+            messages, identities = _turn(index)
+            for message, identity in zip(messages, identities, strict=True):
+                entry_id = f"{index:06x}{identity[-2:]}"
+                body = {**message, "idempotencyKey": f"{SCOPE}:{identity}"}
+                entry = {
+                    "type": "message",
+                    "id": entry_id,
+                    "parentId": parent,
+                    "timestamp": "2026-04-24T00:00:01.000Z",
+                    "message": body,
+                }
+                handle.write(json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n")
+                parent = entry_id
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:8.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--turns", type=int, default=30)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as directory:
+        print(f"session transcript benchmark (python, {args.turns} turns per figure)")
+        for entries in sorted({10_000, args.entries}):
+            path = Path(directory) / f"s{entries}.jsonl"
+            _build(path, entries)
+            size_mb = path.stat().st_size / 1e6
+            colds = []
+            for _ in range(3):
+                clear_session_cache()
+                colds.append(_time(lambda p=path: load_session_messages(p)))
+            cold = statistics.median(colds)
+            unchanged = statistics.median(
+                _time(lambda p=path: load_session_messages(p)) for _ in range(args.turns)
+            )
+            appends: list[float] = []
+            rereads: list[float] = []
+            base = entries // 4
+            for turn in range(args.turns):
+                messages, identities = _turn(base + turn)
+                appends.append(
+                    _time(
+                        lambda m=messages, i=identities, p=path: mirror_turn(
+                            p, m, scope=SCOPE, identities=i, session_id="bench", cwd="/"
+                        )
+                    )
+                )
+                rereads.append(_time(lambda p=path: load_session_messages(p)))
+            count = len(load_session_messages(path))
+            assert count == entries + 4 * args.turns, count
+            appends.sort()
+            print(f"\n{entries:>7} entries ({size_mb:.1f} MB)")
+            print(f"  cold read (parse + context)       {_ms(cold)}   ({size_mb / cold:.0f} MB/s)")
+            print(f"  re-read, file unchanged           {_ms(unchanged)}   (median)")
+            print(
+                f"  re-read after appending one turn  {_ms(statistics.median(rereads))}   (median)"
+            )
+            print(
+                f"  mirror_turn (4 msgs, locks+fsync) {_ms(statistics.median(appends))}   "
+                f"(median; p90 {_ms(appends[int(len(appends) * 0.9)]).strip()})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+"""The Codex thread binding sidecar: format, tolerant reads, atomic writes that survive a
+kill between write and rename, clearing, and reset."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from codex_turn.harness.binding import (
+    BindingError,
+    ContextEngineBinding,
+    ProjectionBinding,
+    ThreadBinding,
+    binding_path,
+    clear_binding,
+    context_engine_policy_fingerprint,
+    fingerprint_matches,
+    read_binding,
+    write_binding,
+)
+from codex_turn.harness.session import mirror_turn, reset_session
+
+ROOT = Path(__file__).parent.parent
+WRITER = Path(__file__).parent / "support" / "session_binding_writer.py"
+
+ENGINE = ContextEngineBinding(
+    engine_id="lossless-claw",
+    policy_fingerprint=context_engine_policy_fingerprint(
+        engine_id="lossless-claw",
+        engine_version="1.2.0",
+        owns_compaction=True,
+        context_token_budget=100_000,
+    ),
+    projection=ProjectionBinding(mode="thread_bootstrap", epoch="e1", fingerprint="sha256:abc"),
+)
+
+
+def _full(session_file: Path) -> ThreadBinding:
+    return ThreadBinding(
+        thread_id="thread-1",
+        cwd="/work",
+        auth_profile_id="openai:default",
+        model="gpt-5.5",
+        model_provider="openai",
+        approval_policy="never",
+        sandbox="workspace-write",
+        service_tier="flex",
+        dynamic_tools_fingerprint="[]",
+        context_engine=ENGINE,
+        created_at="2026-04-24T10:00:00.000Z",
+        updated_at="2026-04-24T10:00:00.000Z",
+    )
+
+
+def test_round_trip_and_exact_json_shape(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    written = write_binding(session_file, _full(session_file))
+    path = Path(binding_path(session_file))
+    assert path.name == "s.jsonl.codex-app-server.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert text.endswith("}\n")
+    assert text.startswith('{\n  "schemaVersion": 1,\n  "sessionFile"')
+    raw = json.loads(text)
+    assert list(raw) == [
+        "schemaVersion",
+        "sessionFile",
+        "threadId",
+        "cwd",
+        "authProfileId",
+        "model",
+        "modelProvider",
+        "approvalPolicy",
+        "sandbox",
+        "serviceTier",
+        "dynamicToolsFingerprint",
+        "contextEngine",
+        "createdAt",
+        "updatedAt",
+    ]
+    assert raw["sessionFile"] == str(session_file)
+    assert raw["contextEngine"] == {
+        "schemaVersion": 1,
+        "engineId": "lossless-claw",
+        "policyFingerprint": (
+            '{"schemaVersion":1,"engineId":"lossless-claw","engineVersion":"1.2.0",'
+            '"ownsCompaction":true,"contextTokenBudget":100000}'
+        ),
+        "projection": {
+            "schemaVersion": 1,
+            "mode": "thread_bootstrap",
+            "epoch": "e1",
+            "fingerprint": "sha256:abc",
+        },
+    }
+    assert raw["createdAt"] == "2026-04-24T10:00:00.000Z"
+    assert raw["updatedAt"] != raw["createdAt"]
+    assert read_binding(session_file) == written
+    minimal = write_binding(session_file, ThreadBinding(thread_id="t2"))
+    assert list(json.loads(path.read_text())) == [
+        "schemaVersion",
+        "sessionFile",
+        "threadId",
+        "cwd",
+        "createdAt",
+        "updatedAt",
+    ]
+    assert read_binding(session_file) == minimal
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_session_file_comes_from_the_caller_not_the_sidecar(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    Path(binding_path(session_file)).write_text(
+        json.dumps({"schemaVersion": 1, "threadId": "t", "sessionFile": "/elsewhere"})
+    )
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.session_file == str(session_file)
+    assert binding.cwd == ""
+    assert binding.created_at.endswith("Z")
+
+
+def test_bad_fields_become_unset_and_foreign_fields_are_ignored(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    Path(binding_path(session_file)).write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "threadId": "t",
+                "cwd": 5,
+                "model": ["x"],
+                "sandbox": "read-only",
+                "mcpServersFingerprint": "later-era",
+                "contextEngine": {
+                    "schemaVersion": 1,
+                    "engineId": "e",
+                    "policyFingerprint": "p",
+                    "projection": {"schemaVersion": 1, "mode": "per_turn", "epoch": " "},
+                },
+            }
+        )
+    )
+    with capture_logs() as logs:
+        binding = read_binding(session_file)
+    assert binding is not None
+    assert (binding.cwd, binding.model, binding.sandbox, binding.context_engine) == (
+        "",
+        None,
+        "read-only",
+        None,
+    )
+    assert [log["event"] for log in logs] == [
+        "codex app-server binding has an invalid contextEngine"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"{not json", "failed to parse"),
+        (b"\xff\xfe\x00", "failed to parse"),
+        (b"[1, 2]", "not a JSON object"),
+        (json.dumps({"schemaVersion": 2, "threadId": "t"}).encode(), "unsupported schemaVersion"),
+        (
+            json.dumps({"schemaVersion": True, "threadId": "t"}).encode(),
+            "unsupported schemaVersion",
+        ),
+        (json.dumps({"schemaVersion": 1, "threadId": 7}).encode(), "missing threadId"),
+        (json.dumps({"schemaVersion": 1}).encode(), "missing threadId"),
+    ],
+)
+def test_corrupt_sidecars_are_ignored_with_a_warning(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    session_file = tmp_path / "s.jsonl"
+    Path(binding_path(session_file)).write_bytes(content)
+    with capture_logs() as logs:
+        assert read_binding(session_file) is None
+    assert [(log["event"], log["log_level"], log["reason"]) for log in logs] == [
+        ("codex app-server binding ignored", "warning", reason)
+    ]
+    assert logs[0]["path"] == binding_path(session_file)
+
+
+def test_missing_sidecar_is_silently_no_binding(tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        assert read_binding(tmp_path / "none.jsonl") is None
+    assert logs == []
+
+
+def test_atomic_replace_survives_a_kill_between_write_and_rename(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    old = write_binding(session_file, _full(session_file))
+    old_text = Path(binding_path(session_file)).read_text()
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), str(session_file)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("renaming ")
+    temp = Path(line.split(" ", 1)[1])
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    # The new binding was complete and fsynced in the temp file, but never renamed.
+    assert json.loads(temp.read_text())["threadId"] == "thread-new"
+    assert Path(binding_path(session_file)).read_text() == old_text
+    assert read_binding(session_file) == old
+    newer = write_binding(session_file, ThreadBinding(thread_id="thread-3"))
+    assert not temp.exists()  # the dead writer's temp file is cleaned up
+    assert read_binding(session_file) == newer
+
+
+def test_failed_write_leaves_the_old_binding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session_file = tmp_path / "s.jsonl"
+    old = write_binding(session_file, ThreadBinding(thread_id="t1"))
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(BindingError):
+        write_binding(session_file, ThreadBinding(thread_id="t2"))
+    monkeypatch.undo()
+    assert read_binding(session_file) == old
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_clear_and_reset_remove_the_binding_but_not_the_transcript(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    mirror_turn(
+        session_file,
+        [{"role": "user", "content": "hi"}],
+        scope="codex-app-server:t",
+        identities=["turn-1:prompt"],
+        session_id="s",
+        cwd="/",
+    )
+    write_binding(session_file, ThreadBinding(thread_id="t"))
+    assert clear_binding(session_file) is True
+    assert clear_binding(session_file) is False
+    write_binding(session_file, ThreadBinding(thread_id="t"))
+    transcript = session_file.read_bytes()
+    with capture_logs() as logs:
+        assert (
+            reset_session(session_file, session_key="agent:main:telegram:12345", reason="new")
+            is True
+        )
+    assert read_binding(session_file) is None
+    assert session_file.read_bytes() == transcript
+    assert "12345" not in repr(logs)
+    assert logs[0]["binding_removed"] is True
+    assert reset_session(session_file) is False
+
+
+def test_reset_warns_instead_of_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    session_file = tmp_path / "s.jsonl"
+    write_binding(session_file, ThreadBinding(thread_id="t"))
+
+    def denied(path: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "unlink", denied)
+    with capture_logs() as logs:
+        assert reset_session(session_file, reason="reset") is False
+    assert logs[0]["event"] == "failed to clear codex app-server binding on reset"
+    assert logs[0]["log_level"] == "warning"
+
+
+def test_context_engine_compatibility_rules() -> None:
+    same = ContextEngineBinding(
+        engine_id=ENGINE.engine_id,
+        policy_fingerprint=ENGINE.policy_fingerprint,
+        projection=ProjectionBinding(mode="thread_bootstrap", epoch="e1", fingerprint="sha256:abc"),
+    )
+    assert ENGINE.compatible_with(same)
+    assert not ENGINE.compatible_with(None)
+    assert not ENGINE.compatible_with(
+        ContextEngineBinding(
+            engine_id="other",
+            policy_fingerprint=ENGINE.policy_fingerprint,
+            projection=ENGINE.projection,
+        )
+    )
+    assert not ENGINE.compatible_with(
+        ContextEngineBinding(
+            engine_id=ENGINE.engine_id, policy_fingerprint="{}", projection=ENGINE.projection
+        )
+    )
+    assert not ENGINE.compatible_with(
+        ContextEngineBinding(
+            engine_id=ENGINE.engine_id,
+            policy_fingerprint=ENGINE.policy_fingerprint,
+            projection=ProjectionBinding(mode="per_turn", epoch="e1", fingerprint="sha256:abc"),
+        )
+    )
+    assert not ENGINE.compatible_with(
+        ContextEngineBinding(
+            engine_id=ENGINE.engine_id,
+            policy_fingerprint=ENGINE.policy_fingerprint,
+            projection=ProjectionBinding(
+                mode="thread_bootstrap", epoch="e2", fingerprint="sha256:abc"
+            ),
+        )
+    )
+    assert not ENGINE.compatible_with(
+        ContextEngineBinding(
+            engine_id=ENGINE.engine_id, policy_fingerprint=ENGINE.policy_fingerprint
+        )
+    )
+    bare = ContextEngineBinding(engine_id="e", policy_fingerprint="p")
+    assert bare.compatible_with(ContextEngineBinding(engine_id="e", policy_fingerprint="p"))
+    assert fingerprint_matches(None, "x")
+    assert fingerprint_matches("x", "x")
+    assert not fingerprint_matches("x", "y")
+    assert not fingerprint_matches("x", None)
+    with pytest.raises(ValueError, match="epoch"):
+        ProjectionBinding(mode="per_turn", epoch="")
+
+
+def test_per_turn_projection_round_trips(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    engine = ContextEngineBinding(
+        engine_id="e",
+        policy_fingerprint="p",
+        projection=ProjectionBinding(mode="per_turn", epoch="7"),
+    )
+    written = write_binding(
+        session_file,
+        ThreadBinding(thread_id="t", context_engine=engine, dynamic_tools_fingerprint="sha256:d"),
+    )
+    raw = json.loads(Path(binding_path(session_file)).read_text())
+    assert raw["contextEngine"]["projection"] == {
+        "schemaVersion": 1,
+        "mode": "per_turn",
+        "epoch": "7",
+    }
+    loaded = read_binding(session_file)
+    assert loaded == written
+    assert loaded is not None
+    assert loaded.context_engine is not None
+    assert loaded.context_engine.compatible_with(engine)
