@@ -1,0 +1,699 @@
+"""The context-engine contract: what an engine is, what it is called with, what it returns.
+
+A *context engine* is a memory plugin (lossless-claw is the reference one) that decides what
+context the model sees. The harness calls it at fixed points of every turn: ``bootstrap`` when
+an existing session is opened, ``assemble`` before the model runs, ``after_turn`` (or
+``ingest_batch``, or ``ingest`` per message) after it ran, ``maintain`` afterwards, and
+``compact`` when the context must shrink. This module is the Python form of OpenClaw's
+``ContextEngine`` interface (reference/openclaw-contract.md section 1); the lifecycle that calls
+it lives in :mod:`codex_turn.harness.lifecycle`.
+
+Theory of operation
+-------------------
+
+*An engine is a plugin, so the harness trusts nothing it returns.* Every method is async and
+takes exactly one frozen attrs *params* object (so the contract can grow a field without
+breaking every engine's signature) and returns an attrs *result* object. The harness never
+assumes the engine honoured the types: :func:`ensure_assemble_result` and
+:func:`coerce_result` check a returned value at the boundary and turn anything malformed into
+one :class:`InvalidEngineResult` that names the engine, the method and what was wrong (OpenClaw
+bug #75541: an engine returning ``None`` crashed the runner deep inside the projection). An
+engine may also return the camelCase JSON object OpenClaw uses (an engine ported from
+TypeScript, or one behind an IPC bridge); it is structured by the same strict converter.
+
+*Optional methods are absent, not stubbed.* ``info``, ``ingest``, ``assemble`` and ``compact``
+are required (:class:`ContextEngine`); ``bootstrap``, ``ingest_batch``, ``after_turn``,
+``maintain`` and ``dispose`` are capabilities (:class:`SupportsBootstrap` ...) detected with
+``getattr`` + ``callable`` by :func:`engine_capabilities`. An engine that does not maintain has
+no ``maintain`` attribute at all, and the harness behaves as OpenClaw does for such engines.
+
+*AgentMessages stay plain JSON dicts.* Messages (``user``, ``assistant``, ``toolResult``,
+``custom`` and pi's synthetic summary roles, with ``text``/``image``/``thinking``/``toolCall``
+blocks) are ``dict[str, Any]``, never attrs classes: engines and transcripts carry keys this
+library does not know, and a round trip through the converter must keep them byte for byte.
+The harness passes fresh lists but shares the message dicts with the transcript reader's
+cache, so engines must treat received messages as read-only (copy before changing one).
+
+*The legacy engine is "no engine".* :class:`LegacyContextEngine` (id ``"legacy"``) exists so
+that code which always holds *some* engine can still say "none configured";
+:func:`is_active_engine` is false for it, and the harness then makes no lifecycle calls.
+
+JSON shapes
+-----------
+
+One module-level cattrs :data:`converter` maps every attrs class here to and from OpenClaw's
+camelCase JSON (``estimated_tokens`` <-> ``estimatedTokens``). Unstructuring omits fields that
+still hold their default (OpenClaw's optional ``?`` fields are absent, not ``null``);
+structuring ignores unknown keys and is *strict* about primitives (``"5"`` is not an integer,
+``True`` is not a number), because silently coercing an engine's mistake would hide it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+from codex_turn.errors import CodexTurnError
+
+__all__ = [
+    "LEGACY_ENGINE_ID",
+    "AfterTurnParams",
+    "AgentMessage",
+    "AssembleParams",
+    "AssembleResult",
+    "BootstrapParams",
+    "BootstrapResult",
+    "CompactDetails",
+    "CompactParams",
+    "CompactResult",
+    "ContextEngine",
+    "ContextEngineInfo",
+    "ContextProjection",
+    "EngineCapabilities",
+    "EngineError",
+    "EngineLoadError",
+    "IngestBatchParams",
+    "IngestBatchResult",
+    "IngestParams",
+    "IngestResult",
+    "InvalidEngineResult",
+    "LegacyContextEngine",
+    "MaintainParams",
+    "MaintenanceResult",
+    "RuntimeContext",
+    "SupportsAfterTurn",
+    "SupportsBootstrap",
+    "SupportsDispose",
+    "SupportsIngestBatch",
+    "SupportsMaintain",
+    "TranscriptRewriteReplacement",
+    "TranscriptRewriteRequest",
+    "TranscriptRewriteResult",
+    "coerce_result",
+    "converter",
+    "engine_capabilities",
+    "engine_id",
+    "engine_info",
+    "ensure_assemble_result",
+    "from_json",
+    "is_active_engine",
+    "json_type_name",
+    "load_engine",
+    "optional_method",
+    "to_json",
+]
+
+#: One message of a transcript or an assembly: a JSON object, unknown keys preserved.
+AgentMessage = dict[str, Any]
+
+#: The open bag of host facts an engine receives (OpenClaw's ``ContextEngineRuntimeContext``).
+#: Keys are OpenClaw's camelCase names (``tokenBudget``, ``currentTokenCount``, ``workspaceDir``,
+#: ``promptCache``, ``rewriteTranscriptEntries`` ...); see ``lifecycle.build_runtime_context``.
+RuntimeContext = dict[str, Any]
+
+LEGACY_ENGINE_ID: Final = "legacy"
+
+TurnMaintenanceMode = Literal["foreground", "background"]
+ProjectionMode = Literal["per_turn", "thread_bootstrap"]
+CompactionTarget = Literal["budget", "threshold"]
+
+
+# --- Errors ---------------------------------------------------------------------------------
+
+
+class EngineError(CodexTurnError):
+    """Base class of the errors about a context engine (loading it, or what it returned)."""
+
+
+class InvalidEngineResult(EngineError, TypeError):
+    """An engine method returned something that does not have the contract's shape.
+
+    ``str(err)`` reads ``context engine "<id>" <method>() returned an invalid result: <problem>``
+    (OpenClaw's wording for assemble, issue #75541), so the log line names the culprit.
+    """
+
+    def __init__(self, engine_id: str, method: str, problem: str) -> None:
+        super().__init__(
+            f'context engine "{engine_id}" {method}() returned an invalid result: {problem}'
+        )
+        self.engine_id = engine_id
+        self.method = method
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.engine_id, self.method, self.problem))
+
+
+class EngineLoadError(EngineError):
+    """:func:`load_engine` could not produce an engine from its spec."""
+
+    def __init__(self, spec: str, problem: str) -> None:
+        super().__init__(f"cannot load context engine {spec!r}: {problem}")
+        self.spec = spec
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.spec, self.problem))
+
+
+# --- Info, params and results ---------------------------------------------------------------
+
+
+@attrs.frozen
+class ContextEngineInfo:
+    """Who the engine is and which host policies it asks for."""
+
+    id: str
+    name: str
+    version: str | None = None
+    #: The engine runs its own compaction; Codex native compaction becomes secondary.
+    owns_compaction: bool = False
+    #: ``"background"`` defers turn maintenance to a scheduler instead of awaiting it inline.
+    turn_maintenance_mode: TurnMaintenanceMode = "foreground"
+
+
+@attrs.frozen
+class ContextProjection:
+    """How the engine wants its assembly projected (later OpenClaw addition, optional).
+
+    Without it the harness uses the per-turn projection. ``thread_bootstrap`` asks for the
+    context to be projected once per ``epoch`` into a fresh thread (reference section 4.1).
+    """
+
+    mode: ProjectionMode
+    epoch: str | None = None
+    fingerprint: str | None = None
+
+
+@attrs.frozen
+class BootstrapParams:
+    session_id: str
+    session_file: str
+    session_key: str | None = None
+
+
+@attrs.frozen
+class BootstrapResult:
+    bootstrapped: bool
+    imported_messages: int | None = None
+    reason: str | None = None
+
+
+@attrs.frozen
+class IngestParams:
+    session_id: str
+    message: AgentMessage
+    session_key: str | None = None
+    is_heartbeat: bool = False
+
+
+@attrs.frozen
+class IngestResult:
+    #: False means a duplicate or a no-op, not a failure.
+    ingested: bool
+
+
+@attrs.frozen
+class IngestBatchParams:
+    session_id: str
+    messages: list[AgentMessage]
+    session_key: str | None = None
+    is_heartbeat: bool = False
+
+
+@attrs.frozen
+class IngestBatchResult:
+    ingested_count: int
+
+
+@attrs.frozen
+class AfterTurnParams:
+    session_id: str
+    session_file: str
+    #: The whole session after the turn (history, then this turn's messages).
+    messages: list[AgentMessage]
+    #: ``messages[:pre_prompt_message_count]`` existed before the turn; the rest are new.
+    pre_prompt_message_count: int
+    session_key: str | None = None
+    auto_compaction_summary: str | None = None
+    is_heartbeat: bool = False
+    token_budget: int | None = None
+    runtime_context: RuntimeContext | None = None
+
+
+@attrs.frozen
+class AssembleParams:
+    session_id: str
+    #: The mirrored history without hidden runtime-context messages; never the current prompt.
+    messages: list[AgentMessage]
+    session_key: str | None = None
+    token_budget: int | None = None
+    #: Names of the tools the model will have this turn (empty when tools are disabled).
+    available_tools: frozenset[str] | None = None
+    citations_mode: str | None = None
+    model: str | None = None
+    #: The raw user prompt of this turn (not trimmed, not projected).
+    prompt: str | None = None
+
+
+@attrs.frozen
+class AssembleResult:
+    messages: list[AgentMessage]
+    estimated_tokens: int
+    #: Appended (after a blank line) to Codex's developer instructions.
+    system_prompt_addition: str | None = None
+    context_projection: ContextProjection | None = None
+
+
+@attrs.frozen
+class MaintainParams:
+    session_id: str
+    session_file: str
+    session_key: str | None = None
+    runtime_context: RuntimeContext | None = None
+
+
+@attrs.frozen
+class MaintenanceResult:
+    """OpenClaw's ``TranscriptRewriteResult`` (alias ``ContextEngineMaintenanceResult``)."""
+
+    changed: bool
+    bytes_freed: int
+    rewritten_entries: int
+    reason: str | None = None
+
+
+TranscriptRewriteResult = MaintenanceResult
+
+
+@attrs.frozen
+class TranscriptRewriteReplacement:
+    entry_id: str
+    message: AgentMessage
+
+
+@attrs.frozen
+class TranscriptRewriteRequest:
+    """What ``runtime_context["rewriteTranscriptEntries"]`` accepts during maintenance."""
+
+    replacements: list[TranscriptRewriteReplacement]
+    allowed_rewrite_suffix_entry_ids: list[str] | None = None
+
+
+@attrs.frozen
+class CompactParams:
+    session_id: str
+    session_file: str
+    session_key: str | None = None
+    token_budget: int | None = None
+    force: bool = False
+    current_token_count: int | None = None
+    compaction_target: CompactionTarget | None = None
+    custom_instructions: str | None = None
+    runtime_context: RuntimeContext | None = None
+
+
+@attrs.frozen
+class CompactDetails:
+    """The ``result`` of a compaction: what was summarised and what it saved."""
+
+    tokens_before: int
+    summary: str | None = None
+    first_kept_entry_id: str | None = None
+    tokens_after: int | None = None
+    details: Any = None
+    #: Set when the engine rotated the transcript to a new session.
+    session_id: str | None = None
+    session_file: str | None = None
+
+
+@attrs.frozen
+class CompactResult:
+    ok: bool
+    compacted: bool
+    reason: str | None = None
+    result: CompactDetails | None = None
+
+
+# --- The protocol ---------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ContextEngine(Protocol):
+    """The required part of the contract. Optional methods are the ``Supports*`` protocols."""
+
+    @property
+    def info(self) -> ContextEngineInfo: ...
+
+    async def ingest(self, params: IngestParams) -> IngestResult: ...
+
+    async def assemble(self, params: AssembleParams) -> AssembleResult: ...
+
+    async def compact(self, params: CompactParams) -> CompactResult: ...
+
+
+class SupportsBootstrap(Protocol):
+    async def bootstrap(self, params: BootstrapParams) -> BootstrapResult: ...
+
+
+class SupportsIngestBatch(Protocol):
+    async def ingest_batch(self, params: IngestBatchParams) -> IngestBatchResult: ...
+
+
+class SupportsAfterTurn(Protocol):
+    async def after_turn(self, params: AfterTurnParams) -> None: ...
+
+
+class SupportsMaintain(Protocol):
+    async def maintain(self, params: MaintainParams) -> MaintenanceResult | None: ...
+
+
+class SupportsDispose(Protocol):
+    async def dispose(self) -> None: ...
+
+
+_REQUIRED_METHODS: Final = ("ingest", "assemble", "compact")
+_OPTIONAL_METHODS: Final = ("bootstrap", "ingest_batch", "after_turn", "maintain", "dispose")
+
+
+@attrs.frozen
+class EngineCapabilities:
+    """Which optional methods an engine has (detected, never required)."""
+
+    bootstrap: bool
+    ingest_batch: bool
+    after_turn: bool
+    maintain: bool
+    dispose: bool
+
+
+def optional_method(engine: object, name: str) -> Callable[..., Awaitable[Any]] | None:
+    """``engine.<name>`` when it is present and callable, else ``None``."""
+    method = getattr(engine, name, None)
+    return method if callable(method) else None
+
+
+def engine_capabilities(engine: object) -> EngineCapabilities:
+    return EngineCapabilities(
+        **{name: optional_method(engine, name) is not None for name in _OPTIONAL_METHODS}
+    )
+
+
+def engine_info(engine: object) -> ContextEngineInfo:
+    """The engine's validated :class:`ContextEngineInfo` (a camelCase mapping is accepted)."""
+    info = getattr(engine, "info", None)
+    if isinstance(info, ContextEngineInfo):
+        if not isinstance(info.id, str) or not info.id:
+            raise InvalidEngineResult("<unknown>", "info", "info.id must be a non-empty string")
+        return info
+    if isinstance(info, Mapping):
+        parsed = coerce_result(info, ContextEngineInfo, engine_id="<unknown>", method="info")
+        if not parsed.id:
+            raise InvalidEngineResult("<unknown>", "info", "info.id must be a non-empty string")
+        return parsed
+    raise InvalidEngineResult(
+        "<unknown>", "info", f"expected a ContextEngineInfo (got {json_type_name(info)})"
+    )
+
+
+def engine_id(engine: object) -> str:
+    """The engine's id for log lines; never raises (``"<unknown>"`` for a broken ``info``)."""
+    info = getattr(engine, "info", None)
+    value = info.get("id") if isinstance(info, Mapping) else getattr(info, "id", None)
+    return value if isinstance(value, str) and value else "<unknown>"
+
+
+def is_active_engine(engine: object | None) -> bool:
+    """True for a present, non-legacy engine: only such an engine gets lifecycle calls."""
+    return engine is not None and engine_id(engine) != LEGACY_ENGINE_ID
+
+
+# --- The legacy engine ----------------------------------------------------------------------
+
+
+class LegacyContextEngine:
+    """OpenClaw's built-in default, which the harness treats as *no engine*.
+
+    It has no ``bootstrap`` and no ``maintain``; ``ingest`` is a no-op, ``assemble`` passes the
+    history through, ``after_turn`` and ``dispose`` do nothing. OpenClaw's legacy ``compact``
+    delegates to a built-in summariser; here compaction belongs to Codex natively, so it
+    reports that it compacted nothing and the harness's native path applies.
+    """
+
+    info: Final = ContextEngineInfo(
+        id=LEGACY_ENGINE_ID, name="Legacy Context Engine", version="1.0.0"
+    )
+
+    async def ingest(self, params: IngestParams) -> IngestResult:
+        return IngestResult(ingested=False)
+
+    async def assemble(self, params: AssembleParams) -> AssembleResult:
+        return AssembleResult(messages=list(params.messages), estimated_tokens=0)
+
+    async def after_turn(self, params: AfterTurnParams) -> None:
+        return None
+
+    async def compact(self, params: CompactParams) -> CompactResult:
+        return CompactResult(
+            ok=True, compacted=False, reason="legacy engine delegates compaction to Codex"
+        )
+
+    async def dispose(self) -> None:
+        return None
+
+
+# --- The converter --------------------------------------------------------------------------
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def json_type_name(value: object) -> str:
+    """The JSON name of a value's type (``null``, ``array``, ``object`` ...), for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def _strict_str(value: object, _: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string (got {json_type_name(value)})")
+    return value
+
+
+def _strict_bool(value: object, _: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean (got {json_type_name(value)})")
+    return value
+
+
+def _strict_int(value: object, _: object) -> int:
+    # Token counts from JavaScript engines arrive as floats; a finite float is floored.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number (got {json_type_name(value)})")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError("expected a finite number")
+        return math.floor(value)
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    # A set of tool names is a JSON array, sorted so the shape is deterministic.
+    conv = cattrs.Converter(
+        forbid_extra_keys=False, unstruct_collection_overrides={frozenset: sorted}
+    )
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook(bool, _strict_bool)
+    conv.register_structure_hook(int, _strict_int)
+
+    def unstructure_factory(cls: type[Any]) -> Callable[[Any], dict[str, Any]]:
+        renames: dict[str, Any] = {
+            a.name: override(rename=_camel(a.name)) for a in attrs.fields(cls)
+        }
+        return make_dict_unstructure_fn(cls, conv, _cattrs_omit_if_default=True, **renames)
+
+    def structure_factory(cls: type[Any]) -> Callable[[Any, Any], Any]:
+        renames: dict[str, Any] = {
+            a.name: override(rename=_camel(a.name)) for a in attrs.fields(cls)
+        }
+        return make_dict_structure_fn(cls, conv, **renames)
+
+    conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
+    conv.register_structure_hook_factory(attrs.has, structure_factory)
+    return conv
+
+
+#: The one converter between this module's attrs classes and OpenClaw's camelCase JSON.
+converter: Final = _make_converter()
+
+T = TypeVar("T")
+
+
+def to_json(value: object) -> Any:
+    """An attrs params/result object as OpenClaw's camelCase JSON-compatible value."""
+    return converter.unstructure(value)
+
+
+def from_json(data: object, cls: type[T]) -> T:
+    """Structure camelCase JSON into ``cls``; raises ``cattrs`` validation errors."""
+    return converter.structure(data, cls)
+
+
+def _describe_structure_error(err: Exception) -> str:
+    lines = cattrs.transform_error(err) if isinstance(err, cattrs.BaseValidationError) else []
+    return "; ".join(lines) if lines else str(err)
+
+
+def coerce_result(value: object, cls: type[T], *, engine_id: str, method: str) -> T:
+    """``value`` as a checked ``cls``: an instance (re-validated) or its camelCase mapping.
+
+    Everything else, and any field of the wrong type, raises :class:`InvalidEngineResult`.
+    """
+    if isinstance(value, cls):
+        data = converter.unstructure(value)
+    elif isinstance(value, Mapping):
+        data = value
+    else:
+        raise InvalidEngineResult(
+            engine_id, method, f"expected a {cls.__name__} (got {json_type_name(value)})"
+        )
+    try:
+        return converter.structure(data, cls)
+    except Exception as err:
+        raise InvalidEngineResult(engine_id, method, _describe_structure_error(err)) from None
+
+
+def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
+    """Check what ``assemble()`` returned, with OpenClaw's exact wording for a bad shape.
+
+    Only ``messages`` (a list of objects) is mandatory, as in OpenClaw's
+    ``ensureAssembleResultShape``; a missing ``estimatedTokens`` reads as 0, a present one
+    must be a number, and ``systemPromptAddition`` must be a string when present.
+    """
+    if isinstance(value, AssembleResult):
+        messages: object = value.messages
+        estimated: object = value.estimated_tokens
+        addition: object = value.system_prompt_addition
+        projection: object = value.context_projection
+    elif isinstance(value, Mapping):
+        messages = value.get("messages")
+        estimated = value.get("estimatedTokens", 0)
+        addition = value.get("systemPromptAddition")
+        projection = value.get("contextProjection")
+    else:
+        raise InvalidEngineResult(
+            engine_id,
+            "assemble",
+            f'expected an object with a "messages" array (got {json_type_name(value)})',
+        )
+    if not isinstance(messages, list):
+        raise InvalidEngineResult(
+            engine_id,
+            "assemble",
+            f'expected an object with a "messages" array '
+            f"(got messages of type {json_type_name(messages)})",
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidEngineResult(
+                engine_id,
+                "assemble",
+                f"messages[{index}] must be an object (got {json_type_name(message)})",
+            )
+    try:
+        tokens = _strict_int(estimated, None)
+    except TypeError as err:
+        raise InvalidEngineResult(engine_id, "assemble", f"estimatedTokens: {err}") from None
+    if addition is not None and not isinstance(addition, str):
+        raise InvalidEngineResult(
+            engine_id,
+            "assemble",
+            f"systemPromptAddition must be a string (got {json_type_name(addition)})",
+        )
+    checked_projection: ContextProjection | None = None
+    if projection is not None:
+        checked_projection = coerce_result(
+            projection, ContextProjection, engine_id=engine_id, method="assemble"
+        )
+    return AssembleResult(
+        messages=messages,
+        estimated_tokens=tokens,
+        system_prompt_addition=addition,
+        context_projection=checked_projection,
+    )
+
+
+# --- Loading --------------------------------------------------------------------------------
+
+
+def load_engine(spec: str) -> ContextEngine:
+    """Load an engine from ``"package.module:attr"`` (``attr`` may be dotted).
+
+    ``attr`` may name an engine instance, an engine class (instantiated without arguments) or a
+    zero-argument factory. The result must have a valid ``info`` and the required methods;
+    every failure raises :class:`EngineLoadError` saying which step failed and why.
+    """
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name.strip() or not attr_path.strip():
+        raise EngineLoadError(spec, 'expected "package.module:attribute"')
+    module_name, attr_path = module_name.strip(), attr_path.strip()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        # Distinguish "the spec names no module" from "the module imports something missing".
+        if err.name is not None and (module_name + ".").startswith(err.name + "."):
+            raise EngineLoadError(spec, f"no module named {module_name!r}") from err
+        raise EngineLoadError(spec, f"importing {module_name!r} failed: {err}") from err
+    except Exception as err:
+        raise EngineLoadError(
+            spec, f"importing {module_name!r} failed: {type(err).__name__}: {err}"
+        ) from err
+
+    target: Any = module
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise EngineLoadError(spec, f"{module_name!r} has no attribute {attr_path!r}") from None
+
+    if isinstance(target, type) or (callable(target) and not _looks_like_engine(target)):
+        try:
+            target = target()
+        except Exception as err:
+            raise EngineLoadError(
+                spec, f"calling {attr_path!r} failed: {type(err).__name__}: {err}"
+            ) from err
+
+    missing = [name for name in _REQUIRED_METHODS if optional_method(target, name) is None]
+    if missing:
+        raise EngineLoadError(
+            spec, f"{type(target).__name__} is not a context engine: missing {', '.join(missing)}"
+        )
+    try:
+        engine_info(target)
+    except InvalidEngineResult as err:
+        raise EngineLoadError(spec, f"invalid info: {err.problem}") from None
+    return target  # type: ignore[no-any-return]
+
+
+def _looks_like_engine(value: object) -> bool:
+    return hasattr(value, "info") and optional_method(value, "assemble") is not None

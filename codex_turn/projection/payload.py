@@ -1,0 +1,131 @@
+"""Tool payloads for the thread-bootstrap projection: shapes, never values.
+
+A thread-bootstrap projection hands a fresh Codex thread the context it needs to continue a
+conversation, once per engine epoch. The per-turn projection simply elides tool payloads
+(``tool call: exec [input omitted]``), but a fresh thread then cannot tell *what kind* of call
+was made. OpenClaw's ``toolPayloadMode: "preserve"`` keeps that structure without leaking data:
+
+* a tool call keeps its metadata (``type, name, id, callId, toolCallId, toolUseId``) plus an
+  ``inputShape`` in which every leaf of the arguments is replaced by its type (``"[string]"``,
+  ``"[number]"``, ``"[boolean]"``, ``"[null]"``), so ``{"command": "cat .env"}`` becomes
+  ``{"command": "[string]"}``;
+* a tool result keeps its values, but every string goes through :func:`redact_secrets` and
+  every value under a secret-looking key (``apiKey``, ``token``, ``password`` ...) is replaced
+  whole.
+
+Both are pure functions of their input. This module deliberately does not use the logging
+redactor (``codex_turn._log.redact_text``): that one also masks values registered in a
+context variable, and a projection must not depend on who calls it (byte stability).
+Self-references, possible in Python dicts though not in JSON, render as ``"[Circular]"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = ["REDACTED", "input_shape", "redact_secrets", "redacted_payload", "render_json"]
+
+REDACTED: Final = "[redacted]"
+_CIRCULAR: Final = "[Circular]"
+_TOO_DEEP: Final = "[MaxDepth]"
+_MAX_DEPTH: Final = 64
+
+_SECRET_PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
+    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{6,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
+    re.compile(r"\b(?:ghp|gho|ghu|ghs|github_pat|xox[abpr])_[A-Za-z0-9_-]{8,}"),
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
+)
+# KEY=value / key: value where the key names a credential; the key stays, the value goes.
+_ASSIGNMENT: Final = re.compile(
+    r"(?i)\b([A-Z0-9_]*(?:api[_-]?key|token|secret|password|passwd|auth)[A-Z0-9_]*)"
+    r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)"
+)
+_SECRET_KEY: Final = re.compile(
+    r"(?i)(api[_-]?key|token|secret|password|passwd|authorization|credential|cookie|private[_-]?key)"
+)
+
+
+def redact_secrets(text: str) -> str:
+    """Mask secret-shaped substrings: bearer tokens, ``sk-`` keys, ``KEY=value`` credentials."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(REDACTED, text)
+    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+
+def _leaf_type(value: object) -> str:
+    if value is None:
+        return "[null]"
+    if isinstance(value, bool):
+        return "[boolean]"
+    if isinstance(value, int | float):
+        return "[number]"
+    if isinstance(value, str):
+        return "[string]"
+    return f"[{type(value).__name__}]"
+
+
+def input_shape(value: object) -> Any:
+    """``value`` with the structure kept and every leaf replaced by its type name."""
+    return _shape(value, (), 0)
+
+
+def _shape(value: object, stack: tuple[int, ...], depth: int) -> Any:
+    if isinstance(value, Mapping | list | tuple):
+        if id(value) in stack:
+            return _CIRCULAR
+        if depth >= _MAX_DEPTH:
+            return _TOO_DEEP
+        inner = (*stack, id(value))
+        if isinstance(value, Mapping):
+            # Keys are structure, but a key can itself be a pasted secret: redact it too.
+            return {redact_secrets(str(k)): _shape(v, inner, depth + 1) for k, v in value.items()}
+        return [_shape(v, inner, depth + 1) for v in value]
+    return _leaf_type(value)
+
+
+def redacted_payload(value: object) -> Any:
+    """A JSON-compatible copy of ``value`` with secrets masked (for tool results)."""
+    return _redact(value, (), 0)
+
+
+def _redact(value: object, stack: tuple[int, ...], depth: int) -> Any:
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping | list | tuple):
+        if id(value) in stack:
+            return _CIRCULAR
+        if depth >= _MAX_DEPTH:
+            return _TOO_DEEP
+        inner = (*stack, id(value))
+        if isinstance(value, Mapping):
+            if value.get("type") == "image":
+                # Never inline base64 image data into text; keep what it was.
+                return {
+                    "type": "image",
+                    **(
+                        {"mimeType": value["mimeType"]}
+                        if isinstance(value.get("mimeType"), str)
+                        else {}
+                    ),
+                    "data": "[image omitted]",
+                }
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                key = redact_secrets(str(k))
+                secret = _SECRET_KEY.search(key) is not None and isinstance(v, str | int | float)
+                out[key] = REDACTED if secret else _redact(v, inner, depth + 1)
+            return out
+        return [_redact(v, inner, depth + 1) for v in value]
+    return _leaf_type(value)
+
+
+def render_json(value: Any) -> str:
+    """Indented JSON in insertion order (deterministic for equal inputs)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=_leaf_type)
