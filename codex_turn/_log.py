@@ -22,11 +22,12 @@ import contextlib
 import contextvars
 import hashlib
 import logging
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import structlog
+
+from codex_turn._secrets import REDACTED, redact_secrets
 
 __all__ = [
     "ScrubbingLogger",
@@ -39,20 +40,7 @@ __all__ = [
 
 logging.getLogger("transitions").setLevel(logging.WARNING)
 
-REDACTED = "[redacted]"
 _MAX_ERROR_CHARS = 300
-
-# Ordered: the most specific shapes first, so a bearer token is masked as one unit.
-_SECRET_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{6,}"),
-    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
-    re.compile(r"\b(?:ghp|gho|ghu|ghs|github_pat|xox[abpr])_[A-Za-z0-9_-]{8,}"),
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    re.compile(
-        r"(?i)\b([A-Z0-9_]*(?:api[_-]?key|token|secret|password|passwd|auth)[A-Z0-9_]*)"
-        r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)"
-    ),
-)
 
 _sensitive_values: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "codex_turn_sensitive_values", default=()
@@ -65,12 +53,7 @@ def redact_text(text: str) -> str:
     for value in _sensitive_values.get():
         if value in text:
             text = text.replace(value, REDACTED)
-    for pattern in _SECRET_PATTERNS:
-        if pattern.groups >= 3:
-            text = pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-        else:
-            text = pattern.sub(REDACTED, text)
-    return text
+    return redact_secrets(text)
 
 
 def format_error(error: BaseException) -> str:

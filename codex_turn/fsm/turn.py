@@ -170,18 +170,28 @@ class TurnFacts:
 
 
 def maintenance_skip_reason(
-    facts: TurnFacts, outcome: TurnOutcome | None, *, finalize_failed: bool
+    *,
+    engine_active: bool,
+    engine_maintains: bool,
+    prompt_error: bool,
+    aborted: bool,
+    yield_aborted: bool,
+    finalize_failed: bool,
 ) -> SkipReason | None:
-    """Why turn maintenance must not run after this turn, or ``None`` when it may."""
-    if not facts.engine_active:
+    """Why turn maintenance must not run after a turn, or ``None`` when it may.
+
+    The one implementation of the rule (the guard ``maintenance_allowed`` and the lifecycle
+    helpers both ask it). Structural reasons first, then the turn's fate.
+    """
+    if not engine_active:
         return SkipReason.NO_ENGINE
-    if not facts.engine_maintains:
+    if not engine_maintains:
         return SkipReason.NO_MAINTAIN
-    if outcome is None or outcome.prompt_error:
+    if prompt_error:
         return SkipReason.PROMPT_ERROR
-    if outcome.yield_aborted:
+    if yield_aborted:
         return SkipReason.YIELD_ABORTED
-    if outcome.aborted:
+    if aborted:
         return SkipReason.ABORTED
     if finalize_failed:
         return SkipReason.FINALIZE_FAILED
@@ -315,9 +325,21 @@ class TurnModel(Model):
     def may_bootstrap(self) -> bool:
         return self.facts.engine_active and self.facts.had_session_file
 
+    def _skip_reason(self, *, finalize_failed: bool) -> SkipReason | None:
+        outcome = self.outcome
+        return maintenance_skip_reason(
+            engine_active=self.facts.engine_active,
+            engine_maintains=self.facts.engine_maintains,
+            # No recorded outcome means the turn never ran cleanly: treat as a prompt error.
+            prompt_error=outcome is None or outcome.prompt_error,
+            aborted=outcome is not None and outcome.aborted,
+            yield_aborted=outcome is not None and outcome.yield_aborted,
+            finalize_failed=finalize_failed,
+        )
+
     @property
     def maintenance_allowed(self) -> bool:
-        return maintenance_skip_reason(self.facts, self.outcome, finalize_failed=False) is None
+        return self._skip_reason(finalize_failed=False) is None
 
     @property
     def background_maintenance(self) -> bool:
@@ -331,6 +353,6 @@ class TurnModel(Model):
         elif trigger == TurnTrigger.FINALIZE_FAILED or (
             trigger == TurnTrigger.FINALIZED and self.state_name == "DONE"
         ):
-            self.skip_reason = maintenance_skip_reason(
-                self.facts, self.outcome, finalize_failed=trigger == TurnTrigger.FINALIZE_FAILED
+            self.skip_reason = self._skip_reason(
+                finalize_failed=trigger == TurnTrigger.FINALIZE_FAILED
             )

@@ -73,7 +73,7 @@ import anyio.lowlevel
 import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.fsm.turn import SkipReason, TurnTrigger
+from codex_turn.fsm.turn import SkipReason, TurnTrigger, maintenance_skip_reason
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AgentMessage,
@@ -113,7 +113,6 @@ __all__ = [
     "build_runtime_context_from_usage",
     "dispose_context_engine",
     "finalize_context_engine_turn",
-    "maintenance_skip_reason",
     "run_context_engine_maintenance",
     "strip_runtime_context_messages",
 ]
@@ -233,30 +232,6 @@ def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> list[Age
 
 def _fields(engine: object, session_key: str | None, **extra: Any) -> dict[str, Any]:
     return {"engine": engine_id(engine), "session_key": mask_session_key(session_key), **extra}
-
-
-def maintenance_skip_reason(
-    *,
-    engine: object | None,
-    prompt_error: bool,
-    aborted: bool,
-    yield_aborted: bool,
-    finalize_succeeded: bool,
-) -> SkipReason | None:
-    """Why turn maintenance must not run (``None`` when it may); same order as the turn table."""
-    if not is_active_engine(engine):
-        return SkipReason.NO_ENGINE
-    if optional_method(engine, "maintain") is None:
-        return SkipReason.NO_MAINTAIN
-    if prompt_error:
-        return SkipReason.PROMPT_ERROR
-    if yield_aborted:
-        return SkipReason.YIELD_ABORTED
-    if aborted:
-        return SkipReason.ABORTED
-    if not finalize_succeeded:
-        return SkipReason.FINALIZE_FAILED
-    return None
 
 
 # --- Runtime context ------------------------------------------------------------------------
@@ -921,11 +896,12 @@ async def finalize_context_engine_turn(
                 )
 
     skip = maintenance_skip_reason(
-        engine=engine,
+        engine_active=is_active_engine(engine),
+        engine_maintains=optional_method(engine, "maintain") is not None,
         prompt_error=prompt_error,
         aborted=aborted,
         yield_aborted=yield_aborted,
-        finalize_succeeded=succeeded,
+        finalize_failed=not succeeded,
     )
     maintenance: MaintenanceOutcome | None = None
     if skip is None and run_maintenance:

@@ -13,9 +13,9 @@ was made. OpenClaw's ``toolPayloadMode: "preserve"`` keeps that structure withou
   every value under a secret-looking key (``apiKey``, ``token``, ``password`` ...) is replaced
   whole.
 
-Both are pure functions of their input. This module deliberately does not use the logging
-redactor (``codex_turn._log.redact_text``): that one also masks values registered in a
-context variable, and a projection must not depend on who calls it (byte stability).
+Both are pure functions of their input. Secrets are masked by the one pure redactor,
+``codex_turn._secrets.redact_secrets``, never by the logging redactor, which also masks values
+registered per task: a projection must not depend on who calls it (byte stability).
 Self-references, possible in Python dicts though not in JSON, render as ``"[Circular]"``.
 """
 
@@ -26,35 +26,17 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from codex_turn._secrets import REDACTED, redact_secrets
+
 __all__ = ["REDACTED", "input_shape", "redact_secrets", "redacted_payload", "render_json"]
 
-REDACTED: Final = "[redacted]"
 _CIRCULAR: Final = "[Circular]"
 _TOO_DEEP: Final = "[MaxDepth]"
 _MAX_DEPTH: Final = 64
 
-_SECRET_PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
-    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{6,}"),
-    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
-    re.compile(r"\b(?:ghp|gho|ghu|ghs|github_pat|xox[abpr])_[A-Za-z0-9_-]{8,}"),
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
-)
-# KEY=value / key: value where the key names a credential; the key stays, the value goes.
-_ASSIGNMENT: Final = re.compile(
-    r"(?i)\b([A-Z0-9_]*(?:api[_-]?key|token|secret|password|passwd|auth)[A-Z0-9_]*)"
-    r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)"
-)
 _SECRET_KEY: Final = re.compile(
     r"(?i)(api[_-]?key|token|secret|password|passwd|authorization|credential|cookie|private[_-]?key)"
 )
-
-
-def redact_secrets(text: str) -> str:
-    """Mask secret-shaped substrings: bearer tokens, ``sk-`` keys, ``KEY=value`` credentials."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(REDACTED, text)
-    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
 
 
 def _leaf_type(value: object) -> str:
