@@ -81,6 +81,8 @@ def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES)
             outcome=TurnOutcome(outcome) if outcome else None,
         )
         expected = turn_oracle(state, trigger, outcome=outcome, **flags)
+        if model.allows(trigger) != (expected is not None):
+            problems.append(f"{state} allows({trigger}) disagrees with the oracle ({flags})")
         trace_before = len(model.trace)
         dest, error = _fire_one(model, trigger)
         label = f"{state} --{trigger}--> ? with {flags} outcome={outcome}"
@@ -107,6 +109,8 @@ def exhaustive_compaction_check(model_cls: Any) -> list[str]:
     ):
         model = model_cls.begin(compaction_facts(flags), state=CompactionState[state])
         expected = compaction_oracle(state, trigger, **flags)
+        if model.allows(trigger) != (expected is not None):
+            problems.append(f"{state} allows({trigger}) disagrees with the oracle ({flags})")
         dest, error = _fire_one(model, trigger)
         label = f"{state} --{trigger}--> ? with {flags}"
         if error:

@@ -12,6 +12,13 @@ from codex_turn.fsm.compaction import (
     CompactionTrigger,
 )
 from codex_turn.fsm.errors import FsmError, IllegalTransition, TurnBusy
+from codex_turn.fsm.thread import (
+    THREAD_RULES,
+    ThreadAction,
+    ThreadDecision,
+    ThreadFacts,
+    decide_thread,
+)
 from codex_turn.fsm.turn import (
     TURN_TABLE,
     SkipReason,
@@ -25,6 +32,7 @@ from codex_turn.fsm.turn import (
 
 __all__ = [
     "COMPACTION_TABLE",
+    "THREAD_RULES",
     "TURN_TABLE",
     "CompactionFacts",
     "CompactionModel",
@@ -34,6 +42,9 @@ __all__ = [
     "FsmError",
     "IllegalTransition",
     "SkipReason",
+    "ThreadAction",
+    "ThreadDecision",
+    "ThreadFacts",
     "TraceEntry",
     "TurnBusy",
     "TurnFacts",
@@ -41,5 +52,6 @@ __all__ = [
     "TurnOutcome",
     "TurnState",
     "TurnTrigger",
+    "decide_thread",
     "maintenance_skip_reason",
 ]

@@ -218,6 +218,20 @@ class Model:
         finally:
             self._lock.release()
 
+    def allows(self, trigger: str) -> bool:
+        """Whether ``trigger`` would be accepted now (its edge exists and its guards hold).
+
+        The orchestrator asks this instead of re-deriving a branch: the table decides.
+        """
+        if not self._attached:
+            return False
+        return any(
+            edge.trigger == trigger
+            and all(getattr(self, guard) for guard in edge.when)
+            and not any(getattr(self, guard) for guard in edge.unless)
+            for edge in self.machine.table[self.state]
+        )
+
     def _on_fired(self, trigger: str) -> None:
         """Hook for subclasses: record facts that a trigger establishes (outcomes, counts)."""
 

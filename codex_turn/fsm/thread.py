@@ -1,0 +1,100 @@
+"""The thread decision: start, resume or rotate the Codex thread, and whether to project.
+
+Codex stores each turn's input in its native history and replays it on every later turn of
+a resumed thread. Projecting an engine's full assembled context into every turn of one
+thread therefore grows the request quadratically (OpenClaw #93762: ~96% wasted input;
+#149689: a 108k-char projection surviving 38 native compactions). The fix is a decision,
+made once per turn from facts, and it lives here as an ordered table of rules:
+
+* no binding: start a thread (and project the engine's context into its first turn);
+* a binding built with other dynamic tools, or for another engine or engine policy
+  (including "no engine" versus "engine"): rotate to a fresh thread (#81223);
+* an engine projecting with mode ``thread_bootstrap``: project once per *epoch*. While the
+  bound thread carries the same epoch, resume it with the raw prompt; a new epoch (after an
+  engine compaction, say) rotates to a fresh thread that is projected again. A change of
+  the projection *fingerprint* inside one epoch does not rotate (lossless #1169);
+* an engine projecting per turn (the default, and any engine that does not declare a
+  projection): every turn that carries projected context gets a fresh thread, so native
+  history never accumulates projected context (lossless #1106);
+* otherwise resume the bound thread.
+
+The first rule whose guards hold decides. Like the turn table this module performs no I/O:
+the orchestrator gathers :class:`ThreadFacts` from the binding and the engine's assembly,
+asks :func:`decide_thread`, and fires ``thread_started``/``thread_resumed``/``thread_rotated``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+__all__ = ["THREAD_RULES", "ThreadAction", "ThreadDecision", "ThreadFacts", "decide_thread"]
+
+
+class ThreadAction(enum.Enum):
+    START = "start"
+    RESUME = "resume"
+    ROTATE = "rotate"  # start a fresh thread and replace the binding
+
+
+@attrs.frozen
+class ThreadFacts:
+    """What the decision may look at. Projection facts are about *this* turn's assembly."""
+
+    bound: bool = False  # a binding with a thread id exists
+    tools_match: bool = True  # dynamic-tools fingerprint compatible with the binding's
+    engine_match: bool = True  # same engine id and policy (or no engine on both sides)
+    thread_bootstrap: bool = False  # the engine asked for thread_bootstrap projection
+    epoch_match: bool = False  # ... and the bound thread carries the same epoch
+    per_turn: bool = False  # the engine assembled context with per-turn projection
+    has_context: bool = False  # the projection framed some assembled history
+
+
+@attrs.frozen
+class ThreadRule:
+    action: ThreadAction
+    project: bool  # send the projected prompt (else the raw prompt)
+    reason: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: ThreadFacts) -> bool:
+        return all(getattr(facts, name) for name in self.when) and not any(
+            getattr(facts, name) for name in self.unless
+        )
+
+
+@attrs.frozen
+class ThreadDecision:
+    action: ThreadAction
+    project: bool
+    reason: str
+
+
+A = ThreadAction
+
+THREAD_RULES: tuple[ThreadRule, ...] = (
+    ThreadRule(A.START, True, "missing-thread-binding", unless=("bound",)),
+    ThreadRule(A.ROTATE, True, "dynamic-tools-changed", unless=("tools_match",)),
+    ThreadRule(A.ROTATE, True, "context-engine-policy-changed", unless=("engine_match",)),
+    ThreadRule(
+        A.RESUME,
+        False,
+        "matching-thread-bootstrap-binding",
+        when=("thread_bootstrap", "epoch_match"),
+    ),
+    ThreadRule(A.ROTATE, True, "thread-bootstrap-epoch-changed", when=("thread_bootstrap",)),
+    ThreadRule(
+        A.ROTATE, True, "per-turn-projection-fresh-thread", when=("per_turn", "has_context")
+    ),
+    ThreadRule(A.RESUME, True, "compatible-thread-binding"),
+)
+
+
+def decide_thread(facts: ThreadFacts) -> ThreadDecision:
+    """The first rule of :data:`THREAD_RULES` that holds for ``facts``."""
+    for rule in THREAD_RULES:
+        if rule.holds(facts):
+            return ThreadDecision(rule.action, rule.project, rule.reason)
+    raise AssertionError("THREAD_RULES ends with an unconditional rule")  # pragma: no cover

@@ -1,0 +1,66 @@
+"""The thread decision: start, resume or rotate, and whether to project (the snowball fix)."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+
+from codex_turn.fsm import ThreadAction, ThreadFacts, decide_thread
+
+FIELDS = [f.name for f in attrs.fields(ThreadFacts)]
+ALL_FACTS = [
+    ThreadFacts(**dict(zip(FIELDS, bits, strict=True)))
+    for bits in itertools.product((False, True), repeat=len(FIELDS))
+]
+
+
+def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
+    """Hand-written from the issue: where the decision must land, and whether it projects."""
+    if not f.bound:
+        return ThreadAction.START, True
+    if not f.tools_match or not f.engine_match:
+        return ThreadAction.ROTATE, True
+    if f.thread_bootstrap:
+        return (ThreadAction.RESUME, False) if f.epoch_match else (ThreadAction.ROTATE, True)
+    if f.per_turn and f.has_context:
+        return ThreadAction.ROTATE, True
+    return ThreadAction.RESUME, True
+
+
+@pytest.mark.parametrize(
+    "facts", ALL_FACTS, ids=lambda f: "".join("01"[v] for v in attrs.astuple(f))
+)
+def test_every_fact_combination_matches_the_oracle(facts: ThreadFacts) -> None:
+    decision = decide_thread(facts)
+    assert (decision.action, decision.project) == oracle(facts)
+    assert decision.reason
+
+
+def test_projected_context_is_never_sent_into_a_resumed_thread_that_already_has_it() -> None:
+    # The quadratic snowball: resuming while projecting per turn.
+    resumed_with_projection = [
+        facts
+        for facts in ALL_FACTS
+        if decide_thread(facts).action is ThreadAction.RESUME
+        and decide_thread(facts).project
+        and facts.per_turn
+        and facts.has_context
+        and not facts.thread_bootstrap
+    ]
+    assert resumed_with_projection == []
+
+
+def test_reasons_match_openclaw_log_vocabulary() -> None:
+    assert decide_thread(ThreadFacts()).reason == "missing-thread-binding"
+    matching = ThreadFacts(bound=True, thread_bootstrap=True, epoch_match=True, has_context=True)
+    assert decide_thread(matching).reason == "matching-thread-bootstrap-binding"
+    assert decide_thread(matching).project is False
+
+
+def test_a_changed_projection_fingerprint_inside_an_epoch_does_not_rotate() -> None:
+    # The fingerprint is not a fact at all: only the epoch, the policy and the tools count.
+    assert "fingerprint" not in FIELDS
+    same_epoch = ThreadFacts(bound=True, thread_bootstrap=True, epoch_match=True)
+    assert decide_thread(same_epoch).action is ThreadAction.RESUME
