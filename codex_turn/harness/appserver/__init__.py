@@ -1,0 +1,89 @@
+"""Everything that crosses the Codex boundary: the real ``codex app-server`` over stdio.
+
+Layers (bottom up), each mapping its own failures once into the :mod:`.errors` family:
+
+* :mod:`.config`: CODEX_HOME, an offline-safe ``config.toml``, argv and environment;
+* :mod:`.process`: the child process as a line transport (stderr drained, graceful shutdown,
+  immediate death detection);
+* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
+  server requests: dynamic tools, approvals, user input);
+* :mod:`.projector`: a turn's notifications folded into a :class:`TurnResult`;
+* :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash.
+
+Usage sketch::
+
+    async with AppServer.start(AppServerConfig.offline(home, model.base_url)) as server:
+        thread = await server.start_thread(cwd=str(workspace),
+                                           developer_instructions=instructions,
+                                           tools=[lookup_tool])
+        result = await server.run_turn(thread.thread_id, prompt_text, prompt=raw_prompt,
+                                       idle_timeout=120)
+        result.outcome, result.messages_snapshot, result.usage
+"""
+
+from __future__ import annotations
+
+from .client import (
+    ApprovalPolicy,
+    AppServerClient,
+    CompactionResult,
+    TurnHandle,
+    UserInputHandler,
+    decline_all,
+)
+from .config import AppServerConfig, ModelProviderConfig, bundled_codex_path, render_toml
+from .errors import (
+    AppServerClosed,
+    AppServerError,
+    AppServerRpcError,
+    AppServerStartError,
+    AppServerTimeout,
+)
+from .manager import AppServer
+from .process import AppServerProcess, LineTransport
+from .projector import Notification, TurnOutcome, TurnProjector, TurnResult, Usage
+from .tools import DynamicTool, ToolRegistry, ToolResult, tool
+from .types import (
+    DynamicToolSpec,
+    ImageInput,
+    LocalImageInput,
+    TextInput,
+    ThreadResult,
+    UserInput,
+)
+
+__all__ = [
+    "AppServer",
+    "AppServerClient",
+    "AppServerClosed",
+    "AppServerConfig",
+    "AppServerError",
+    "AppServerProcess",
+    "AppServerRpcError",
+    "AppServerStartError",
+    "AppServerTimeout",
+    "ApprovalPolicy",
+    "CompactionResult",
+    "DynamicTool",
+    "DynamicToolSpec",
+    "ImageInput",
+    "LineTransport",
+    "LocalImageInput",
+    "ModelProviderConfig",
+    "Notification",
+    "TextInput",
+    "ThreadResult",
+    "ToolRegistry",
+    "ToolResult",
+    "TurnHandle",
+    "TurnOutcome",
+    "TurnProjector",
+    "TurnResult",
+    "Usage",
+    "UserInput",
+    "UserInputHandler",
+    "bundled_codex_path",
+    "decline_all",
+    "render_toml",
+    "tool",
+]

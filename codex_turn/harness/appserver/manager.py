@@ -1,0 +1,275 @@
+""":class:`AppServer`: many threads over one app-server process, restarted after a crash.
+
+One ``codex app-server`` process serves any number of threads concurrently; the client
+routes notifications per thread, so :class:`AppServer` is simply the owner of "the current
+client" plus two policies:
+
+* **Supervision.** Each client runs inside a supervisor task of the manager's own task group
+  (anyio task groups must be exited by the task that entered them, so a restart triggered
+  from any caller task is still torn down correctly). When the process dies, every in-flight
+  call fails with :class:`AppServerClosed`; the *next* call spawns a fresh process on the same
+  CODEX_HOME (already initialised, so that is safe) and counts a restart.
+* **Thread memory.** Threads started or resumed through the manager remember their resume
+  parameters (developer instructions, cwd, model, Python tools). A thread that was loaded in
+  a previous process is re-resumed automatically before its next turn or compaction, with its
+  developer instructions re-sent, so a crash costs one turn, not the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+
+from codex_turn._log import get_logger
+
+from .client import (
+    ApprovalPolicy,
+    AppServerClient,
+    CompactionResult,
+    NotificationListener,
+    TurnHandle,
+    UserInputHandler,
+    decline_all,
+    unwrap_single_group,
+)
+from .config import AppServerConfig
+from .errors import AppServerClosed
+from .projector import Notification, TurnResult
+from .tools import DynamicTool, ToolRegistry
+from .types import ThreadResult, UserInput
+
+__all__ = ["AppServer"]
+
+log = get_logger(__name__)
+
+
+@attrs.define
+class _ThreadMemo:
+    developer_instructions: str | None
+    cwd: str | None
+    model: str | None
+    tools: ToolRegistry | None
+    generation: int
+
+
+class AppServer:
+    """The app-server pool. ``async with AppServer.start(config) as server:``."""
+
+    def __init__(
+        self,
+        config: AppServerConfig,
+        *,
+        approval_policy: ApprovalPolicy = decline_all,
+        user_input_handler: UserInputHandler | None = None,
+        record_sent: bool = False,
+        auto_resume: bool = True,
+    ) -> None:
+        self.config = config
+        self.approval_policy = approval_policy
+        self.user_input_handler = user_input_handler
+        self.record_sent = record_sent
+        self.auto_resume = auto_resume
+        self.generation = 0
+        self.restarts = 0
+        self.sent: list[dict[str, Any]] = []
+        self.server_requests: dict[Any, str] = {}
+        self._client: AppServerClient | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._lock = anyio.Lock()
+        self._threads: dict[str, _ThreadMemo] = {}
+        self._listeners: list[NotificationListener] = []
+        self._closing = False
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(cls, config: AppServerConfig, **kwargs: Any) -> AsyncIterator[AppServer]:
+        """Start the first process eagerly (so start errors surface here), yield, shut down."""
+        server = cls(config, **kwargs)
+        with unwrap_single_group():
+            async with anyio.create_task_group() as tg:
+                server._tg = tg
+                try:
+                    await server.client()
+                    yield server
+                finally:
+                    server._closing = True
+                    if server._client is not None:
+                        server._client.request_stop()
+
+    async def _supervise(self, *, task_status: anyio.abc.TaskStatus[AppServerClient]) -> None:
+        async with AppServerClient.connect(
+            self.config,
+            approval_policy=self.approval_policy,
+            user_input_handler=self.user_input_handler,
+            sent_log=self.sent if self.record_sent else None,  # one log across restarts
+        ) as client:
+            if self.record_sent:
+                client.server_requests = self.server_requests
+            for listener in self._listeners:
+                client.add_listener(listener)
+            task_status.started(client)
+            await client.wait_closed()
+
+    async def client(self) -> AppServerClient:
+        """The live client, spawning (or re-spawning after a crash) when needed."""
+        current = self._client
+        if current is not None and not current.closed:
+            return current
+        async with self._lock:
+            current = self._client
+            if current is not None and not current.closed:
+                return current
+            if self._tg is None or self._closing:
+                raise AppServerClosed("AppServer is not running")
+            if current is not None:
+                self.restarts += 1
+                log.warning("appserver.restart", restarts=self.restarts)
+            client: AppServerClient = await self._tg.start(self._supervise)
+            self.generation += 1
+            self._client = client
+            return client
+
+    @property
+    def current(self) -> AppServerClient | None:
+        """The current client without starting one (tests use it to kill the process)."""
+        return self._client
+
+    def add_listener(self, listener: NotificationListener) -> None:
+        self._listeners.append(listener)
+        if self._client is not None:
+            self._client.add_listener(listener)
+
+    # -- threads -------------------------------------------------------------------------
+
+    async def start_thread(
+        self,
+        *,
+        cwd: str | None = None,
+        developer_instructions: str | None = None,
+        model: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        **kwargs: Any,
+    ) -> ThreadResult:
+        client = await self.client()
+        registry = _registry(tools)
+        result = await client.start_thread(
+            cwd=cwd,
+            developer_instructions=developer_instructions,
+            model=model,
+            tools=registry,
+            **kwargs,
+        )
+        self._threads[result.thread_id] = _ThreadMemo(
+            developer_instructions, cwd, model, registry, self.generation
+        )
+        return result
+
+    async def resume_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        **kwargs: Any,
+    ) -> ThreadResult:
+        client = await self.client()
+        registry = _registry(tools)
+        result = await client.resume_thread(
+            thread_id,
+            developer_instructions=developer_instructions,
+            cwd=cwd,
+            model=model,
+            tools=registry,
+            **kwargs,
+        )
+        self._threads[thread_id] = _ThreadMemo(
+            developer_instructions, cwd, model, registry, self.generation
+        )
+        return result
+
+    async def _client_for(self, thread_id: str) -> AppServerClient:
+        client = await self.client()
+        memo = self._threads.get(thread_id)
+        if self.auto_resume and memo is not None and memo.generation != self.generation:
+            log.info("appserver.auto_resume", thread_id=thread_id)
+            await self.resume_thread(
+                thread_id,
+                developer_instructions=memo.developer_instructions,
+                cwd=memo.cwd,
+                model=memo.model,
+                tools=memo.tools,
+            )
+        return client
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def run_turn(
+        self,
+        thread_id: str,
+        input: str | Sequence[UserInput],
+        *,
+        on_event: Callable[[Notification], Awaitable[None]] | None = None,
+        idle_timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kwargs: Any,
+    ) -> TurnResult:
+        client = await self._client_for(thread_id)
+        return await client.run_turn(
+            thread_id,
+            input,
+            on_event=on_event,
+            idle_timeout=idle_timeout,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, thread_id: str, input: str | Sequence[UserInput], **kwargs: Any
+    ) -> AsyncIterator[TurnHandle]:
+        client = await self._client_for(thread_id)
+        async with client.turn(thread_id, input, **kwargs) as handle:
+            yield handle
+
+    async def interrupt_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> None:
+        client = await self.client()
+        await client.interrupt_turn(thread_id, turn_id, timeout=timeout)
+
+    async def compact_thread(
+        self,
+        thread_id: str,
+        *,
+        timeout: float = 120.0,  # noqa: ASYNC109
+    ) -> CompactionResult:
+        client = await self._client_for(thread_id)
+        return await client.compact_thread(thread_id, timeout=timeout)
+
+    async def request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        """Any other method, raw JSON in and out."""
+        client = await self.client()
+        return await client.request(method, params, timeout=timeout)
+
+
+def _registry(tools: ToolRegistry | Iterable[DynamicTool] | None) -> ToolRegistry | None:
+    if tools is None or isinstance(tools, ToolRegistry):
+        return tools
+    return ToolRegistry(tools)

@@ -1,0 +1,212 @@
+"""The app-server process and its stdio line transport.
+
+:class:`AppServerProcess` owns one ``codex app-server`` child and exposes exactly what the
+JSON-RPC client needs, as a :class:`LineTransport`: send one line, receive one line, and a
+background job (draining stderr). Everything OS-level is mapped here, once:
+
+* a failed spawn (missing binary, bad permissions) becomes :class:`AppServerStartError`;
+* end of stdout, a broken pipe, or a closed stream becomes :class:`AppServerClosed` with the
+  exit code when the process has one. EOF on stdout is the *immediate* death signal: a killed
+  process closes its pipes at once, so the client notices within milliseconds instead of
+  waiting for ``wait()``.
+
+stderr is a pipe too, and a full pipe would block the server, so it is drained continuously.
+Each line goes to the structured (scrubbing) log at a bounded rate (a token bucket); excess
+lines are counted and reported as one summary line. The last few lines are kept in memory for
+diagnostics but never put into exception messages (they may quote content).
+
+Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
+then kill. It is shielded from cancellation so a cancelled caller never leaks a process.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import subprocess
+import time
+from typing import Protocol
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from codex_turn._log import format_error, get_logger
+
+from .config import AppServerConfig
+from .errors import AppServerClosed, AppServerStartError
+
+__all__ = ["AppServerProcess", "LineTransport"]
+
+log = get_logger(__name__)
+
+MAX_LINE_BYTES = 256 * 1024 * 1024  # a resumed thread's full history can be large
+MAX_STDERR_LINE = 64 * 1024
+_LOGGED_STDERR_CHARS = 400
+
+
+class LineTransport(Protocol):
+    """What the client needs from a transport (the process, or a test double)."""
+
+    async def send_line(self, line: bytes) -> None: ...
+
+    async def receive_line(self) -> bytes: ...
+
+    async def run_background(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+
+class _TokenBucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.capacity = float(burst)
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class AppServerProcess:
+    """One spawned ``codex app-server`` speaking newline-delimited JSON over stdio."""
+
+    def __init__(self, process: anyio.abc.Process, config: AppServerConfig) -> None:
+        self._process = process
+        self._config = config
+        assert process.stdin is not None
+        assert process.stdout is not None
+        self._stdin = process.stdin
+        self._stdout = BufferedByteReceiveStream(process.stdout)
+        self._stderr = BufferedByteReceiveStream(process.stderr) if process.stderr else None
+        self._send_lock = anyio.Lock()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.stderr_lines = 0
+        self.stderr_dropped = 0
+        self._closed = False
+
+    @classmethod
+    async def spawn(cls, config: AppServerConfig) -> AppServerProcess:
+        config.write()
+        argv = config.argv()
+        try:
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=config.environment(),
+                cwd=str(config.codex_home),
+            )
+        except OSError as exc:
+            raise AppServerStartError(
+                f"cannot start codex app-server: {format_error(exc)}"
+            ) from exc
+        log.info("appserver.spawned", pid=process.pid)
+        return cls(process, config)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    def _closed_error(self, why: str) -> AppServerClosed:
+        code = self._process.returncode
+        suffix = f" (exit code {code})" if code is not None else ""
+        return AppServerClosed(f"codex app-server {why}{suffix}", returncode=code)
+
+    async def send_line(self, line: bytes) -> None:
+        try:
+            async with self._send_lock:
+                await self._stdin.send(line + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise self._closed_error("stdin is closed") from exc
+
+    async def receive_line(self) -> bytes:
+        try:
+            return await self._stdout.receive_until(b"\n", MAX_LINE_BYTES)
+        except (anyio.IncompleteRead, anyio.EndOfStream) as exc:
+            # EOF: give the OS a moment to reap so the exit code can be reported.
+            with anyio.move_on_after(0.2):
+                await self._process.wait()
+            raise self._closed_error("exited") from exc
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise self._closed_error("stdout is closed") from exc
+        except anyio.DelimiterNotFound as exc:
+            raise self._closed_error("sent an oversized line") from exc
+
+    async def run_background(self) -> None:
+        """Drain stderr into the log until EOF, at a bounded rate."""
+        if self._stderr is None:
+            return
+        bucket = _TokenBucket(self._config.stderr_lines_per_second, self._config.stderr_burst)
+        while True:
+            try:
+                raw = await self._stderr.receive_until(b"\n", MAX_STDERR_LINE)
+            except anyio.DelimiterNotFound:
+                raw = await self._stderr.receive(MAX_STDERR_LINE)
+            except (
+                anyio.IncompleteRead,
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                OSError,
+            ):
+                break
+            line = raw.decode("utf-8", "replace").rstrip()
+            if not line:
+                continue
+            self.stderr_lines += 1
+            self.stderr_tail.append(line[:_LOGGED_STDERR_CHARS])
+            if bucket.take():
+                if self.stderr_dropped:
+                    log.warning("appserver.stderr.dropped", lines=self.stderr_dropped)
+                    self.stderr_dropped = 0
+                level = log.warning if (" ERROR " in line or line.startswith("Error")) else log.info
+                level("appserver.stderr", pid=self.pid, line=line[:_LOGGED_STDERR_CHARS])
+            else:
+                self.stderr_dropped += 1
+        if self.stderr_dropped:
+            log.warning("appserver.stderr.dropped", lines=self.stderr_dropped)
+
+    def kill(self) -> None:
+        """Immediate SIGKILL (tests and last-resort shutdown)."""
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # raced with exit
+                self._process.kill()
+
+    async def aclose(self) -> None:
+        """Close stdin, wait, terminate, kill. Shielded: always completes."""
+        if self._closed:
+            return
+        self._closed = True
+        timeout = self._config.shutdown_timeout
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                await self._stdin.aclose()
+            with anyio.move_on_after(timeout):
+                await self._process.wait()
+            if self._process.returncode is None:
+                log.warning("appserver.terminate", pid=self.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    self._process.terminate()
+                with anyio.move_on_after(2.0):
+                    await self._process.wait()
+            if self._process.returncode is None:
+                log.warning("appserver.kill", pid=self.pid)
+                self.kill()
+                await self._process.wait()
+            await self._process.aclose()
+            log.info("appserver.exited", pid=self.pid, returncode=self._process.returncode)

@@ -1,0 +1,499 @@
+"""The event projector: one turn's notifications in, one :class:`TurnResult` out.
+
+This is a pure fold (no I/O, no clock except an injectable one), so it is tested on recorded
+notification sequences without the binary. It reproduces OpenClaw's PR-era Codex event
+projector (``buildResult``), with two corrections:
+
+* **Usage** comes from the last ``thread/tokenUsage/updated`` of the turn (``tokenUsage.last``,
+  the last model call). Codex's ``inputTokens`` *already includes* ``cachedInputTokens`` (and,
+  we assume, ``cacheWriteInputTokens``), so the OpenClaw ``input`` is the *non-cached* part:
+  ``input = inputTokens - cachedInputTokens - cacheWriteInputTokens``. Then
+  ``input + cacheRead + cacheWrite`` is the prompt size, and nothing is counted twice.
+* **Dangling items** (an agent message that was streamed but never completed because the turn
+  was interrupted or the stream failed) are closed at ``turn/completed``: they are listed in
+  ``dangling_item_ids`` and their partial text is kept apart (``partial_text``); it is never
+  mirrored as the assistant reply, because Codex drops it from the model history too.
+
+``messages_snapshot`` is in OpenClaw's mirror order: the raw user prompt (a string), an
+optional ``"Codex reasoning:\\n…"`` mirror, an optional ``"Codex plan:\\n…"`` mirror, then the
+final assistant message (the last completed, non-blank ``agentMessage``), which carries usage,
+``stopReason`` and ``errorMessage``. ``mirror_identities`` gives the idempotency identity of
+each message (``<turnId>:prompt|reasoning|plan|assistant``) under the thread-stable
+``idempotency_scope`` ``codex-app-server:<threadId>``.
+
+Unknown notification methods and item types are ignored: the binary emits many kinds
+(``warning``, ``account/rateLimits/updated``, ``thread/readState/changed``…) that carry nothing
+for the turn result, and newer binaries add more.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "Notification",
+    "TurnOutcome",
+    "TurnProjector",
+    "TurnResult",
+    "Usage",
+]
+
+DEFAULT_API = "openai-codex-responses"
+REASONING_PREFIX = "Codex reasoning:\n"
+PLAN_PREFIX = "Codex plan:\n"
+
+
+@attrs.frozen
+class Notification:
+    """A server notification (``method`` + ``params``), with routing helpers."""
+
+    method: str
+    params: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def thread_id(self) -> str | None:
+        value = self.params.get("threadId")
+        if isinstance(value, str):
+            return value
+        thread = self.params.get("thread")
+        if isinstance(thread, Mapping) and isinstance(thread.get("id"), str):
+            return str(thread["id"])
+        return None
+
+    @property
+    def turn_id(self) -> str | None:
+        value = self.params.get("turnId")
+        if isinstance(value, str):
+            return value
+        turn = self.params.get("turn")
+        if isinstance(turn, Mapping) and isinstance(turn.get("id"), str):
+            return str(turn["id"])
+        return None
+
+    @property
+    def item(self) -> Mapping[str, Any] | None:
+        item = self.params.get("item")
+        return item if isinstance(item, Mapping) else None
+
+    @property
+    def item_type(self) -> str | None:
+        item = self.item
+        return str(item.get("type")) if item is not None and "type" in item else None
+
+    @property
+    def compaction_phase(self) -> str | None:
+        """``"started"``/``"completed"`` for a contextCompaction item (or legacy
+        ``thread/compacted``), else ``None``. The orchestrator's compaction hooks key on it."""
+        if self.method == "thread/compacted":
+            return "completed"
+        if self.item_type == "contextCompaction":
+            if self.method == "item/started":
+                return "started"
+            if self.method == "item/completed":
+                return "completed"
+        return None
+
+
+class TurnOutcome(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    TIMED_OUT = "timed_out"
+
+
+def _int(mapping: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = mapping.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
+@attrs.frozen
+class Usage:
+    """Normalised token usage: ``input`` excludes cached and cache-write tokens."""
+
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    reasoning_output: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input + self.cache_read + self.cache_write + self.output
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of the prompt (what OpenClaw calls ``derivePromptTokens``)."""
+        return self.input + self.cache_read + self.cache_write
+
+    @classmethod
+    def from_codex(cls, breakdown: Mapping[str, Any]) -> Usage:
+        """From a Codex ``TokenUsageBreakdown`` (camelCase; snake_case aliases accepted)."""
+        raw_input = _int(breakdown, "inputTokens", "input_tokens", "input", "promptTokens")
+        cached = _int(breakdown, "cachedInputTokens", "cached_input_tokens", "cacheRead")
+        write = _int(breakdown, "cacheWriteInputTokens", "cache_write_input_tokens", "cacheWrite")
+        return cls(
+            input=max(0, raw_input - cached - write),
+            output=_int(breakdown, "outputTokens", "output_tokens", "output"),
+            cache_read=cached,
+            cache_write=write,
+            reasoning_output=_int(breakdown, "reasoningOutputTokens", "reasoning_output_tokens"),
+        )
+
+    def to_agent_usage(self) -> dict[str, Any]:
+        """OpenClaw/pi ``usage`` (cost is unknown offline: zeros)."""
+        return {
+            "input": self.input,
+            "output": self.output,
+            "cacheRead": self.cache_read,
+            "cacheWrite": self.cache_write,
+            "totalTokens": self.total_tokens,
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0},
+        }
+
+
+@attrs.frozen(kw_only=True)
+class TurnResult:
+    thread_id: str
+    turn_id: str | None
+    outcome: TurnOutcome
+    prompt_error: str | None
+    final_text: str | None
+    reasoning_text: str | None
+    plan_text: str | None
+    usage: Usage | None
+    context_window: int | None
+    messages_snapshot: list[dict[str, Any]]
+    mirror_identities: list[str]
+    idempotency_scope: str
+    compaction_item_ids: list[str]
+    item_ids: list[str]
+    dangling_item_ids: list[str]
+    partial_text: str | None
+    error_info: Any = None
+    duration_ms: int | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self.outcome in (TurnOutcome.INTERRUPTED, TurnOutcome.TIMED_OUT)
+
+    @property
+    def mirror_keys(self) -> list[str]:
+        """Thread-stable idempotency keys, ``codex-app-server:<threadId>:<identity>``."""
+        return [f"{self.idempotency_scope}:{i}" for i in self.mirror_identities]
+
+    @property
+    def turn_scoped_keys(self) -> list[str]:
+        """PR-era keys, ``codex-app-server:<threadId>:<turnId>:<role>:<index>``."""
+        scope = f"{self.idempotency_scope}:{self.turn_id}"
+        return [f"{scope}:{m['role']}:{i}" for i, m in enumerate(self.messages_snapshot)]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TurnProjector:
+    """Folds one turn's notifications. Feed every notification of the thread; the projector
+    keeps those of its turn (the first ``turn/started`` it sees fixes the id if not given)."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        prompt: str,
+        provider: str | None = None,
+        model: str | None = None,
+        api: str = DEFAULT_API,
+        turn_id: str | None = None,
+        clock_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.thread_id = thread_id
+        self.turn_id = turn_id
+        self.prompt = prompt
+        self.provider = provider
+        self.model = model
+        self.api = api
+        self._clock_ms = clock_ms
+        self.done = False
+        self._status: str | None = None
+        self._turn_error: str | None = None
+        self._error_info: Any = None
+        self._last_error: str | None = None
+        self._duration_ms: int | None = None
+        self._agent_messages: list[tuple[str, str]] = []
+        self._summary_agent_messages: list[str] = []
+        self._deltas: dict[str, list[str]] = {}
+        self._started: dict[str, str] = {}
+        self._completed: list[str] = []
+        self._reasoning: dict[str, dict[str, str]] = {}
+        self._reasoning_order: list[str] = []
+        self._plans: dict[str, str] = {}
+        self._plan_order: list[str] = []
+        self._usage: Mapping[str, Any] | None = None
+        self._context_window: int | None = None
+        self._compactions: list[str] = []
+
+    # -- folding -------------------------------------------------------------------------
+
+    def feed(self, n: Notification) -> bool:
+        """Fold one notification; ``True`` when it belonged to this turn."""
+        if self.done:
+            return False
+        if n.thread_id is not None and n.thread_id != self.thread_id:
+            return False
+        turn_id = n.turn_id
+        if turn_id is not None:
+            if self.turn_id is None and n.method == "turn/started":
+                self.turn_id = turn_id
+            elif turn_id != self.turn_id:
+                return False
+        handler = _HANDLERS.get(n.method)
+        if handler is not None:
+            handler(self, n.params)
+        return True
+
+    def _on_item_started(self, params: Mapping[str, Any]) -> None:
+        item = params.get("item")
+        if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+            self._started[item["id"]] = str(item.get("type"))
+
+    def _on_item_completed(self, params: Mapping[str, Any]) -> None:
+        item = params.get("item")
+        if not isinstance(item, Mapping):
+            return
+        item_id = str(item.get("id", ""))
+        kind = item.get("type")
+        self._started.pop(item_id, None)
+        self._completed.append(item_id)
+        if kind == "agentMessage":
+            text = item.get("text")
+            if not isinstance(text, str):
+                text = "".join(self._deltas.get(item_id, []))
+            self._agent_messages.append((item_id, text))
+            self._deltas.pop(item_id, None)
+        elif kind == "reasoning":
+            self._note_reasoning(item_id)
+            parts = self._reasoning[item_id]
+            if not parts:
+                summary = [s for s in item.get("summary") or [] if isinstance(s, str)]
+                content = [s for s in item.get("content") or [] if isinstance(s, str)]
+                for i, text in enumerate(summary or content):
+                    parts[f"s{i}"] = text
+        elif kind == "plan":
+            text = item.get("text")
+            self._note_plan(item_id)
+            if isinstance(text, str) and text.strip():
+                self._plans[item_id] = text
+        elif kind == "contextCompaction":
+            self._compactions.append(item_id)
+
+    def _on_agent_delta(self, params: Mapping[str, Any]) -> None:
+        item_id = str(params.get("itemId", ""))
+        self._deltas.setdefault(item_id, []).append(str(params.get("delta", "")))
+
+    def _note_reasoning(self, item_id: str) -> None:
+        if item_id not in self._reasoning:
+            self._reasoning[item_id] = {}
+            self._reasoning_order.append(item_id)
+
+    def _on_reasoning_summary_delta(self, params: Mapping[str, Any]) -> None:
+        item_id = str(params.get("itemId", ""))
+        self._note_reasoning(item_id)
+        key = f"s{params.get('summaryIndex', 0)}"
+        parts = self._reasoning[item_id]
+        parts[key] = parts.get(key, "") + str(params.get("delta", ""))
+
+    def _on_reasoning_text_delta(self, params: Mapping[str, Any]) -> None:
+        item_id = str(params.get("itemId", ""))
+        self._note_reasoning(item_id)
+        parts = self._reasoning[item_id]
+        if any(k.startswith("s") for k in parts):
+            return  # the summary is what OpenClaw mirrors when both arrive
+        key = f"c{params.get('contentIndex', 0)}"
+        parts[key] = parts.get(key, "") + str(params.get("delta", ""))
+
+    def _note_plan(self, item_id: str) -> None:
+        if item_id not in self._plan_order:
+            self._plan_order.append(item_id)
+
+    def _on_plan_delta(self, params: Mapping[str, Any]) -> None:
+        item_id = str(params.get("itemId", ""))
+        self._note_plan(item_id)
+        self._plans[item_id] = self._plans.get(item_id, "") + str(params.get("delta", ""))
+
+    def _on_token_usage(self, params: Mapping[str, Any]) -> None:
+        usage = params.get("tokenUsage")
+        if not isinstance(usage, Mapping):
+            return
+        for key in ("last", "lastCall", "lastTokenUsage", "last_token_usage"):
+            value = usage.get(key)
+            if isinstance(value, Mapping):
+                self._usage = value
+                break
+        window = usage.get("modelContextWindow")
+        if isinstance(window, int):
+            self._context_window = window
+
+    def _on_error(self, params: Mapping[str, Any]) -> None:
+        if params.get("willRetry"):
+            return
+        error = params.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            self._last_error = error["message"]
+            self._error_info = error.get("codexErrorInfo")
+
+    def _on_compacted(self, params: Mapping[str, Any]) -> None:
+        self._compactions.append(f"thread/compacted:{params.get('turnId', '')}")
+
+    def _on_turn_completed(self, params: Mapping[str, Any]) -> None:
+        turn = params.get("turn")
+        if not isinstance(turn, Mapping):
+            turn = {}
+        status = turn.get("status")
+        self._status = status if isinstance(status, str) else None
+        error = turn.get("error")
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            self._turn_error = error["message"]
+            self._error_info = error.get("codexErrorInfo", self._error_info)
+        duration = turn.get("durationMs")
+        self._duration_ms = duration if isinstance(duration, int) else None
+        for item in turn.get("items") or []:
+            if isinstance(item, Mapping) and item.get("type") == "agentMessage":
+                text = item.get("text")
+                if isinstance(text, str):
+                    self._summary_agent_messages.append(text)
+        self.done = True
+
+    # -- result --------------------------------------------------------------------------
+
+    def _outcome(self) -> TurnOutcome:
+        return {
+            "completed": TurnOutcome.COMPLETED,
+            "failed": TurnOutcome.FAILED,
+            "interrupted": TurnOutcome.INTERRUPTED,
+        }.get(self._status or "", TurnOutcome.FAILED)
+
+    def build_result(
+        self, *, outcome: TurnOutcome | None = None, error: str | None = None
+    ) -> TurnResult:
+        """The turn result. ``outcome``/``error`` override what the notifications said (the
+        client passes ``TIMED_OUT`` and its timeout message when it gave up waiting)."""
+        final_outcome = outcome or self._outcome()
+        prompt_error: str | None = None
+        if final_outcome is TurnOutcome.FAILED:
+            prompt_error = (
+                error
+                or self._turn_error
+                or self._last_error
+                or ("codex turn did not complete" if not self.done else "codex turn failed")
+            )
+        elif final_outcome is TurnOutcome.TIMED_OUT:
+            prompt_error = error or "codex app-server attempt timed out"
+
+        final_text = next(
+            (t for _, t in reversed(self._agent_messages) if t.strip()),
+            next((t for t in reversed(self._summary_agent_messages) if t.strip()), None),
+        )
+        reasoning = [
+            "".join(self._reasoning[i][k] for k in sorted(self._reasoning[i], key=_part_key))
+            for i in self._reasoning_order
+        ]
+        reasoning_text = "\n\n".join(r for r in reasoning if r.strip()) or None
+        plans = [self._plans.get(i, "") for i in self._plan_order]
+        plan_text = "\n\n".join(p for p in plans if p.strip()) or None
+        usage = Usage.from_codex(self._usage) if self._usage is not None else None
+        dangling = [i for i, kind in self._started.items() if kind != "userMessage"]
+        partial = "".join(part for i in dangling for part in self._deltas.get(i, [])) or None
+
+        stop_reason = {
+            TurnOutcome.COMPLETED: "stop",
+            TurnOutcome.FAILED: "error",
+            TurnOutcome.INTERRUPTED: "aborted",
+            TurnOutcome.TIMED_OUT: "aborted",
+        }[final_outcome]
+        now = self._clock_ms()
+        turn_id = self.turn_id or "unknown-turn"
+        snapshot: list[dict[str, Any]] = [
+            {"role": "user", "content": self.prompt, "timestamp": now}
+        ]
+        identities = [f"{turn_id}:prompt"]
+        if reasoning_text is not None:
+            snapshot.append(
+                self._assistant(REASONING_PREFIX + reasoning_text, None, "stop", None, now)
+            )
+            identities.append(f"{turn_id}:reasoning")
+        if plan_text is not None:
+            snapshot.append(self._assistant(PLAN_PREFIX + plan_text, None, "stop", None, now))
+            identities.append(f"{turn_id}:plan")
+        if final_text is not None:
+            snapshot.append(self._assistant(final_text, usage, stop_reason, prompt_error, now))
+            identities.append(f"{turn_id}:assistant")
+
+        return TurnResult(
+            thread_id=self.thread_id,
+            turn_id=self.turn_id,
+            outcome=final_outcome,
+            prompt_error=prompt_error,
+            final_text=final_text,
+            reasoning_text=reasoning_text,
+            plan_text=plan_text,
+            usage=usage,
+            context_window=self._context_window,
+            messages_snapshot=snapshot,
+            mirror_identities=identities,
+            idempotency_scope=f"codex-app-server:{self.thread_id}",
+            compaction_item_ids=list(self._compactions),
+            item_ids=list(self._completed),
+            dangling_item_ids=dangling,
+            partial_text=partial,
+            error_info=self._error_info,
+            duration_ms=self._duration_ms,
+        )
+
+    def _assistant(
+        self,
+        text: str,
+        usage: Usage | None,
+        stop_reason: str,
+        error: str | None,
+        timestamp: int,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "api": self.api,
+            "provider": self.provider,
+            "model": self.model,
+            "usage": (usage or Usage()).to_agent_usage(),
+            "stopReason": stop_reason,
+        }
+        if error is not None:
+            message["errorMessage"] = error
+        message["timestamp"] = timestamp
+        return message
+
+
+def _part_key(key: str) -> tuple[str, int]:
+    return key[0], int(key[1:]) if key[1:].isdigit() else 0
+
+
+_HANDLERS: dict[str, Callable[[TurnProjector, Mapping[str, Any]], None]] = {
+    "item/started": TurnProjector._on_item_started,
+    "item/completed": TurnProjector._on_item_completed,
+    "item/agentMessage/delta": TurnProjector._on_agent_delta,
+    "item/reasoning/summaryTextDelta": TurnProjector._on_reasoning_summary_delta,
+    "item/reasoning/textDelta": TurnProjector._on_reasoning_text_delta,
+    "item/plan/delta": TurnProjector._on_plan_delta,
+    "thread/tokenUsage/updated": TurnProjector._on_token_usage,
+    "error": TurnProjector._on_error,
+    "thread/compacted": TurnProjector._on_compacted,
+    "turn/completed": TurnProjector._on_turn_completed,
+}

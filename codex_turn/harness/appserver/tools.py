@@ -1,0 +1,167 @@
+"""Dynamic tools: Python async callables that the model can call through Codex.
+
+A tool is declared on ``thread/start`` as ``dynamicTools`` (name, description, JSON input
+schema) and frozen into the thread by Codex: ``thread/resume`` cannot change the set, so a
+changed tool set needs a new thread. When the model calls one, the app-server sends the
+server request ``item/tool/call`` with the *parsed* arguments; :meth:`ToolRegistry.call` runs
+the callable and returns the response shape Codex 0.163 accepts::
+
+    {"contentItems": [{"type": "inputText", "text": ...}], "success": bool}
+
+A tool that raises never crashes the client or the turn: the exception becomes an error
+result (``success: false``) whose text tells the model the tool failed. Codex executes
+dynamic tool calls one at a time and has no timeout of its own, so ``timeout`` bounds each
+call here.
+
+Return values: ``str`` (one text item), :class:`ToolResult`, a list of content-item dicts, or
+anything JSON-serialisable (sent as JSON text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from codex_turn._log import format_error, get_logger
+
+from .types import DynamicToolSpec
+
+__all__ = ["DynamicTool", "ToolRegistry", "ToolResult", "tool"]
+
+log = get_logger(__name__)
+
+ToolFunction = Callable[..., Awaitable[Any]]
+_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+# Built-in Codex tools win over a dynamic tool of the same name; refuse to shadow them.
+BUILTIN_TOOL_NAMES = frozenset(
+    {
+        "exec_command",
+        "write_stdin",
+        "request_user_input",
+        "view_image",
+        "multi_agent_v1",
+        "get_goal",
+        "create_goal",
+        "update_goal",
+        "web_search",
+        "apply_patch",
+        "shell",
+    }
+)
+
+
+@attrs.frozen
+class ToolResult:
+    """An explicit tool result: text (or content items) and a success flag."""
+
+    content_items: Sequence[Mapping[str, Any]]
+    success: bool = True
+
+    @classmethod
+    def text(cls, text: str, *, success: bool = True) -> ToolResult:
+        return cls([{"type": "inputText", "text": text}], success=success)
+
+    def wire(self) -> dict[str, Any]:
+        return {"contentItems": [dict(i) for i in self.content_items], "success": self.success}
+
+
+@attrs.frozen
+class DynamicTool:
+    """One tool: ``fn(arguments: dict) -> Awaitable[result]``."""
+
+    name: str = attrs.field()
+    description: str
+    input_schema: Mapping[str, Any]
+    fn: ToolFunction
+    timeout: float | None = 300.0
+
+    @name.validator
+    def _check_name(self, _: attrs.Attribute[str], value: str) -> None:
+        if not _NAME.match(value):
+            raise ValueError(f"dynamic tool name must match {_NAME.pattern}: {value!r}")
+        if value in BUILTIN_TOOL_NAMES:
+            raise ValueError(f"dynamic tool name shadows a Codex built-in tool: {value!r}")
+
+    def spec(self) -> DynamicToolSpec:
+        return DynamicToolSpec(self.name, self.description, dict(self.input_schema))
+
+
+def tool(
+    name: str,
+    description: str,
+    input_schema: Mapping[str, Any] | None = None,
+    *,
+    timeout: float | None = 300.0,
+) -> Callable[[ToolFunction], DynamicTool]:
+    """Decorator: ``@tool("lookup", "Look things up", schema)`` over ``async def f(args)``."""
+    schema = input_schema or {"type": "object", "properties": {}}
+
+    def wrap(fn: ToolFunction) -> DynamicTool:
+        return DynamicTool(name, description, schema, fn, timeout)
+
+    return wrap
+
+
+def _to_result(value: Any) -> ToolResult:
+    if isinstance(value, ToolResult):
+        return value
+    if isinstance(value, str):
+        return ToolResult.text(value)
+    if isinstance(value, list) and all(isinstance(i, Mapping) and "type" in i for i in value):
+        return ToolResult(value)
+    return ToolResult.text(json.dumps(value, default=str))
+
+
+class ToolRegistry:
+    """The tools of one thread (or a shared set). Iteration order is declaration order."""
+
+    def __init__(self, tools: Iterable[DynamicTool] = ()) -> None:
+        self._tools: dict[str, DynamicTool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: DynamicTool) -> None:
+        if t.name in self._tools:
+            raise ValueError(f"duplicate dynamic tool name: {t.name}")
+        self._tools[t.name] = t
+
+    def __iter__(self) -> Iterator[DynamicTool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def specs(self) -> list[DynamicToolSpec]:
+        return [t.spec() for t in self._tools.values()]
+
+    async def call(self, name: str, arguments: Any) -> dict[str, Any]:
+        """Run a tool for ``item/tool/call`` and return the wire response. Never raises
+        (except cancellation): every failure becomes ``success: false`` for the model."""
+        found = self._tools.get(name)
+        if found is None:
+            log.warning("appserver.tool.unknown", tool=name)
+            return ToolResult.text(f"unknown tool: {name}", success=False).wire()
+        args = arguments if isinstance(arguments, dict) else {"value": arguments}
+        try:
+            if found.timeout is None:
+                value = await found.fn(args)
+            else:
+                with anyio.fail_after(found.timeout):
+                    value = await found.fn(args)
+            return _to_result(value).wire()
+        except Exception as exc:
+            # The model gets a short, redacted description; the log gets the type only.
+            log.warning("appserver.tool.failed", tool=name, error_type=type(exc).__name__)
+            return ToolResult.text(f"tool {name} failed: {format_error(exc)}", success=False).wire()

@@ -1,0 +1,284 @@
+"""Typed params and results of the app-server methods we use, and their camelCase converter.
+
+The wire format is camelCase JSON. Python code uses snake_case attrs classes; :data:`converter`
+maps between them once, at the client boundary:
+
+* **Unstructuring** (what we send) renames each field to camelCase, or to the exact wire name
+  in its ``wire`` metadata (a few fields are snake_case on the wire, e.g. ``text_elements``),
+  and omits optional fields that are ``None``: Codex treats an absent field and ``null`` alike,
+  and omitting keeps requests minimal and schema-valid.
+* **Structuring** (what we receive) renames back and **ignores unknown keys**: a newer binary
+  may add fields at any time. Opaque sub-objects stay ``dict``/``Any``.
+
+Only the fields the library uses are modelled; :meth:`AppServerClient.request` remains
+available for anything else, with raw dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+__all__ = [
+    "ClientInfo",
+    "DynamicToolSpec",
+    "ImageInput",
+    "InitializeCapabilities",
+    "InitializeParams",
+    "InitializeResult",
+    "LocalImageInput",
+    "TextInput",
+    "ThreadCompactStartParams",
+    "ThreadInfo",
+    "ThreadResult",
+    "ThreadResumeParams",
+    "ThreadStartParams",
+    "TurnError",
+    "TurnInfo",
+    "TurnInterruptParams",
+    "TurnStartParams",
+    "TurnStartResult",
+    "UserInput",
+    "converter",
+    "structure",
+    "unstructure",
+]
+
+T = TypeVar("T")
+
+_CAMEL = re.compile(r"_([a-z0-9])")
+
+
+def camel(name: str) -> str:
+    return _CAMEL.sub(lambda m: m.group(1).upper(), name)
+
+
+def _wire(name: str, wire: str | None = None) -> dict[str, str]:
+    return {"wire": wire or name}
+
+
+# --- initialize ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ClientInfo:
+    name: str
+    version: str
+    title: str | None = None
+
+
+@attrs.frozen
+class InitializeCapabilities:
+    experimental_api: bool = True
+
+
+@attrs.frozen
+class InitializeParams:
+    client_info: ClientInfo
+    capabilities: InitializeCapabilities | None = None
+
+
+@attrs.frozen
+class InitializeResult:
+    user_agent: str | None = None
+    codex_home: str | None = None
+    platform_family: str | None = None
+    platform_os: str | None = None
+
+
+# --- inputs -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TextInput:
+    text: str
+    type: Literal["text"] = "text"
+    text_elements: list[Any] = attrs.field(factory=list, metadata=_wire("text_elements"))
+
+
+@attrs.frozen
+class ImageInput:
+    """An image by URL; OpenClaw passes ``data:<mime>;base64,<data>`` URLs."""
+
+    url: str
+    type: Literal["image"] = "image"
+
+
+@attrs.frozen
+class LocalImageInput:
+    path: str
+    type: Literal["localImage"] = "localImage"
+
+
+UserInput = TextInput | ImageInput | LocalImageInput
+
+
+# --- dynamic tools ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class DynamicToolSpec:
+    """``{type:"function", name, description, inputSchema}`` as declared on thread/start."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    type: Literal["function"] = "function"
+
+
+# --- threads ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ThreadStartParams:
+    cwd: str | None = None
+    model: str | None = None
+    model_provider: str | None = None
+    developer_instructions: str | None = None
+    base_instructions: str | None = None
+    personality: str | None = "none"
+    dynamic_tools: list[DynamicToolSpec] | None = None
+    approval_policy: str | None = None
+    sandbox: str | None = None
+    config: Mapping[str, Any] | None = None
+    ephemeral: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThreadResumeParams:
+    thread_id: str
+    developer_instructions: str | None = None
+    base_instructions: str | None = None
+    personality: str | None = "none"
+    exclude_turns: bool | None = True
+    cwd: str | None = None
+    model: str | None = None
+    model_provider: str | None = None
+    approval_policy: str | None = None
+    sandbox: str | None = None
+    config: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThreadInfo:
+    id: str
+    model: str | None = None
+    model_provider: str | None = None
+    path: str | None = None
+    status: Any = None
+    turns: list[Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThreadResult:
+    """The result of ``thread/start`` and ``thread/resume`` (same shape for what we use)."""
+
+    thread: ThreadInfo
+    model: str | None = None
+    model_provider: str | None = None
+    cwd: str | None = None
+    approval_policy: Any = None
+    sandbox: Any = None
+
+    @property
+    def thread_id(self) -> str:
+        return self.thread.id
+
+
+# --- turns ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TurnStartParams:
+    thread_id: str
+    input: list[UserInput]
+    cwd: str | None = None
+    model: str | None = None
+    effort: str | None = None
+    summary: str | None = None
+    client_user_message_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnError:
+    message: str
+    codex_error_info: Any = None
+    additional_details: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnInfo:
+    id: str
+    status: str | None = None
+    error: TurnError | None = None
+    items: list[Any] = attrs.field(factory=list)
+    duration_ms: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnStartResult:
+    turn: TurnInfo
+
+
+@attrs.frozen(kw_only=True)
+class TurnInterruptParams:
+    thread_id: str
+    turn_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ThreadCompactStartParams:
+    thread_id: str
+
+
+# --- converter --------------------------------------------------------------------------
+
+converter = cattrs.Converter(forbid_extra_keys=False)
+
+
+def _wire_name(field: attrs.Attribute[Any]) -> str:
+    wire = field.metadata.get("wire")
+    return str(wire) if wire else camel(field.name)
+
+
+def _unstructure_factory(cl: type[Any]) -> Any:
+    overrides: dict[str, Any] = {
+        f.name: override(rename=_wire_name(f), omit_if_default=f.default is None)
+        for f in attrs.fields(cl)
+    }
+    return make_dict_unstructure_fn(cl, converter, **overrides)
+
+
+def _structure_factory(cl: type[Any]) -> Any:
+    overrides: dict[str, Any] = {f.name: override(rename=_wire_name(f)) for f in attrs.fields(cl)}
+    return make_dict_structure_fn(cl, converter, **overrides)
+
+
+def _structure_user_input(value: Any, _: Any) -> UserInput:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    targets: dict[str, type[TextInput | ImageInput | LocalImageInput]] = {
+        "text": TextInput,
+        "image": ImageInput,
+        "localImage": LocalImageInput,
+    }
+    return converter.structure(value, targets.get(kind or "", TextInput))
+
+
+converter.register_unstructure_hook_factory(attrs.has, _unstructure_factory)
+converter.register_structure_hook_factory(attrs.has, _structure_factory)
+converter.register_structure_hook(UserInput, _structure_user_input)
+
+
+def unstructure(value: Any) -> Any:
+    """attrs object -> wire JSON (camelCase, ``None`` optionals omitted)."""
+    return converter.unstructure(value)
+
+
+def structure(value: Any, cl: type[T]) -> T:
+    """wire JSON -> attrs object (unknown keys ignored)."""
+    return converter.structure(value, cl)

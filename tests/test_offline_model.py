@@ -1,0 +1,182 @@
+"""The offline Responses-API model on its own (plain HTTP clients; no Codex binary)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from codex_turn.harness.offline_model import OfflineModel, Reply
+
+
+def post(model: OfflineModel, body: dict[str, Any], *, kind: str = "turn") -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", model.port, timeout=10)
+    headers = {
+        "Content-Type": "application/json",
+        "x-codex-turn-metadata": json.dumps({"turn_id": "t1", "request_kind": kind}),
+    }
+    conn.request("POST", "/v1/responses", body=json.dumps(body), headers=headers)
+    resp = conn.getresponse()
+    data = resp.read().decode()
+    conn.close()
+    return resp.status, data
+
+
+def events(sse: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: ")]
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+BODY = {
+    "model": "mock-model",
+    "input": [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "BASE"}],
+        },
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [
+                {"type": "input_text", "text": "DEV_A"},
+                {"type": "input_text", "text": "DEV_B"},
+            ],
+        },
+        user("first"),
+        user("second"),
+    ],
+    "tools": [{"type": "function", "name": "lookup"}, {"type": "namespace", "name": "crm"}],
+}
+
+
+def test_echo_and_recording(offline_model: OfflineModel) -> None:
+    status, sse = post(offline_model, BODY)
+    assert status == 200
+    evs = events(sse)
+    assert next(e["type"] for e in evs) == "response.created"
+    assert evs[-1]["type"] == "response.completed"
+    assert evs[-1]["response"]["usage"]["input_tokens"] == 100
+    done = [e for e in evs if e["type"] == "response.output_item.done"]
+    assert done[-1]["item"]["content"][0]["text"] == "ECHO: second"
+    (req,) = offline_model.requests
+    assert req.developer_messages == ["BASE", "DEV_A\nDEV_B"]
+    assert req.developer_parts == ["BASE", "DEV_A", "DEV_B"]
+    assert req.user_messages == ["first", "second"]
+    assert req.tool_names == ["lookup", "crm"]
+    assert req.request_kind == "turn"
+    assert not req.is_compaction
+
+
+def test_scripts_match_in_order_and_by_marker(offline_model: OfflineModel) -> None:
+    offline_model.script(Reply.fixed("for B"), user_contains="[B]")
+    offline_model.script(Reply.fixed("one"), Reply.fixed("two"))
+    body_a = dict(BODY, input=[user("[A] hi")])
+    body_b = dict(BODY, input=[user("[B] hi")])
+
+    def text(sse: str) -> str:
+        done = [e for e in events(sse) if e["type"] == "response.output_item.done"]
+        return str(done[-1]["item"]["content"][0]["text"])
+
+    assert text(post(offline_model, body_a)[1]) == "one"
+    assert text(post(offline_model, body_b)[1]) == "for B"
+    assert text(post(offline_model, body_b)[1]) == "two"
+    assert text(post(offline_model, body_b)[1]) == "ECHO: [B] hi"
+
+
+def test_compaction_detected_by_header(offline_model: OfflineModel) -> None:
+    status, sse = post(offline_model, BODY, kind="compaction")
+    assert status == 200
+    done = [e for e in events(sse) if e["type"] == "response.output_item.done"]
+    assert done[-1]["item"]["content"][0]["text"] == "LOCAL_COMPACTED_SUMMARY_1"
+    assert offline_model.compaction_requests()[0].is_compaction
+    assert offline_model.turn_requests() == []
+
+
+def test_function_call_reasoning_and_http_error(offline_model: OfflineModel) -> None:
+    offline_model.script(
+        Reply.function_call("lookup", {"q": "x"}, call_id="call_1"),
+        Reply.with_reasoning("hmm", "done"),
+        Reply.http_error(400, "bad request body"),
+    )
+    evs = events(post(offline_model, BODY)[1])
+    item = next(e["item"] for e in evs if e["type"] == "response.output_item.done")
+    assert item == {
+        "type": "function_call",
+        "id": "fc-1",
+        "call_id": "call_1",
+        "name": "lookup",
+        "arguments": '{"q": "x"}',
+    }
+    evs = events(post(offline_model, BODY)[1])
+    kinds = [e["type"] for e in evs]
+    assert "response.reasoning_summary_text.delta" in kinds
+    assert post(offline_model, BODY) == (400, "bad request body")
+    # After a tool call, the echo answers with the tool output.
+    body = dict(
+        BODY, input=[user("q"), {"type": "function_call_output", "call_id": "c", "output": "42"}]
+    )
+    done = [
+        e for e in events(post(offline_model, body)[1]) if e["type"] == "response.output_item.done"
+    ]
+    assert done[-1]["item"]["content"][0]["text"] == "TOOL RESULT: 42"
+
+
+def test_connect_is_refused_and_recorded(offline_model: OfflineModel) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", offline_model.port, timeout=5)
+    conn.request("CONNECT", "github.com:443")
+    resp = conn.getresponse()
+    assert resp.status == 403
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", offline_model.port, timeout=5)
+    conn.request("GET", "http://example.com/telemetry")
+    assert conn.getresponse().status == 403
+    conn.close()
+    assert offline_model.proxy_attempts == [
+        "CONNECT github.com:443",
+        "GET http://example.com/telemetry",
+    ]
+
+
+def test_delay_stalls_after_created_and_notices_disconnect(offline_model: OfflineModel) -> None:
+    offline_model.script(Reply.fixed("late", delay=5.0, partial_text="PART "))
+    body = json.dumps(dict(BODY, input=[user("slow")])).encode()
+    sock = socket.create_connection(("127.0.0.1", offline_model.port), timeout=5)
+    sock.sendall(
+        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    received = b""
+    deadline = time.monotonic() + 3
+    while b"PART" not in received and time.monotonic() < deadline:
+        received += sock.recv(65536)
+    assert b"response.created" in received
+    assert b"PART " in received
+    assert b"response.completed" not in received
+    started = time.monotonic()
+    sock.close()
+    # The handler notices the disconnect during its stall (not after the 5 s delay).
+    while offline_model.disconnects == 0 and time.monotonic() - started < 2.0:
+        time.sleep(0.01)
+    assert offline_model.disconnects == 1
+    assert time.monotonic() - started < 1.0
+    status, sse = post(offline_model, dict(BODY, input=[user("after")]))
+    assert status == 200
+    assert "ECHO: after" in sse
+
+
+@pytest.mark.parametrize("count", [3])
+def test_wait_for_requests(offline_model: OfflineModel, count: int) -> None:
+    for _ in range(count):
+        post(offline_model, BODY)
+    assert len(offline_model.wait_for_requests(count, timeout=1)) == count
+    with pytest.raises(TimeoutError):
+        offline_model.wait_for_requests(count + 1, timeout=0.1)
