@@ -22,7 +22,6 @@ from codex_turn.harness.binding import (
     binding_path,
     clear_binding,
     context_engine_policy_fingerprint,
-    fingerprint_matches,
     read_binding,
     write_binding,
 )
@@ -282,53 +281,7 @@ def test_reset_warns_instead_of_raising(tmp_path: Path, monkeypatch: pytest.Monk
     assert logs[0]["log_level"] == "warning"
 
 
-def test_context_engine_compatibility_rules() -> None:
-    same = ContextEngineBinding(
-        engine_id=ENGINE.engine_id,
-        policy_fingerprint=ENGINE.policy_fingerprint,
-        projection=ProjectionBinding(mode="thread_bootstrap", epoch="e1", fingerprint="sha256:abc"),
-    )
-    assert ENGINE.compatible_with(same)
-    assert not ENGINE.compatible_with(None)
-    assert not ENGINE.compatible_with(
-        ContextEngineBinding(
-            engine_id="other",
-            policy_fingerprint=ENGINE.policy_fingerprint,
-            projection=ENGINE.projection,
-        )
-    )
-    assert not ENGINE.compatible_with(
-        ContextEngineBinding(
-            engine_id=ENGINE.engine_id, policy_fingerprint="{}", projection=ENGINE.projection
-        )
-    )
-    assert not ENGINE.compatible_with(
-        ContextEngineBinding(
-            engine_id=ENGINE.engine_id,
-            policy_fingerprint=ENGINE.policy_fingerprint,
-            projection=ProjectionBinding(mode="per_turn", epoch="e1", fingerprint="sha256:abc"),
-        )
-    )
-    assert not ENGINE.compatible_with(
-        ContextEngineBinding(
-            engine_id=ENGINE.engine_id,
-            policy_fingerprint=ENGINE.policy_fingerprint,
-            projection=ProjectionBinding(
-                mode="thread_bootstrap", epoch="e2", fingerprint="sha256:abc"
-            ),
-        )
-    )
-    assert not ENGINE.compatible_with(
-        ContextEngineBinding(
-            engine_id=ENGINE.engine_id, policy_fingerprint=ENGINE.policy_fingerprint
-        )
-    )
-    bare = ContextEngineBinding(engine_id="e", policy_fingerprint="p")
-    assert bare.compatible_with(ContextEngineBinding(engine_id="e", policy_fingerprint="p"))
-    assert fingerprint_matches(None, "x")
-    assert fingerprint_matches("x", "x")
-    assert not fingerprint_matches("x", "y")
-    assert not fingerprint_matches("x", None)
+def test_projection_binding_requires_an_epoch() -> None:
     with pytest.raises(ValueError, match="epoch"):
         ProjectionBinding(mode="per_turn", epoch="")
 

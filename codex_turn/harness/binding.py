@@ -57,7 +57,6 @@ __all__ = [
     "binding_to_json",
     "clear_binding",
     "context_engine_policy_fingerprint",
-    "fingerprint_matches",
     "read_binding",
     "write_binding",
 ]
@@ -91,22 +90,13 @@ class ProjectionBinding:
 
 @attrs.frozen(kw_only=True)
 class ContextEngineBinding:
-    """The context engine a thread was built for. Equal blocks mean the thread is reusable."""
+    """The context engine a thread was built for (the thread decision compares engine id,
+    policy fingerprint and projection epoch: ``codex_turn.fsm.thread``)."""
 
     schema_version: int = 1
     engine_id: str
     policy_fingerprint: str
     projection: ProjectionBinding | None = None
-
-    def compatible_with(self, other: ContextEngineBinding | None) -> bool:
-        """OpenClaw's rule: same schema, engine and policy, and equal projections (or none)."""
-        return (
-            other is not None
-            and self.schema_version == other.schema_version
-            and self.engine_id == other.engine_id
-            and self.policy_fingerprint == other.policy_fingerprint
-            and self.projection == other.projection
-        )
 
 
 @attrs.frozen(kw_only=True)
@@ -196,11 +186,6 @@ def context_engine_policy_fingerprint(
         separators=(",", ":"),
         ensure_ascii=False,
     )
-
-
-def fingerprint_matches(stored: str | None, current: str | None) -> bool:
-    """A stored fingerprint allows reuse when it is missing (older binding) or equal."""
-    return stored is None or stored == current
 
 
 # --------------------------------------------------------------------------------------------
