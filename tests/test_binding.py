@@ -307,4 +307,4 @@ def test_per_turn_projection_round_trips(tmp_path: Path) -> None:
     assert loaded == written
     assert loaded is not None
     assert loaded.context_engine is not None
-    assert loaded.context_engine.compatible_with(engine)
+    assert loaded.context_engine == engine
