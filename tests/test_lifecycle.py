@@ -26,7 +26,6 @@ from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
     BackgroundMaintenance,
     ScheduleResult,
-    TokenUsage,
     assemble_context_engine,
     bootstrap_context_engine,
     build_runtime_context,
@@ -36,6 +35,7 @@ from codex_turn.harness.lifecycle import (
     run_context_engine_maintenance,
     strip_runtime_context_messages,
 )
+from codex_turn.harness.usage import Usage
 
 pytestmark = pytest.mark.anyio
 
@@ -798,10 +798,16 @@ def test_usage_counts_cached_input_tokens_once() -> None:
     }
     context = build_runtime_context_from_usage(last_call_usage=codex_last, token_budget=1000)
     assert context["currentTokenCount"] == 100
-    usage = TokenUsage.from_codex(codex_last)
+    usage = Usage.from_codex(codex_last)
     assert usage.prompt_tokens == 100
-    pi = usage.to_last_call_usage()
-    assert pi == {"input": 20, "output": 10, "cacheRead": 80, "cacheWrite": 0, "total": 110}
+    pi = usage.to_agent_usage()
+    assert {k: pi[k] for k in ("input", "output", "cacheRead", "cacheWrite", "totalTokens")} == {
+        "input": 20,
+        "output": 10,
+        "cacheRead": 80,
+        "cacheWrite": 0,
+        "totalTokens": 110,
+    }
     assert pi["input"] + pi["cacheRead"] + pi["cacheWrite"] == 100
     assert build_runtime_context_from_usage(last_call_usage=usage)["currentTokenCount"] == 100
 
@@ -811,11 +817,12 @@ def test_usage_edge_cases() -> None:
     assert "currentTokenCount" not in build_runtime_context_from_usage(
         last_call_usage={"inputTokens": 0}
     )
-    snake = TokenUsage.from_codex(
+    snake = Usage.from_codex(
         {"input_tokens": 7.9, "cached_input_tokens": "x", "output_tokens": True}
     )
-    assert (snake.input_tokens, snake.cached_input_tokens, snake.output_tokens) == (7, 0, 0)
-    assert TokenUsage(input_tokens=5, cached_input_tokens=9).prompt_tokens == 9
+    assert (snake.input, snake.cache_read, snake.output) == (7, 0, 0)
+    assert Usage.from_codex({"inputTokens": 5, "cachedInputTokens": 9}).prompt_tokens == 9
+    assert Usage.from_codex({"inputTokens": float("inf")}).prompt_tokens == 0
 
 
 async def test_assemble_outcome_result_feeds_the_projection_unchanged() -> None:

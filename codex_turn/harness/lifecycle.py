@@ -94,6 +94,7 @@ from codex_turn.harness.engine import (
     is_active_engine,
     optional_method,
 )
+from codex_turn.harness.usage import Usage
 
 __all__ = [
     "ASSEMBLE_FAILED_WARNING",
@@ -105,7 +106,6 @@ __all__ = [
     "MaintenanceOutcome",
     "MaintenanceReason",
     "ScheduleResult",
-    "TokenUsage",
     "TranscriptRewriter",
     "assemble_context_engine",
     "bootstrap_context_engine",
@@ -276,69 +276,9 @@ def build_runtime_context(
     return context
 
 
-def _int_field(data: Mapping[str, Any], *names: str) -> int:
-    for name in names:
-        value = data.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            return max(0, math.floor(value))
-    return 0
-
-
-@attrs.frozen
-class TokenUsage:
-    """Codex's token usage for one model call (its ``TokenUsageBreakdown``).
-
-    Codex reports ``inputTokens`` as *all* prompt tokens, cached ones included;
-    ``cachedInputTokens`` (and ``cacheWriteInputTokens``) are subsets of it, not additions.
-    Adding them again, as a pi-style ``input + cacheRead + cacheWrite`` would, double counts and
-    makes compaction trigger early (reference 2.5 and 4.13).
-    """
-
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    cache_write_input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_output_tokens: int = 0
-    total_tokens: int = 0
-
-    @classmethod
-    def from_codex(cls, data: Mapping[str, Any]) -> TokenUsage:
-        """Parse Codex's camelCase breakdown (snake_case accepted); bad values read as 0."""
-        return cls(
-            input_tokens=_int_field(data, "inputTokens", "input_tokens"),
-            cached_input_tokens=_int_field(data, "cachedInputTokens", "cached_input_tokens"),
-            cache_write_input_tokens=_int_field(
-                data, "cacheWriteInputTokens", "cache_write_input_tokens"
-            ),
-            output_tokens=_int_field(data, "outputTokens", "output_tokens"),
-            reasoning_output_tokens=_int_field(
-                data, "reasoningOutputTokens", "reasoning_output_tokens"
-            ),
-            total_tokens=_int_field(data, "totalTokens", "total_tokens"),
-        )
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Tokens of the prompt the model saw: ``inputTokens`` (never plus the cached count)."""
-        # Inconsistent reports (cached > input) are read as "at least what was cached".
-        return max(self.input_tokens, self.cached_input_tokens)
-
-    def to_last_call_usage(self) -> dict[str, int]:
-        """pi's ``{input, output, cacheRead, cacheWrite, total}``, where input is *uncached*."""
-        cached = min(self.cached_input_tokens, self.prompt_tokens)
-        written = min(self.cache_write_input_tokens, self.prompt_tokens - cached)
-        return {
-            "input": self.prompt_tokens - cached - written,
-            "output": self.output_tokens,
-            "cacheRead": cached,
-            "cacheWrite": written,
-            "total": self.total_tokens,
-        }
-
-
 def build_runtime_context_from_usage(
     *,
-    last_call_usage: TokenUsage | Mapping[str, Any] | None,
+    last_call_usage: Usage | Mapping[str, Any] | None,
     attempt: Mapping[str, Any] | None = None,
     workspace_dir: str | None = None,
     agent_dir: str | None = None,
@@ -347,14 +287,14 @@ def build_runtime_context_from_usage(
 ) -> RuntimeContext:
     """:func:`build_runtime_context` with ``currentTokenCount`` from the last call's usage.
 
-    ``last_call_usage`` is a :class:`TokenUsage` or Codex's camelCase breakdown
+    ``last_call_usage`` is a :class:`~codex_turn.harness.usage.Usage` or Codex's breakdown
     (``tokenUsage.last``). The count is the prompt size, cached tokens counted once; a zero
     count leaves ``currentTokenCount`` out.
     """
     usage = (
         last_call_usage
-        if isinstance(last_call_usage, TokenUsage) or last_call_usage is None
-        else TokenUsage.from_codex(last_call_usage)
+        if isinstance(last_call_usage, Usage) or last_call_usage is None
+        else Usage.from_codex(last_call_usage)
     )
     return build_runtime_context(
         attempt=attempt,

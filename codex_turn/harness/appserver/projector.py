@@ -35,6 +35,8 @@ from typing import Any
 
 import attrs
 
+from codex_turn.harness.usage import Usage
+
 __all__ = [
     "Notification",
     "TurnOutcome",
@@ -57,7 +59,7 @@ class Notification:
 
     @property
     def thread_id(self) -> str | None:
-        value = self.params.get("threadId")
+        value = self.params.get("threadId", self.params.get("thread_id"))
         if isinstance(value, str):
             return value
         thread = self.params.get("thread")
@@ -104,59 +106,6 @@ class TurnOutcome(enum.Enum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     TIMED_OUT = "timed_out"
-
-
-def _int(mapping: Mapping[str, Any], *keys: str) -> int:
-    for key in keys:
-        value = mapping.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return int(value)
-    return 0
-
-
-@attrs.frozen
-class Usage:
-    """Normalised token usage: ``input`` excludes cached and cache-write tokens."""
-
-    input: int = 0
-    output: int = 0
-    cache_read: int = 0
-    cache_write: int = 0
-    reasoning_output: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input + self.cache_read + self.cache_write + self.output
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Tokens of the prompt (what OpenClaw calls ``derivePromptTokens``)."""
-        return self.input + self.cache_read + self.cache_write
-
-    @classmethod
-    def from_codex(cls, breakdown: Mapping[str, Any]) -> Usage:
-        """From a Codex ``TokenUsageBreakdown`` (camelCase; snake_case aliases accepted)."""
-        raw_input = _int(breakdown, "inputTokens", "input_tokens", "input", "promptTokens")
-        cached = _int(breakdown, "cachedInputTokens", "cached_input_tokens", "cacheRead")
-        write = _int(breakdown, "cacheWriteInputTokens", "cache_write_input_tokens", "cacheWrite")
-        return cls(
-            input=max(0, raw_input - cached - write),
-            output=_int(breakdown, "outputTokens", "output_tokens", "output"),
-            cache_read=cached,
-            cache_write=write,
-            reasoning_output=_int(breakdown, "reasoningOutputTokens", "reasoning_output_tokens"),
-        )
-
-    def to_agent_usage(self) -> dict[str, Any]:
-        """OpenClaw/pi ``usage`` (cost is unknown offline: zeros)."""
-        return {
-            "input": self.input,
-            "output": self.output,
-            "cacheRead": self.cache_read,
-            "cacheWrite": self.cache_write,
-            "totalTokens": self.total_tokens,
-            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0},
-        }
 
 
 @attrs.frozen(kw_only=True)
