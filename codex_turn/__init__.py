@@ -2,7 +2,10 @@
 
 A pluggable context engine controls context assembly, post-turn ingestion, maintenance and
 compaction policy while the real Codex app-server runs the model loop. The public API is
-re-exported here; everything else is internal.
+re-exported here; everything else is reachable through the subpackages but may change.
+
+    async with AppServer.start(AppServerConfig.offline(home, model_url)) as server:
+        result = await run_codex_turn(TurnParams(...), app_server=server, engine=my_engine)
 """
 
 from codex_turn.errors import CodexTurnError
@@ -14,6 +17,8 @@ from codex_turn.fsm import (
     FsmError,
     IllegalTransition,
     SkipReason,
+    ThreadAction,
+    ThreadDecision,
     TraceEntry,
     TurnBusy,
     TurnFacts,
@@ -22,24 +27,135 @@ from codex_turn.fsm import (
     TurnState,
     TurnTrigger,
 )
+from codex_turn.harness.appserver import (
+    AppServer,
+    AppServerClosed,
+    AppServerConfig,
+    AppServerError,
+    AppServerTimeout,
+    DynamicTool,
+    ToolResult,
+    tool,
+)
+from codex_turn.harness.binding import ThreadBinding, read_binding
+from codex_turn.harness.engine import (
+    AfterTurnParams,
+    AssembleParams,
+    AssembleResult,
+    BootstrapParams,
+    BootstrapResult,
+    CompactParams,
+    CompactResult,
+    ContextEngine,
+    ContextEngineInfo,
+    ContextProjection,
+    EngineError,
+    EngineLoadError,
+    IngestBatchParams,
+    IngestBatchResult,
+    IngestParams,
+    IngestResult,
+    InvalidEngineResult,
+    LegacyContextEngine,
+    MaintainParams,
+    MaintenanceResult,
+    load_engine,
+)
+from codex_turn.harness.hooks import (
+    CompactionHookEvent,
+    PromptBuildContext,
+    PromptBuildResult,
+    TurnHooks,
+)
+from codex_turn.harness.lifecycle import BackgroundMaintenance
+from codex_turn.harness.orchestrator import (
+    MaintenanceReport,
+    TurnParams,
+    TurnResult,
+    run_codex_turn,
+)
+from codex_turn.harness.session import (
+    SessionError,
+    SessionLockTimeout,
+    load_session_messages,
+    mirror_turn,
+    reset_session,
+)
+from codex_turn.harness.usage import Usage
+from codex_turn.projection import (
+    CodexContextProjection,
+    dynamic_tools_fingerprint,
+    project_context_engine_assembly,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AfterTurnParams",
+    "AppServer",
+    "AppServerClosed",
+    "AppServerConfig",
+    "AppServerError",
+    "AppServerTimeout",
+    "AssembleParams",
+    "AssembleResult",
+    "BackgroundMaintenance",
+    "BootstrapParams",
+    "BootstrapResult",
+    "CodexContextProjection",
     "CodexTurnError",
+    "CompactParams",
+    "CompactResult",
     "CompactionFacts",
+    "CompactionHookEvent",
     "CompactionModel",
     "CompactionState",
     "CompactionTrigger",
+    "ContextEngine",
+    "ContextEngineInfo",
+    "ContextProjection",
+    "DynamicTool",
+    "EngineError",
+    "EngineLoadError",
     "FsmError",
     "IllegalTransition",
+    "IngestBatchParams",
+    "IngestBatchResult",
+    "IngestParams",
+    "IngestResult",
+    "InvalidEngineResult",
+    "LegacyContextEngine",
+    "MaintainParams",
+    "MaintenanceReport",
+    "MaintenanceResult",
+    "PromptBuildContext",
+    "PromptBuildResult",
+    "SessionError",
+    "SessionLockTimeout",
     "SkipReason",
+    "ThreadAction",
+    "ThreadBinding",
+    "ThreadDecision",
+    "ToolResult",
     "TraceEntry",
     "TurnBusy",
     "TurnFacts",
+    "TurnHooks",
     "TurnModel",
     "TurnOutcome",
+    "TurnParams",
+    "TurnResult",
     "TurnState",
     "TurnTrigger",
+    "Usage",
     "__version__",
+    "dynamic_tools_fingerprint",
+    "load_engine",
+    "load_session_messages",
+    "mirror_turn",
+    "project_context_engine_assembly",
+    "read_binding",
+    "reset_session",
+    "run_codex_turn",
+    "tool",
 ]

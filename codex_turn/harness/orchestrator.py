@@ -1,0 +1,1046 @@
+"""The turn orchestrator: :func:`run_codex_turn` drives one turn through the turn machine.
+
+Theory of operation. A turn is the pipeline of ``codex_turn.fsm.turn``; this module is its
+I/O half. For every stage it awaits the work (read the transcript, call the engine, talk to
+the app-server, append the mirror), then fires the past-tense trigger that says what happened.
+It never decides a branch itself: it asks the turn machine (``turn.allows(...)``) whether a
+stage applies, and the thread table (``codex_turn.fsm.thread``) whether to start, resume or
+rotate the Codex thread and whether to project. Errors from below are mapped once, here, into
+stage outcomes: an engine or hook failure is a logged fallback, never a failed turn.
+
+Order (OpenClaw's, reference 2.1): build the dynamic tools first so assemble sees their
+names; decide ``had_session_file`` before anything is written; read history; bootstrap and
+re-read; assemble; project (``system_prompt_addition`` appended to the base instructions);
+before_prompt_build hooks on the projected prompt; start/resume/rotate with the final
+developer instructions (re-sent on resume, ``personality: "none"``); run the turn; mirror the
+RAW prompt and Codex's reply; finalize from the re-read transcript (or history + snapshot when
+the mirror failed); maintain or skip, as the table says.
+
+The snowball fix (reference 4.1-4.6) is the thread decision: projected context enters a thread
+once, when the thread starts, and a resumed thread gets the raw prompt while the engine's
+projection epoch holds; per-turn projections always get a fresh thread.
+
+Cancellation: cancelling the caller's scope interrupts the Codex turn; mirroring and
+finalizing still run, shielded and bounded by ``cleanup_timeout``, maintenance is skipped as
+aborted, ``hooks.on_turn_end`` (when given) receives the result, and the cancellation then
+propagates. Two turns on one session file are serialized (``concurrency="wait"``, bounded by
+``session_wait_timeout``) or the second is refused with :class:`~codex_turn.fsm.TurnBusy`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import anyio
+import attrs
+
+from codex_turn._log import format_error, get_logger, mask_session_key, sensitive
+from codex_turn.fsm import (
+    TraceEntry,
+    TurnBusy,
+    TurnFacts,
+    TurnModel,
+    TurnOutcome,
+    TurnState,
+    TurnTrigger,
+)
+from codex_turn.fsm.thread import ThreadAction, ThreadDecision, ThreadFacts, decide_thread
+from codex_turn.harness.appserver import (
+    AppServer,
+    AppServerClosed,
+    AppServerError,
+    DynamicTool,
+    Notification,
+    TurnProjector,
+)
+from codex_turn.harness.appserver import TurnOutcome as CodexTurnStatus
+from codex_turn.harness.appserver import (
+    TurnResult as CodexTurnResult,
+)
+from codex_turn.harness.appserver.projector import Usage
+from codex_turn.harness.binding import (
+    ContextEngineBinding,
+    ProjectionBinding,
+    ThreadBinding,
+    clear_binding,
+    context_engine_policy_fingerprint,
+    read_binding,
+    write_binding,
+)
+from codex_turn.harness.engine import (
+    AssembleResult,
+    engine_id,
+    engine_info,
+    is_active_engine,
+    optional_method,
+)
+from codex_turn.harness.hooks import (
+    CompactionHookEvent,
+    PromptBuildContext,
+    PromptBuildResult,
+    TurnHooks,
+    compose_prompt,
+    join_sections,
+    run_before_prompt_build,
+)
+from codex_turn.harness.lifecycle import (
+    ASSEMBLE_FAILED_WARNING,
+    BackgroundMaintenance,
+    MaintenanceOutcome,
+    assemble_context_engine,
+    bootstrap_context_engine,
+    build_runtime_context_from_usage,
+    finalize_context_engine_turn,
+    run_context_engine_maintenance,
+)
+from codex_turn.harness.session import load_session_messages, mirror_turn
+from codex_turn.projection import (
+    CodexContextProjection,
+    dynamic_tools_fingerprint,
+    fingerprints_compatible,
+    max_rendered_context_chars,
+    project_context_engine_assembly,
+    project_thread_bootstrap_assembly,
+    truncate_older,
+)
+
+__all__ = [
+    "TURN_START_TEXT_MAX_CHARS",
+    "MaintenanceReport",
+    "TurnParams",
+    "TurnResult",
+    "run_codex_turn",
+]
+
+_log = get_logger(__name__)
+
+#: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
+TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
+_YIELD_TOOL: Final = "sessions_yield"
+
+AgentMessage = dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class TurnParams:
+    """Everything one turn needs from the runner. Only the first four are required."""
+
+    session_id: str
+    session_file: str | os.PathLike[str]
+    workspace_dir: str | os.PathLike[str]
+    prompt: str
+    #: The run's session key: engines are bound to it (OpenClaw test A6).
+    session_key: str | None = None
+    #: Where the sandbox lives when it differs (never passed to the engine).
+    sandbox_session_key: str | None = None
+    #: Image inputs as URLs (``data:<mime>;base64,...`` included).
+    images: tuple[str, ...] = ()
+    model: str | None = None
+    context_token_budget: int | None = None
+    reserve_tokens: int | None = None
+    citations_mode: str | None = None
+    #: The host's base developer instructions (OpenClaw's preamble, skills, overlays ...).
+    base_developer_instructions: str | None = None
+    extra_developer_instructions: str | None = None
+    auth_profile_id: str | None = None
+    #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
+    runtime_attempt: Mapping[str, Any] = attrs.field(factory=dict)
+    turn_timeout: float = 600.0
+    idle_timeout: float = 120.0
+    #: Bound on the shielded mirror + finalize after a cancellation or crash.
+    cleanup_timeout: float = 30.0
+    concurrency: Literal["wait", "reject"] = "wait"
+    session_wait_timeout: float = 30.0
+    #: Offer the ``sessions_yield`` tool: the model may end the run early (yield-aborted).
+    yield_tool: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.prompt, str):
+            raise TypeError("TurnParams.prompt must be a string")
+        if not self.session_id.strip():
+            raise ValueError("TurnParams.session_id must not be blank")
+        for name in ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TurnParams.{name} must be positive")
+
+
+@attrs.frozen(kw_only=True)
+class MaintenanceReport:
+    """What happened to turn maintenance: ``ran``, ``failed``, ``deferred`` or ``skipped``."""
+
+    status: Literal["ran", "failed", "deferred", "skipped"]
+    skip_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnResult:
+    outcome: TurnOutcome
+    assistant_text: str | None
+    prompt_error: str | None
+    usage: Usage | None
+    thread_id: str | None
+    turn_id: str | None
+    messages_snapshot: list[AgentMessage]
+    maintenance: MaintenanceReport
+    thread_decision: ThreadDecision | None
+    projected: bool
+    native_compactions: int
+    trace: tuple[TraceEntry, ...]
+
+    @property
+    def durations_ms(self) -> dict[str, float]:
+        """Time spent in each state, from the FSM trace (internal transitions included)."""
+        spent: dict[str, float] = {}
+        for entry, following in zip(self.trace, self.trace[1:], strict=False):
+            spent[entry.dest] = (
+                spent.get(entry.dest, 0.0) + (following.monotonic_ns - entry.monotonic_ns) / 1e6
+            )
+        return spent
+
+
+# --- per-session serialization -----------------------------------------------------------
+
+_session_gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+
+
+def _gate_for(session_file: str) -> anyio.Lock:
+    key = os.path.realpath(session_file)
+    gate = _session_gates.get(key)
+    if gate is None:
+        gate = anyio.Lock()
+        _session_gates[key] = gate
+    return gate
+
+
+# --- the turn ------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Turn:
+    """Mutable state of one run; the stage methods below each end by firing a trigger."""
+
+    params: TurnParams
+    app_server: AppServer
+    engine: object | None
+    hooks: TurnHooks
+    scheduler: BackgroundMaintenance | None
+    tools: list[DynamicTool]
+    fsm: TurnModel
+    log: Any
+    session_file: str
+    history: list[AgentMessage] = attrs.Factory(list)
+    pre_prompt_count: int = 0
+    assembly: AssembleResult | None = None
+    projection: CodexContextProjection | None = None
+    decision: ThreadDecision | None = None
+    prompt_text: str = ""
+    developer_instructions: str | None = None
+    hook_result: PromptBuildResult = attrs.Factory(PromptBuildResult)
+    binding: ThreadBinding | None = None
+    thread_id: str | None = None
+    codex: CodexTurnResult | None = None
+    yield_requested: bool = False
+    #: The live Codex turn (the yield tool interrupts it).
+    live_handle: Any = None
+    #: Why no Codex turn could be started (thread/start or turn/start failed).
+    start_error: str | None = None
+    maintenance: MaintenanceReport = attrs.Factory(
+        lambda: MaintenanceReport(status="skipped", skip_reason=None)
+    )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def fire(self, trigger: TurnTrigger) -> None:
+        self.fsm.fire(trigger)
+
+    @property
+    def engine_active(self) -> bool:
+        return self.fsm.facts.engine_active
+
+    def runtime_context(self, *, usage: Usage | None = None) -> dict[str, Any]:
+        attempt = {
+            "sessionKey": self.params.session_key,
+            "provider": "codex",
+            "model": self.params.model,
+            "authProfileId": self.params.auth_profile_id,
+            "agentHarnessId": "codex-app-server",
+            **self.params.runtime_attempt,
+        }
+        return build_runtime_context_from_usage(
+            last_call_usage=usage,
+            attempt=attempt,
+            workspace_dir=os.fspath(self.params.workspace_dir),
+            token_budget=self.params.context_token_budget,
+        )
+
+    async def read_history(self) -> list[AgentMessage] | None:
+        try:
+            messages = await anyio.to_thread.run_sync(load_session_messages, self.session_file)
+        except Exception as error:
+            self.log.warning(
+                "failed to read mirrored session history for codex harness hooks",
+                error=format_error(error),
+            )
+            return None
+        return list(messages)
+
+    def base_instructions(self) -> str | None:
+        return join_sections(
+            self.params.base_developer_instructions, self.params.extra_developer_instructions
+        )
+
+    # -- stages -------------------------------------------------------------------------
+
+    async def stage_read_history(self) -> None:
+        history = await self.read_history()
+        self.binding = await anyio.to_thread.run_sync(read_binding, self.session_file)
+        if history is None:
+            self.fire(TurnTrigger.HISTORY_READ_FAILED)
+        else:
+            self.history = history
+            self.fire(TurnTrigger.HISTORY_READ)
+
+    async def stage_bootstrap(self) -> None:
+        if not self.fsm.allows(TurnTrigger.BOOTSTRAPPED):
+            self.fire(TurnTrigger.BOOTSTRAP_SKIPPED)
+            return
+        self.log.debug("codex context engine bootstrap started")
+        outcome = await bootstrap_context_engine(
+            engine=self.engine,
+            session_id=self.params.session_id,
+            session_key=self.params.session_key,
+            session_file=self.session_file,
+            had_session_file=self.fsm.facts.had_session_file,
+            runtime_context=self.runtime_context(),
+        )
+        # Bootstrap may have written to the transcript (OpenClaw test A3): read it again,
+        # keeping the previous history if the re-read fails.
+        reread = await self.read_history()
+        if reread is not None:
+            self.history = reread
+        self.log.info(
+            "codex context engine bootstrap "
+            + ("failed" if outcome.status == "failed" else "completed"),
+            status=outcome.status,
+            history_messages=len(self.history),
+        )
+        self.fire(
+            TurnTrigger.BOOTSTRAP_FAILED if outcome.status == "failed" else TurnTrigger.BOOTSTRAPPED
+        )
+
+    async def stage_assemble(self) -> None:
+        self.pre_prompt_count = len(self.history)
+        if not self.fsm.allows(TurnTrigger.ASSEMBLED):
+            self.fire(TurnTrigger.ASSEMBLE_SKIPPED)
+            return
+        outcome = await assemble_context_engine(
+            engine=self.engine,
+            session_id=self.params.session_id,
+            session_key=self.params.session_key,
+            messages=self.history,
+            token_budget=self.params.context_token_budget,
+            available_tools=[t.name for t in self.tools],
+            citations_mode=self.params.citations_mode,
+            model=self.params.model,
+            prompt=self.params.prompt,
+        )
+        if outcome.status != "assembled" or outcome.result is None:
+            self.fire(TurnTrigger.ASSEMBLE_FAILED)
+            return
+        self.assembly = outcome.result
+        self.log.info(
+            "codex context engine assemble applied",
+            assembled_messages=len(outcome.result.messages),
+            estimated_tokens=outcome.result.estimated_tokens,
+            has_system_prompt_addition=bool(
+                outcome.result.system_prompt_addition
+                and outcome.result.system_prompt_addition.strip()
+            ),
+        )
+        self.fire(TurnTrigger.ASSEMBLED)
+
+    def thread_facts(self, projection: CodexContextProjection | None) -> ThreadFacts:
+        binding = self.binding
+        tools_fp = dynamic_tools_fingerprint(_spec_dicts(self.tools))
+        mode = self.assembly.context_projection if self.assembly is not None else None
+        bootstrap = (
+            mode is not None
+            and mode.mode == "thread_bootstrap"
+            and bool(mode.epoch and mode.epoch.strip())
+        )
+        wanted = self.engine_binding(
+            projection_epoch=mode.epoch if bootstrap and mode else None,
+            projection_fingerprint=mode.fingerprint if mode else None,
+        )
+        bound_engine = binding.context_engine if binding is not None else None
+        if wanted is None:
+            engine_match = bound_engine is None
+        else:
+            engine_match = (
+                bound_engine is not None
+                and bound_engine.engine_id == wanted.engine_id
+                and bound_engine.policy_fingerprint == wanted.policy_fingerprint
+            )
+        bound_projection = bound_engine.projection if bound_engine is not None else None
+        return ThreadFacts(
+            bound=binding is not None,
+            tools_match=binding is None
+            or fingerprints_compatible(binding.dynamic_tools_fingerprint, tools_fp),
+            engine_match=engine_match,
+            thread_bootstrap=bootstrap,
+            epoch_match=bool(
+                bootstrap
+                and mode is not None
+                and bound_projection is not None
+                and bound_projection.mode == "thread_bootstrap"
+                and bound_projection.epoch == mode.epoch
+            ),
+            per_turn=self.assembly is not None and not bootstrap,
+            has_context=projection is not None
+            and projection.prompt_text != self.params.prompt.strip(),
+        )
+
+    def engine_binding(
+        self, *, projection_epoch: str | None = None, projection_fingerprint: str | None = None
+    ) -> ContextEngineBinding | None:
+        if not self.engine_active:
+            return None
+        info = engine_info(self.engine)
+        policy = context_engine_policy_fingerprint(
+            engine_id=info.id,
+            engine_version=info.version,
+            owns_compaction=info.owns_compaction,
+            turn_maintenance_mode=info.turn_maintenance_mode,
+            citations_mode=self.params.citations_mode,
+            context_token_budget=self.params.context_token_budget,
+            projection_max_chars=max_rendered_context_chars(
+                self.params.context_token_budget, self.params.reserve_tokens
+            ),
+        )
+        projection = (
+            ProjectionBinding(
+                mode="thread_bootstrap", epoch=projection_epoch, fingerprint=projection_fingerprint
+            )
+            if projection_epoch
+            else None
+        )
+        return ContextEngineBinding(
+            engine_id=info.id, policy_fingerprint=policy, projection=projection
+        )
+
+    async def stage_project(self) -> None:
+        """Projection (pure) and the thread decision it feeds; the decision is made for
+        every turn, with or without an engine."""
+        base = self.base_instructions()
+        self.prompt_text = self.params.prompt
+        self.developer_instructions = base
+        if self.fsm.state is not TurnState.PROJECTING:
+            self.decision = decide_thread(self.thread_facts(None))
+            return
+        assert self.assembly is not None
+        mode = self.assembly.context_projection
+        project = (
+            project_thread_bootstrap_assembly
+            if mode is not None and mode.mode == "thread_bootstrap"
+            else project_context_engine_assembly
+        )
+        try:
+            projection = project(
+                assembled_messages=self.assembly.messages,
+                original_history_messages=self.history,
+                prompt=self.params.prompt,
+                system_prompt_addition=self.assembly.system_prompt_addition,
+                token_budget=self.params.context_token_budget,
+                reserve_tokens=self.params.reserve_tokens,
+            )
+        except Exception as error:
+            self.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
+            self.decision = decide_thread(self.thread_facts(None))
+            self.fire(TurnTrigger.PROJECTION_FAILED)
+            return
+        self.projection = projection
+        self.decision = decide_thread(self.thread_facts(projection))
+        self.apply_projection()
+        self.pre_prompt_count = projection.pre_prompt_message_count
+        self.log.info(
+            "codex app-server context-engine projection decision",
+            reason=self.decision.reason,
+            action=self.decision.action.value,
+            projected=self.decision.project
+            and projection.prompt_text != self.params.prompt.strip(),
+            truncated_chars=projection.truncated_chars,
+        )
+        self.fire(TurnTrigger.PROJECTED)
+
+    def apply_projection(self) -> None:
+        assert self.projection is not None
+        assert self.decision is not None
+        # The engine's addition goes AFTER the base instructions (OpenClaw; PI prepends).
+        self.developer_instructions = join_sections(
+            self.base_instructions(), self.projection.developer_instruction_addition
+        )
+        self.prompt_text = (
+            self.projection.prompt_text if self.decision.project else self.params.prompt.strip()
+        )
+
+    async def stage_build_prompt(self) -> None:
+        if self.hooks.before_prompt_build:
+            self.hook_result = await run_before_prompt_build(
+                self.hooks.before_prompt_build,
+                PromptBuildContext(
+                    session_id=self.params.session_id,
+                    session_key=self.params.session_key,
+                    prompt=self.prompt_text,
+                    developer_instructions=self.developer_instructions,
+                    messages=tuple(self.history),
+                ),
+            )
+        self.finish_prompt()
+        self.fire(TurnTrigger.PROMPT_BUILT)
+
+    def finish_prompt(self) -> None:
+        prompt, instructions = compose_prompt(
+            self.prompt_text, self.developer_instructions, self.hook_result
+        )
+        if len(prompt) > TURN_START_TEXT_MAX_CHARS:
+            prompt, dropped = truncate_older(prompt, TURN_START_TEXT_MAX_CHARS)
+            self.log.warning("codex turn input truncated", dropped_chars=dropped)
+        self.prompt_text, self.developer_instructions = prompt, instructions
+
+    async def stage_start_thread(self) -> None:
+        decision = self.decision
+        assert decision is not None
+        cwd = os.fspath(self.params.workspace_dir)
+        common: dict[str, Any] = {
+            "developer_instructions": self.developer_instructions,
+            "cwd": cwd,
+            "model": self.params.model,
+            "tools": self.tools,
+        }
+        trigger = TurnTrigger.THREAD_STARTED
+        if decision.action is ThreadAction.RESUME:
+            assert self.binding is not None
+            try:
+                result = await self.app_server.resume_thread(self.binding.thread_id, **common)
+                trigger = TurnTrigger.THREAD_RESUMED
+            except AppServerError as error:
+                self.log.warning(
+                    "codex app-server thread resume failed; starting a new thread",
+                    thread_id=self.binding.thread_id,
+                    error=format_error(error),
+                )
+                await anyio.to_thread.run_sync(clear_binding, self.session_file)
+                if not decision.project and self.projection is not None:
+                    # The fresh thread has no native history: it needs the projected context.
+                    self.decision = ThreadDecision(ThreadAction.ROTATE, True, "resume-failed")
+                    self.apply_projection()
+                    self.finish_prompt()
+                    common["developer_instructions"] = self.developer_instructions
+                else:
+                    self.decision = ThreadDecision(
+                        ThreadAction.ROTATE, decision.project, "resume-failed"
+                    )
+                decision = self.decision
+        if trigger is not TurnTrigger.THREAD_RESUMED:
+            if decision.action is ThreadAction.ROTATE:
+                trigger = TurnTrigger.THREAD_ROTATED
+                if self.binding is not None:
+                    await anyio.to_thread.run_sync(clear_binding, self.session_file)
+            try:
+                result = await self.app_server.start_thread(**common)
+            except AppServerError as error:
+                self.log.warning("codex app-server thread start failed", error=format_error(error))
+                self.start_error = format_error(error)
+                self.fire(TurnTrigger.THREAD_START_FAILED)
+                return
+        self.thread_id = result.thread_id
+        self.log = self.log.bind(thread_id=self.thread_id)
+        await self.save_binding(result, keep_created=trigger is TurnTrigger.THREAD_RESUMED)
+        self.log.info(
+            "codex app-server thread "
+            + {
+                TurnTrigger.THREAD_STARTED: "started",
+                TurnTrigger.THREAD_RESUMED: "resumed",
+                TurnTrigger.THREAD_ROTATED: "rotated",
+            }[trigger],
+            reason=self.decision.reason if self.decision else None,
+        )
+        self.fire(trigger)
+
+    async def save_binding(self, result: Any, *, keep_created: bool) -> None:
+        mode = self.assembly.context_projection if self.assembly is not None else None
+        bootstrap_epoch = (
+            mode.epoch
+            if mode is not None and mode.mode == "thread_bootstrap" and mode.epoch
+            else None
+        )
+        engine_block = self.engine_binding(
+            projection_epoch=bootstrap_epoch,
+            projection_fingerprint=mode.fingerprint if mode is not None else None,
+        )
+        if (
+            keep_created
+            and engine_block is not None
+            and bootstrap_epoch is None
+            and self.binding is not None
+            and self.binding.context_engine is not None
+        ):
+            # A resume without a new assembly epoch keeps the projection the thread carries.
+            engine_block = attrs.evolve(
+                engine_block, projection=self.binding.context_engine.projection
+            )
+        fields: dict[str, Any] = {
+            "thread_id": result.thread_id,
+            "cwd": os.fspath(self.params.workspace_dir),
+            "auth_profile_id": self.params.auth_profile_id
+            or (self.binding.auth_profile_id if self.binding is not None else None),
+            "model": result.model or self.params.model,
+            "model_provider": result.model_provider,
+            "dynamic_tools_fingerprint": dynamic_tools_fingerprint(_spec_dicts(self.tools)),
+            "context_engine": engine_block,
+        }
+        if keep_created and self.binding is not None:
+            fields["created_at"] = self.binding.created_at
+        binding = ThreadBinding(**fields)
+        try:
+            await anyio.to_thread.run_sync(write_binding, self.session_file, binding)
+        except Exception as error:
+            self.log.warning("failed to write codex app-server binding", error=format_error(error))
+
+    async def stage_run_turn(self) -> None:
+        assert self.thread_id is not None
+        handle_box: list[Any] = []
+
+        async def on_event(note: Notification) -> None:
+            await self.on_codex_event(note)
+
+        cancelled = anyio.get_cancelled_exc_class()
+        try:
+            async with self.app_server.turn(
+                self.thread_id,
+                self.prompt_text,
+                prompt=self.params.prompt,
+                images=self.params.images,
+                model=self.params.model,
+            ) as handle:
+                handle_box.append(handle)
+                self.live_handle = handle
+                self.codex = await handle.collect(
+                    on_event=on_event,
+                    idle_timeout=self.params.idle_timeout,
+                    timeout=self.params.turn_timeout,
+                )
+        except cancelled:
+            # The client already sent turn/interrupt (once, shielded) on the way out.
+            self.codex = self.partial_result(handle_box, CodexTurnStatus.INTERRUPTED, None)
+            self.fire(
+                TurnTrigger.TURN_YIELD_ABORTED if self.yield_requested else TurnTrigger.TURN_ABORTED
+            )
+            raise
+        except AppServerError as error:
+            closed = isinstance(error, AppServerClosed)
+            message = "codex app-server closed" if closed else format_error(error)
+            self.codex = self.partial_result(handle_box, CodexTurnStatus.FAILED, message)
+            self.log.warning(
+                "codex app-server closed during the turn"
+                if closed
+                else "codex app-server turn failed",
+                error=format_error(error),
+            )
+            self.fire(TurnTrigger.TURN_FAILED)
+            return
+        finally:
+            self.live_handle = None
+        status = self.codex.outcome
+        if status is CodexTurnStatus.COMPLETED:
+            self.fire(TurnTrigger.TURN_COMPLETED)
+        elif status is CodexTurnStatus.FAILED:
+            self.fire(TurnTrigger.TURN_FAILED)
+        elif status is CodexTurnStatus.TIMED_OUT:
+            self.fire(TurnTrigger.TURN_TIMED_OUT)
+        elif self.yield_requested:
+            self.fire(TurnTrigger.TURN_YIELD_ABORTED)
+        else:
+            self.fire(TurnTrigger.TURN_ABORTED)
+
+    async def on_codex_event(self, note: Notification) -> None:
+        phase = note.compaction_phase
+        if phase is None:
+            return
+        item_id = _item_id(note)
+        turn_id = self.codex.turn_id if self.codex is not None else _turn_id(note)
+        event = CompactionHookEvent(
+            phase="start" if phase == "started" else "end",
+            thread_id=self.thread_id or "",
+            turn_id=turn_id,
+            item_id=item_id,
+            messages=tuple(self.history),
+        )
+        if phase == "started":
+            self.fire(TurnTrigger.NATIVE_COMPACTION_STARTED)
+            hooks = self.hooks.before_compaction
+        else:
+            self.fire(TurnTrigger.NATIVE_COMPACTION_COMPLETED)
+            hooks = self.hooks.after_compaction
+        self.log.info("codex native compaction during turn", phase=event.phase, item_id=item_id)
+        for hook in hooks:
+            try:
+                await hook(event)
+            except Exception as error:
+                self.log.warning(
+                    "compaction hook failed", phase=event.phase, error=format_error(error)
+                )
+        sink = self.hooks.on_compaction_event
+        if sink is None:
+            return
+        diagnostics: list[dict[str, Any]] = [
+            {
+                "stream": "compaction",
+                "phase": event.phase,
+                "backend": "codex-app-server",
+                "threadId": event.thread_id,
+                "turnId": turn_id,
+                "itemId": item_id,
+                **({"completed": True} if event.phase == "end" else {}),
+            }
+        ]
+        if self.engine_active and engine_info(self.engine).owns_compaction:
+            # Codex compacted natively although the engine owns compaction: say so, so that
+            # this is never reported as an engine compaction.
+            diagnostics.append(
+                {
+                    "stream": "compaction",
+                    "phase": event.phase,
+                    "backend": "codex-app-server",
+                    "ownsCompaction": True,
+                    "threadId": event.thread_id,
+                    "itemId": item_id,
+                }
+            )
+        for diagnostic in diagnostics:
+            try:
+                await sink(diagnostic)
+            except Exception as error:
+                self.log.warning("compaction diagnostic sink failed", error=format_error(error))
+
+    async def stage_mirror(self) -> None:
+        codex = self.codex
+        assert codex is not None
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: mirror_turn(
+                    self.session_file,
+                    codex.messages_snapshot,
+                    scope=codex.idempotency_scope,
+                    identities=codex.mirror_identities,
+                    session_id=self.params.session_id,
+                    cwd=os.fspath(self.params.workspace_dir),
+                )
+            )
+        except Exception as error:
+            self.log.warning(
+                "failed to mirror codex app-server transcript", error=format_error(error)
+            )
+            self.fire(TurnTrigger.MIRROR_FAILED)
+            return
+        self.fire(TurnTrigger.MIRRORED)
+
+    async def stage_finalize(self) -> None:
+        if not self.engine_active:
+            self.fire(TurnTrigger.FINALIZED)
+            return
+        codex = self.codex
+        assert codex is not None
+        mirrored = self.fsm.trace[-1].trigger == TurnTrigger.MIRRORED
+        snapshot = await self.read_history() if mirrored else None
+        fallback = snapshot is None
+        if fallback:
+            snapshot = [*self.history, *codex.messages_snapshot]
+        outcome = await finalize_context_engine_turn(
+            engine=self.engine,
+            session_id=self.params.session_id,
+            session_key=self.params.session_key,
+            session_file=self.session_file,
+            messages_snapshot=snapshot or [],
+            pre_prompt_message_count=self.pre_prompt_count,
+            prompt_error=self.fsm.outcome is not None and self.fsm.outcome.prompt_error,
+            aborted=self.fsm.outcome is not None and self.fsm.outcome.aborted,
+            yield_aborted=self.fsm.outcome is not None and self.fsm.outcome.yield_aborted,
+            token_budget=self.params.context_token_budget,
+            runtime_context=self.runtime_context(usage=codex.usage),
+            run_maintenance=False,  # the turn machine decides; see stage_maintain
+            snapshot_is_fallback=fallback,
+        )
+        self.log.info(
+            "codex context engine finalize " + ("completed" if outcome.succeeded else "failed"),
+            path=outcome.path,
+            new_messages=outcome.new_message_count,
+            fallback_snapshot=fallback,
+        )
+        self.fire(outcome.trigger)
+
+    async def stage_maintain(self) -> None:
+        if self.fsm.state is not TurnState.MAINTAINING:
+            reason = self.fsm.skip_reason.value if self.fsm.skip_reason else None
+            self.maintenance = MaintenanceReport(status="skipped", skip_reason=reason)
+            self.log.info("codex context engine turn maintenance skipped", reason=reason)
+            return
+        codex = self.codex
+        outcome: MaintenanceOutcome = await run_context_engine_maintenance(
+            engine=self.engine,
+            reason="turn",
+            session_id=self.params.session_id,
+            session_key=self.params.session_key,
+            session_file=self.session_file,
+            runtime_context=self.runtime_context(usage=codex.usage if codex else None),
+            scheduler=self.scheduler,
+        )
+        status = outcome.status if outcome.status != "skipped" else "failed"
+        self.maintenance = MaintenanceReport(status=status)
+        trigger = outcome.trigger or TurnTrigger.MAINTENANCE_FAILED
+        self.fire(trigger)
+
+    def partial_result(
+        self, handle_box: list[Any], status: CodexTurnStatus, error: str | None
+    ) -> CodexTurnResult:
+        """What Codex produced before the turn was cut short: at least the user's prompt,
+        which is mirrored like any other (a crash must not lose what the user said)."""
+        if handle_box:
+            handle = handle_box[0]
+            if handle.result is not None and status is CodexTurnStatus.INTERRUPTED:
+                finished: CodexTurnResult = handle.result
+                return finished
+            built: CodexTurnResult = handle.projector.build_result(outcome=status, error=error)
+            return built
+        # turn/start itself never answered: nothing but the prompt exists.
+        projector = TurnProjector(
+            thread_id=self.thread_id or "",
+            prompt=self.params.prompt,
+            provider="codex",
+            model=self.params.model,
+            turn_id=None,
+        )
+        prompt_only: CodexTurnResult = projector.build_result(outcome=status, error=error)
+        return prompt_only
+
+    def result(self) -> TurnResult:
+        codex = self.codex
+        outcome = self.fsm.outcome or TurnOutcome.CANCELLED
+        prompt_error = codex.prompt_error if codex is not None else self.start_error
+        if outcome is TurnOutcome.THREAD_START_FAILED and prompt_error is None:
+            prompt_error = "codex app-server thread start failed"
+        return TurnResult(
+            outcome=outcome,
+            assistant_text=codex.final_text if codex is not None else None,
+            prompt_error=prompt_error,
+            usage=codex.usage if codex is not None else None,
+            thread_id=self.thread_id,
+            turn_id=codex.turn_id if codex is not None else None,
+            messages_snapshot=list(codex.messages_snapshot) if codex is not None else [],
+            maintenance=self.maintenance,
+            thread_decision=self.decision,
+            projected=bool(
+                self.decision is not None
+                and self.decision.project
+                and self.projection is not None
+                and self.projection.prompt_text != self.params.prompt.strip()
+            ),
+            native_compactions=self.fsm.native_compactions,
+            trace=tuple(self.fsm.trace),
+        )
+
+
+def _spec_dicts(tools: Iterable[DynamicTool]) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "description": t.description, "inputSchema": dict(t.input_schema)}
+        for t in tools
+    ]
+
+
+def _item_id(note: Notification) -> str | None:
+    item = note.params.get("item")
+    if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+        return str(item["id"])
+    return None
+
+
+def _turn_id(note: Notification) -> str | None:
+    value = note.params.get("turnId")
+    return value if isinstance(value, str) else None
+
+
+def _yield_tool(turn: _Turn) -> DynamicTool:
+    async def request_yield(_arguments: dict[str, Any]) -> str:
+        turn.yield_requested = True
+        handle = turn.live_handle
+        if handle is not None:
+            # Interrupting while this tool call is unanswered is safe (Codex ends the turn).
+            await handle.interrupt()
+        return "yielding the turn"
+
+    return DynamicTool(
+        name=_YIELD_TOOL,
+        description="End this run now and yield control back to the user.",
+        input_schema={"type": "object", "properties": {}},
+        fn=request_yield,
+    )
+
+
+async def run_codex_turn(
+    params: TurnParams,
+    *,
+    app_server: AppServer,
+    engine: object | None = None,
+    tools: Sequence[DynamicTool] = (),
+    hooks: TurnHooks | None = None,
+    maintenance_scheduler: BackgroundMaintenance | None = None,
+    on_turn_end: Callable[[TurnResult], Awaitable[None]] | None = None,
+) -> TurnResult:
+    """Run one turn of a Codex session through the turn machine (see the module docstring).
+
+    Returns the :class:`TurnResult` for every outcome that reached a decision, including
+    failed, aborted and timed-out turns. Raises :class:`~codex_turn.fsm.TurnBusy` when
+    another turn holds the session file (``concurrency="reject"``, or the wait timed out).
+    A cancellation of the caller propagates after the shielded cleanup; ``on_turn_end`` sees
+    the result in that case too.
+    """
+    session_file = os.fspath(params.session_file)
+    gate = _gate_for(session_file)
+    if params.concurrency == "reject" and gate.locked():
+        raise TurnBusy(
+            f"another turn is running on this session ({mask_session_key(params.session_key)})"
+        )
+    with anyio.move_on_after(params.session_wait_timeout) as waiting:
+        await gate.acquire()
+    if waiting.cancelled_caught:
+        raise TurnBusy("timed out waiting for the previous turn on this session")
+    try:
+        with sensitive(params.prompt):
+            return await _run_locked(
+                params,
+                session_file=session_file,
+                app_server=app_server,
+                engine=engine,
+                tools=tools,
+                hooks=hooks or TurnHooks(),
+                scheduler=maintenance_scheduler,
+                on_turn_end=on_turn_end,
+            )
+    finally:
+        gate.release()
+
+
+async def _run_locked(
+    params: TurnParams,
+    *,
+    session_file: str,
+    app_server: AppServer,
+    engine: object | None,
+    tools: Sequence[DynamicTool],
+    hooks: TurnHooks,
+    scheduler: BackgroundMaintenance | None,
+    on_turn_end: Callable[[TurnResult], Awaitable[None]] | None,
+) -> TurnResult:
+    active = is_active_engine(engine)
+    if engine is not None and not active:
+        # OpenClaw bug #77185/#971: an engine silently not in use looks like "memory ignored".
+        _log.warning(
+            "context engine selected but not active for this turn", engine=engine_id(engine)
+        )
+    # Decide had_session_file before this turn writes anything (reference 2.1 step 4).
+    try:
+        had_session_file = (await anyio.Path(session_file).stat()) is not None
+    except FileNotFoundError:
+        had_session_file = False
+    info = engine_info(engine) if active else None
+    facts = TurnFacts(
+        engine_active=active,
+        had_session_file=had_session_file,
+        engine_maintains=active and optional_method(engine, "maintain") is not None,
+        background_maintenance=info is not None and info.turn_maintenance_mode == "background",
+    )
+    log = _log.bind(
+        session_id=params.session_id,
+        session_key=mask_session_key(params.session_key),
+        engine=engine_id(engine) if active else None,
+    )
+    dynamic_tools = list(tools)
+    turn = _Turn(
+        params=params,
+        app_server=app_server,
+        engine=engine if active else None,
+        hooks=hooks,
+        scheduler=scheduler,
+        tools=dynamic_tools,
+        fsm=TurnModel.begin(facts),
+        log=log,
+        session_file=session_file,
+    )
+    if params.yield_tool:
+        dynamic_tools.append(_yield_tool(turn))
+    started = time.monotonic()
+    cancelled = anyio.get_cancelled_exc_class()
+    turn.fire(TurnTrigger.STARTED)
+    try:
+        try:
+            await turn.stage_read_history()
+            await turn.stage_bootstrap()
+            await turn.stage_assemble()
+            await turn.stage_project()
+            await turn.stage_build_prompt()
+            await turn.stage_start_thread()
+        except cancelled:
+            with anyio.CancelScope(shield=True):
+                if turn.fsm.allows(TurnTrigger.CANCELLED):
+                    turn.fire(TurnTrigger.CANCELLED)
+                await _deliver(turn, on_turn_end)
+            raise
+        if turn.fsm.state is TurnState.FAILED:
+            return await _deliver(turn, on_turn_end)
+        cancelled_during_turn: BaseException | None = None
+        try:
+            await turn.stage_run_turn()
+        except cancelled as error:
+            cancelled_during_turn = error
+        # Mirror and finalize always follow a turn that ran: shielded, and bounded when the
+        # caller is gone (a cancellation or a crash must not lose the user's prompt).
+        with anyio.CancelScope(shield=cancelled_during_turn is not None) as cleanup:
+            if cancelled_during_turn is not None:
+                cleanup.deadline = anyio.current_time() + params.cleanup_timeout
+            await turn.stage_mirror()
+            await turn.stage_finalize()
+            if cancelled_during_turn is None:
+                await turn.stage_maintain()
+        if cancelled_during_turn is not None:
+            await turn.stage_maintain()  # an aborted turn never maintains: records the skip
+            with anyio.CancelScope(shield=True):
+                await _deliver(turn, on_turn_end)
+            raise cancelled_during_turn
+        return await _deliver(turn, on_turn_end)
+    finally:
+        turn.fsm.close()
+        log.info(
+            "codex turn finished",
+            state=turn.fsm.state_name,
+            outcome=turn.fsm.outcome.value if turn.fsm.outcome else None,
+            skip_reason=turn.fsm.skip_reason.value if turn.fsm.skip_reason else None,
+            native_compactions=turn.fsm.native_compactions,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+            durations_ms={k: round(v, 2) for k, v in turn.result().durations_ms.items()},
+        )
+
+
+async def _deliver(
+    turn: _Turn, on_turn_end: Callable[[TurnResult], Awaitable[None]] | None
+) -> TurnResult:
+    result = turn.result()
+    if on_turn_end is not None:
+        try:
+            await on_turn_end(result)
+        except Exception as error:
+            turn.log.warning("on_turn_end callback failed", error=format_error(error))
+    return result
