@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+from structlog.testing import capture_logs
 
-pytest_plugins = ["codex_fixtures"]
+pytest_plugins = ["codex_fixtures", "pytester"]
 
 # CI=true activates Hypothesis' built-in "ci" profile (derandomized, no deadline, no database).
 # Keep it, but explore more: the ordering proofs only mean something with enough examples.
@@ -18,3 +23,51 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+# --- log privacy, for every test --------------------------------------------------------------
+#
+# Logs carry facts about turns, never their content. Every test runs under a structlog capture;
+# at teardown no captured event may contain a text the test marked private (prompts, seeded
+# transcript text: the ``private_texts`` fixture) or any message text of the real OpenClaw
+# session fixtures. A test that captures logs itself (``capture_logs``) checks its own records.
+
+_FIXTURE_SESSIONS = Path(__file__).parent / "fixtures" / "sessions"
+_NEEDLE_CHARS = 48  # long enough to be distinctive, short enough to catch partial leaks
+
+
+@functools.cache
+def _fixture_needles() -> tuple[str, ...]:
+    from codex_turn.harness.session import load_session_messages
+
+    needles: set[str] = set()
+    for path in sorted(_FIXTURE_SESSIONS.glob("*.jsonl")):
+        for message in load_session_messages(path):
+            content = message.get("content")
+            parts = [content] if isinstance(content, str) else content or []
+            for part in parts:
+                text = (
+                    part
+                    if isinstance(part, str)
+                    else part.get("text")
+                    if isinstance(part, dict)
+                    else None
+                )
+                if isinstance(text, str) and len(text.strip()) >= _NEEDLE_CHARS:
+                    needles.add(text.strip()[:_NEEDLE_CHARS])
+    return tuple(sorted(needles))
+
+
+@pytest.fixture
+def private_texts() -> set[str]:
+    """Texts that must never appear in a log record of this test."""
+    return set()
+
+
+@pytest.fixture(autouse=True)
+def _log_privacy_guard(private_texts: set[str]) -> Iterator[None]:
+    with capture_logs() as records:
+        yield
+    haystack = "\n".join(repr(record) for record in records)
+    leaks = [text for text in (*private_texts, *_fixture_needles()) if text and text in haystack]
+    assert not leaks, f"private text reached the logs: {leaks[:3]!r}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from structlog.testing import capture_logs
 
 from codex_turn._log import format_error, get_logger, mask_session_key, redact_text, sensitive
@@ -47,3 +50,28 @@ def test_registered_sensitive_values_never_reach_a_record_in_any_field() -> None
     assert "[redacted]" in records[0]["detail"]
     # Outside the context the value is no longer special.
     assert redact_text(prompt) == prompt
+
+
+def test_the_suite_wide_privacy_guard_fails_a_test_that_logs_a_private_text(
+    pytester: pytest.Pytester,
+) -> None:
+    conftest = (Path(__file__).parent / "conftest.py").read_text(encoding="utf-8")
+    pytester.makeconftest(conftest)
+    (pytester.path / "fixtures").symlink_to(Path(__file__).parent / "fixtures")
+    pytester.makepyfile(
+        test_leaky='''
+from codex_turn._log import get_logger
+
+def test_clean(private_texts):
+    private_texts.add("my very private prompt")
+    get_logger("t").info("turn finished", chars=22)
+
+def test_leaky(private_texts):
+    private_texts.add("my very private prompt")
+    get_logger("t").info("turn finished", note="echo my very private prompt")
+'''
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    # The leaky test body passes; its teardown (the guard) errors.
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*private text reached the logs*"])
