@@ -576,3 +576,86 @@ async def test_binding_records_the_thread_and_tools_fingerprint(
     assert raw["threadId"] == result.thread_id
     assert raw["dynamicToolsFingerprint"] == "[]"
     assert raw["contextEngine"]["engineId"] == "lossless-claw"
+
+
+# --- Codex's own compaction inside a turn (issue 7, item 3) --------------------------------
+
+
+async def test_native_compaction_inside_a_turn_runs_hooks_and_is_labelled_as_codex_s(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+) -> None:
+    events: list[tuple[str, str | None]] = []
+    diagnostics: list[dict[str, Any]] = []
+
+    async def before(event: Any) -> None:
+        events.append(("before", event.item_id))
+
+    async def after(event: Any) -> None:
+        events.append(("after", event.item_id))
+
+    async def sink(diagnostic: Any) -> None:
+        diagnostics.append(dict(diagnostic))
+
+    hooks = TurnHooks(
+        before_compaction=[before], after_compaction=[after], on_compaction_event=sink
+    )
+    # Owns compaction, and resumes its thread (thread_bootstrap), so Codex's native history
+    # grows past the limit.
+    engine = bootstrap_engine(owns_compaction=True)
+    # Codex compacts automatically before the next turn once usage passed the limit.
+    async with AppServer.start(make_appserver_config(auto_compact_token_limit=50)) as server:
+        first = await run_codex_turn(params(), app_server=server, engine=engine, hooks=hooks)
+        second = await run_codex_turn(
+            params(prompt="next"), app_server=server, engine=engine, hooks=hooks
+        )
+
+    assert first.native_compactions == 0
+    assert second.native_compactions == 1
+    triggers = [e.trigger for e in second.trace]
+    assert (
+        triggers.index("native_compaction_started")
+        < triggers.index("native_compaction_completed")
+        < triggers.index("turn_completed")
+    )
+    assert [kind for kind, _ in events] == ["before", "after"]
+    assert events[0][1] is not None
+    assert events[0][1] == events[1][1]
+    assert len(offline_model.compaction_requests()) == 1
+    assert engine.calls_to("compact") == []  # Codex's compaction is not the engine's
+    phases = [(d["phase"], d.get("ownsCompaction")) for d in diagnostics]
+    assert phases == [("start", None), ("start", True), ("end", None), ("end", True)]
+    assert all(d["backend"] == "codex-app-server" for d in diagnostics)
+    assert second.outcome is TurnOutcome.COMPLETED
+
+
+async def test_lifecycle_log_events_carry_ids_and_counts_but_no_content(
+    appserver: AppServer, params: Callable[..., TurnParams]
+) -> None:
+    p = params(prompt="tell me about the secret project Nightjar")
+    seed_session(Path(p.session_file), assistant("the Nightjar budget is 4M"))
+    with capture_logs() as records:
+        result = await run_codex_turn(p, app_server=appserver, engine=echo_engine())
+    by_event = {r["event"]: r for r in records}
+    for name in (
+        "codex context engine bootstrap completed",
+        "codex context engine assemble applied",
+        "codex app-server context-engine projection decision",
+        "codex context engine finalize completed",
+        "codex turn finished",
+    ):
+        assert name in by_event, name
+        record = by_event[name]
+        assert record["session_id"] == "session-1"
+        assert record["session_key"] != "agent:main:session-1"
+        assert record["session_key"].startswith("agent:")
+        assert record["engine"] == "lossless-claw"
+    assemble = by_event["codex context engine assemble applied"]
+    assert (assemble["assembled_messages"], assemble["estimated_tokens"]) == (2, 42)
+    assert assemble["has_system_prompt_addition"] is True
+    finished = by_event["codex turn finished"]
+    assert finished["thread_id"] == result.thread_id
+    assert finished["turn_id"] == result.turn_id
+    assert set(finished["durations_ms"]) >= {"ASSEMBLING", "RUNNING_TURN", "FINALIZING"}
+    assert "Nightjar" not in repr(records)
