@@ -13,6 +13,11 @@ client" plus two policies:
   parameters (developer instructions, cwd, model, Python tools). A thread that was loaded in
   a previous process is re-resumed automatically before its next turn or compaction, with its
   developer instructions re-sent, so a crash costs one turn, not the thread.
+* **Compaction.** Native compactions of one thread are serialised by a per-thread lock held
+  by the manager (so it survives restarts); a compaction whose interrupt went unanswered
+  retires the process before that lock is released (see :meth:`AppServer.compact_thread`).
+
+``transport_factory`` replaces spawning the binary (tests plug an in-process fake Codex in).
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from .client import (
     NotificationListener,
     TurnHandle,
     UserInputHandler,
+    _KeyedLocks,
     decline_all,
     unwrap_single_group,
 )
 from .config import AppServerConfig
 from .errors import AppServerClosed
+from .process import LineTransport
 from .projector import Notification, TurnResult
 from .tools import DynamicTool, ToolRegistry
 from .types import ThreadResult, UserInput
@@ -68,6 +75,7 @@ class AppServer:
         user_input_handler: UserInputHandler | None = None,
         record_sent: bool = False,
         auto_resume: bool = True,
+        transport_factory: Callable[[AppServerConfig], Awaitable[LineTransport]] | None = None,
     ) -> None:
         self.config = config
         self.approval_policy = approval_policy
@@ -84,6 +92,8 @@ class AppServer:
         self._threads: dict[str, _ThreadMemo] = {}
         self._listeners: list[NotificationListener] = []
         self._closing = False
+        self._compaction_locks = _KeyedLocks()
+        self._transport_factory = transport_factory
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -102,8 +112,12 @@ class AppServer:
                         server._client.request_stop()
 
     async def _supervise(self, *, task_status: anyio.abc.TaskStatus[AppServerClient]) -> None:
+        transport = (
+            None if self._transport_factory is None else await self._transport_factory(self.config)
+        )
         async with AppServerClient.connect(
             self.config,
+            transport=transport,
             approval_policy=self.approval_policy,
             user_input_handler=self.user_input_handler,
             sent_log=self.sent if self.record_sent else None,  # one log across restarts
@@ -253,9 +267,29 @@ class AppServer:
         thread_id: str,
         *,
         timeout: float = 120.0,  # noqa: ASYNC109
+        interrupt_grace: float = 5.0,
+        developer_instructions: str | None = None,
+        cwd: str | None = None,
     ) -> CompactionResult:
-        client = await self._client_for(thread_id)
-        return await client.compact_thread(thread_id, timeout=timeout)
+        """Native compaction of ``thread_id`` (see :meth:`AppServerClient.compact_thread`).
+
+        Compactions of one thread are serialised by a per-thread lock that outlives process
+        restarts. A thread this process has not loaded is resumed first (``excludeTurns``,
+        with ``developer_instructions`` and ``cwd`` when given: Codex drops developer
+        instructions that were not re-sent on resume from the compacted context). When the
+        compaction's interrupt is not acknowledged, the connection is retired before the lock
+        is released, so the next call (of any kind) runs on a fresh process.
+        """
+        async with self._compaction_locks.hold(thread_id):
+            client = await self._client_for(thread_id)
+            if not client.is_loaded(thread_id):
+                log.info("appserver.compaction_resume", thread_id=thread_id)
+                await self.resume_thread(
+                    thread_id, developer_instructions=developer_instructions, cwd=cwd
+                )
+            return await client.compact_thread(
+                thread_id, timeout=timeout, interrupt_grace=interrupt_grace
+            )
 
     async def request(
         self,

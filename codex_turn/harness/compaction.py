@@ -1,0 +1,565 @@
+"""Compaction of a Codex session: the engine's ``compact()`` first, Codex native second.
+
+Two compaction systems exist and must never be silently conflated: the context engine's
+``compact()`` (it rewrites the engine's own memory) and Codex's native
+``thread/compact/start`` (it replaces the thread's history with a model-written summary).
+:func:`compact_codex_session` runs one compaction request through the compaction machine
+(:mod:`codex_turn.fsm.compaction`): it awaits each step, then fires the step's past-tense
+trigger, and asks the machine (``allows``/``state``) what comes next. It never re-derives a
+branch; the trace of every run is a legal path of the table.
+
+Policy (OpenClaw PR #70809, ``maybeCompactCodexAppServerSession``; reference 2.10)
+------------------------------------------------------------------------------------
+* **An owning engine** (active, ``info.owns_compaction``) compacts first, with the token
+  budget, the current token count, ``compaction_target`` ``"threshold"`` for a manual request
+  and ``"budget"`` otherwise, ``force`` for a manual request, the custom instructions and the
+  runtime context. Its result is *primary*. If it compacted, the binding's
+  ``contextEngine.projection`` block is cleared (the thread id is kept), so the next turn
+  sees a changed projection, rotates to a fresh thread and re-projects the compacted context
+  (OpenClaw #88699, #91590); then maintenance runs with ``reason="compaction"``. Then, when a
+  thread binding exists, Codex native compaction runs as a best-effort secondary step.
+  Native status lands in ``details["codexNativeCompaction"]``; an engine failure lands in
+  ``reason`` and ``details["contextEngineCompaction"]`` and native compaction still runs; a
+  native failure never fails a successful engine compaction; when the engine returned no
+  ``result`` payload, one is synthesised so the native diagnostics are not lost.
+* **A non-owning engine, or none** (``None`` or the legacy engine): native compaction only,
+  exactly as Codex does it. The engine is not called.
+* **Native compaction** reads the session's thread binding: no binding means
+  ``"no codex app-server thread binding"``. A request whose ``auth_profile_id`` disagrees
+  with the binding's fails closed (``"auth profile mismatch for session binding"``) before
+  any app-server is started or touched. Otherwise ``thread/compact/start`` runs with a
+  timeout; on expiry the compaction turn is interrupted and, if the interrupt is not
+  acknowledged within a grace period, the connection is retired
+  (:meth:`codex_turn.harness.appserver.AppServer.compact_thread`). Nothing is retried.
+
+``app_server`` is either an object with :meth:`compact_thread` (an
+:class:`~codex_turn.harness.appserver.AppServer`) or a factory ``(auth_profile_id) -> async
+context manager`` yielding one, called only when native compaction really runs (the CLI uses
+that, so a session without a binding never spawns Codex).
+
+Logging: ids, statuses, counts and durations; never summaries, prompts or transcript text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final, Literal, Protocol
+
+import attrs
+
+from codex_turn._log import format_error, get_logger, mask_session_key, redact_text
+from codex_turn.fsm import TraceEntry
+from codex_turn.fsm.compaction import (
+    CompactionFacts,
+    CompactionModel,
+    CompactionState,
+    CompactionTrigger,
+)
+from codex_turn.harness.appserver.client import CompactionResult
+from codex_turn.harness.appserver.errors import AppServerError
+from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding, write_binding
+from codex_turn.harness.engine import (
+    CompactDetails,
+    CompactParams,
+    CompactResult,
+    InvalidEngineResult,
+    RuntimeContext,
+    coerce_result,
+    engine_id,
+    engine_info,
+    is_active_engine,
+    optional_method,
+)
+from codex_turn.harness.lifecycle import (
+    MaintenanceOutcome,
+    TranscriptRewriter,
+    build_runtime_context,
+    run_context_engine_maintenance,
+)
+
+__all__ = [
+    "AUTH_PROFILE_MISMATCH",
+    "NATIVE_BACKEND",
+    "NO_THREAD_BINDING",
+    "AppServerFactory",
+    "CompactSessionParams",
+    "CompactionRun",
+    "CompactionTriggerKind",
+    "NativeCompactor",
+    "compact_codex_session",
+    "compact_codex_session_traced",
+]
+
+_log = get_logger(__name__)
+
+NATIVE_BACKEND: Final = "codex-app-server"
+NO_THREAD_BINDING: Final = "no codex app-server thread binding"
+AUTH_PROFILE_MISMATCH: Final = "auth profile mismatch for session binding"
+_ENGINE_FAILED: Final = "context engine compaction failed"
+_ENGINE_FAILED_WARNING: Final = (
+    "context engine compaction failed; attempting Codex native compaction"
+)
+_MAINTENANCE_FAILED_WARNING: Final = (
+    "context engine compaction maintenance failed; continuing Codex native compaction"
+)
+
+#: ``"manual"`` is a user's explicit ``/compact``; anything else is a budget compaction.
+CompactionTriggerKind = Literal["manual", "budget", "overflow", "threshold"]
+
+S = CompactionState
+T = CompactionTrigger
+
+
+class NativeCompactor(Protocol):
+    """What native compaction needs from an app-server (:class:`AppServer` has it)."""
+
+    async def compact_thread(
+        self,
+        thread_id: str,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        interrupt_grace: float,
+        developer_instructions: str | None,
+        cwd: str | None,
+    ) -> CompactionResult: ...
+
+
+#: ``(auth_profile_id) -> async with ... as app_server``: started only when native runs.
+AppServerFactory = Callable[[str | None], AbstractAsyncContextManager[NativeCompactor]]
+
+
+@attrs.frozen(kw_only=True)
+class CompactSessionParams:
+    """One compaction request for one session.
+
+    ``session_file`` is the transcript; its thread binding is the sidecar next to it.
+    ``auth_profile_id`` is the runtime's auth profile: when set, it must equal the binding's.
+    ``developer_instructions`` are re-sent if the thread must be resumed first (Codex drops
+    instructions that were not re-sent from the compacted context). ``native_timeout``
+    bounds native compaction (OpenClaw's default: 5 minutes); ``interrupt_grace`` is how long
+    an interrupted compaction turn may take to acknowledge before the connection is retired.
+    ``attempt`` holds further host facts for the runtime context (camelCase keys, as
+    :func:`~codex_turn.harness.lifecycle.build_runtime_context` takes them).
+    """
+
+    session_id: str
+    session_file: str = attrs.field(converter=os.fspath)
+    workspace_dir: str | None = None
+    session_key: str | None = None
+    token_budget: int | None = None
+    current_token_count: int | None = None
+    custom_instructions: str | None = None
+    auth_profile_id: str | None = None
+    developer_instructions: str | None = None
+    native_timeout: float = attrs.field(
+        default=300.0, converter=float, validator=attrs.validators.gt(0)
+    )
+    interrupt_grace: float = attrs.field(
+        default=5.0, converter=float, validator=attrs.validators.ge(0)
+    )
+    provider: str | None = None
+    model: str | None = None
+    agent_dir: str | None = None
+    prompt_cache: Mapping[str, Any] | None = None
+    attempt: Mapping[str, Any] = attrs.field(factory=dict)
+    transcript_rewriter: TranscriptRewriter | None = None
+
+    def runtime_context(self) -> RuntimeContext:
+        """The runtime context the engine's ``compact`` and ``maintain`` both receive."""
+        facts: dict[str, Any] = {
+            "sessionKey": self.session_key,
+            "authProfileId": self.auth_profile_id,
+            "provider": self.provider,
+            "model": self.model,
+        }
+        facts.update(self.attempt)
+        return build_runtime_context(
+            attempt=facts,
+            workspace_dir=self.workspace_dir,
+            agent_dir=self.agent_dir,
+            token_budget=self.token_budget,
+            current_token_count=self.current_token_count,
+            prompt_cache=self.prompt_cache,
+        )
+
+
+@attrs.frozen
+class CompactionRun:
+    """A finished compaction: the result, and how the machine got there.
+
+    ``trace``/``path`` are the compaction machine's; ``native`` is what the app-server
+    reported (``None`` when native compaction did not reach it); ``maintenance`` the
+    compaction maintenance outcome; ``projection_cleared`` whether the binding's
+    ``contextEngine.projection`` was cleared after the engine compacted.
+    """
+
+    result: CompactResult
+    trace: tuple[TraceEntry, ...]
+    path: tuple[str, ...]
+    native: CompactionResult | None = None
+    maintenance: MaintenanceOutcome | None = None
+    projection_cleared: bool = False
+
+    @property
+    def triggers(self) -> tuple[str, ...]:
+        return tuple(entry.trigger for entry in self.trace)
+
+
+async def compact_codex_session(
+    params: CompactSessionParams,
+    *,
+    app_server: NativeCompactor | AppServerFactory,
+    engine: object | None = None,
+    trigger: CompactionTriggerKind | str = "manual",
+) -> CompactResult:
+    """Compact one session as the module docstring describes; never raises for engine,
+    binding or app-server failures (they are reported in the result). Cancellation
+    propagates."""
+    run = await compact_codex_session_traced(
+        params, app_server=app_server, engine=engine, trigger=trigger
+    )
+    return run.result
+
+
+async def compact_codex_session_traced(
+    params: CompactSessionParams,
+    *,
+    app_server: NativeCompactor | AppServerFactory,
+    engine: object | None = None,
+    trigger: CompactionTriggerKind | str = "manual",
+) -> CompactionRun:
+    """:func:`compact_codex_session`, returning the whole :class:`CompactionRun`."""
+    owns = _engine_owns_compaction(engine)
+    binding = read_binding(params.session_file)
+    facts = CompactionFacts(engine_owns=owns, has_binding=binding is not None)
+    with CompactionModel.begin(facts) as model:
+        return await _Run(params, app_server, engine, trigger, owns, model).run()
+
+
+def _engine_owns_compaction(engine: object | None) -> bool:
+    if not is_active_engine(engine):
+        return False
+    try:
+        return engine_info(engine).owns_compaction
+    except InvalidEngineResult as err:
+        _log.warning(
+            "context engine info is invalid; treating it as not owning compaction",
+            engine=engine_id(engine),
+            error=format_error(err),
+        )
+        return False
+
+
+@attrs.define
+class _Native:
+    """The native step's outcome, in OpenClaw's ``CompactResult`` shape, plus the raw report."""
+
+    result: CompactResult
+    trigger: CompactionTrigger
+    report: CompactionResult | None = None
+
+
+class _Run:
+    def __init__(
+        self,
+        params: CompactSessionParams,
+        app_server: NativeCompactor | AppServerFactory,
+        engine: object | None,
+        trigger: str,
+        owns: bool,
+        model: CompactionModel,
+    ) -> None:
+        self.params = params
+        self.app_server = app_server
+        self.engine = engine
+        self.trigger = trigger
+        self.owns = owns
+        self.model = model
+        self.runtime_context = params.runtime_context()
+        self.primary: CompactResult | None = None
+        self.primary_error: str | None = None
+        self.native: _Native | None = None
+        self.maintenance: MaintenanceOutcome | None = None
+        self.projection_cleared = False
+
+    def _fields(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "engine": engine_id(self.engine) if self.engine is not None else None,
+            "session_key": mask_session_key(self.params.session_key),
+            **extra,
+        }
+
+    async def run(self) -> CompactionRun:
+        model = self.model
+        model.fire(T.STARTED)
+        if model.state is S.ENGINE_COMPACTING:
+            model.fire(await self._engine_compact())
+        if model.state is S.COMPACTION_MAINTENANCE:
+            model.fire(await self._maintain())
+        if model.state is S.NATIVE_COMPACTING:
+            self.native = await self._native_compact()
+            model.fire(self.native.trigger)
+        assert model.state is S.REPORTED, model.state  # the table ends every path there
+        return CompactionRun(
+            result=self._build_result(),
+            trace=tuple(model.trace),
+            path=tuple(model.path()),
+            native=self.native.report if self.native is not None else None,
+            maintenance=self.maintenance,
+            projection_cleared=self.projection_cleared,
+        )
+
+    # -- the engine's part ---------------------------------------------------------------
+
+    async def _engine_compact(self) -> CompactionTrigger:
+        p = self.params
+        manual = self.trigger == "manual"
+        compact_params = CompactParams(
+            session_id=p.session_id,
+            session_key=p.session_key,
+            session_file=p.session_file,
+            token_budget=p.token_budget,
+            current_token_count=p.current_token_count,
+            compaction_target="threshold" if manual else "budget",
+            custom_instructions=p.custom_instructions,
+            force=manual,
+            runtime_context=self.runtime_context,
+        )
+        try:
+            compact = optional_method(self.engine, "compact")
+            if compact is None:
+                raise InvalidEngineResult(
+                    engine_id(self.engine), "compact", "the engine has no compact"
+                )
+            raw = await compact(compact_params)
+            self.primary = coerce_result(
+                raw, CompactResult, engine_id=engine_id(self.engine), method="compact"
+            )
+        except Exception as err:
+            message = redact_text(str(err).strip())
+            self.primary_error = f"{_ENGINE_FAILED}: {message}" if message else _ENGINE_FAILED
+            _log.warning(_ENGINE_FAILED_WARNING, **self._fields(error=format_error(err)))
+            return T.ENGINE_FAILED
+        _log.info(
+            "context engine compaction finished",
+            **self._fields(ok=self.primary.ok, compacted=self.primary.compacted),
+        )
+        if self.primary.ok and self.primary.compacted:
+            self._clear_projection()
+            return T.ENGINE_COMPACTED
+        return T.ENGINE_DECLINED if self.primary.ok else T.ENGINE_FAILED
+
+    def _clear_projection(self) -> None:
+        """Drop the binding's projection block so the next turn re-projects on a fresh thread."""
+        binding = read_binding(self.params.session_file)
+        block = binding.context_engine if binding is not None else None
+        if binding is None or block is None or block.projection is None:
+            return
+        try:
+            write_binding(
+                self.params.session_file,
+                attrs.evolve(binding, context_engine=attrs.evolve(block, projection=None)),
+            )
+        except BindingError as err:
+            _log.warning(
+                "could not clear the thread binding's context projection after compaction",
+                **self._fields(error=format_error(err)),
+            )
+            return
+        self.projection_cleared = True
+        _log.info(
+            "cleared context projection after engine compaction",
+            **self._fields(thread_id=binding.thread_id),
+        )
+
+    async def _maintain(self) -> CompactionTrigger:
+        p = self.params
+        self.maintenance = await run_context_engine_maintenance(
+            engine=self.engine,
+            reason="compaction",
+            session_id=p.session_id,
+            session_key=p.session_key,
+            session_file=p.session_file,
+            runtime_context=self.runtime_context,
+            transcript_rewriter=p.transcript_rewriter,
+        )
+        if self.maintenance.status == "failed":
+            _log.warning(_MAINTENANCE_FAILED_WARNING, **self._fields())
+            return T.MAINTENANCE_FAILED
+        return T.MAINTENANCE_RAN  # ran, or nothing to run (no maintain): done either way
+
+    # -- Codex's part --------------------------------------------------------------------
+
+    def _native_failure(self, reason: str, trigger: CompactionTrigger) -> _Native:
+        return _Native(CompactResult(ok=False, compacted=False, reason=reason), trigger)
+
+    async def _native_compact(self) -> _Native:
+        p = self.params
+        binding = read_binding(p.session_file)  # fresh: the engine's step may have taken long
+        if binding is None:
+            return self._native_failure(NO_THREAD_BINDING, T.NATIVE_FAILED)
+        if p.auth_profile_id is not None and p.auth_profile_id != binding.auth_profile_id:
+            _log.warning(
+                "codex app-server compaction refused: auth profile mismatch",
+                **self._fields(thread_id=binding.thread_id),
+            )
+            return self._native_failure(AUTH_PROFILE_MISMATCH, T.NATIVE_FAILED)
+        _log.info(
+            "started codex app-server compaction", **self._fields(thread_id=binding.thread_id)
+        )
+        try:
+            if hasattr(self.app_server, "compact_thread"):
+                report = await self._compact_with(self.app_server, binding)
+            else:
+                factory: AppServerFactory = self.app_server
+                async with factory(binding.auth_profile_id) as server:
+                    report = await self._compact_with(server, binding)
+        except (AppServerError, OSError) as err:
+            _log.warning(
+                "codex app-server compaction failed",
+                **self._fields(thread_id=binding.thread_id, error=format_error(err)),
+            )
+            reason = redact_text(str(err).strip()) or "codex app-server compaction failed"
+            return self._native_failure(reason, T.NATIVE_FAILED)
+        return self._native_outcome(binding, report)
+
+    async def _compact_with(
+        self, server: NativeCompactor, binding: ThreadBinding
+    ) -> CompactionResult:
+        p = self.params
+        return await server.compact_thread(
+            binding.thread_id,
+            timeout=p.native_timeout,
+            interrupt_grace=p.interrupt_grace,
+            developer_instructions=p.developer_instructions,
+            cwd=binding.cwd or p.workspace_dir,
+        )
+
+    def _native_outcome(self, binding: ThreadBinding, report: CompactionResult) -> _Native:
+        fields = self._fields(
+            thread_id=binding.thread_id,
+            status=report.status,
+            duration_ms=report.duration_ms,
+            interrupted=report.interrupted,
+            retired=report.retired,
+        )
+        if report.compacted:
+            # Codex reported the compaction itself; a compaction turn that then had to be
+            # interrupted does not undo it (the summary is already the thread's history).
+            _log.info("completed codex app-server compaction", **fields)
+            details: dict[str, Any] = {
+                "backend": NATIVE_BACKEND,
+                "ownsCompaction": self.owns,
+                "threadId": binding.thread_id,
+                "signal": report.signal,
+            }
+            if report.turn_id is not None:
+                details["turnId"] = report.turn_id
+            if report.item_id is not None:
+                details["itemId"] = report.item_id
+            result = CompactResult(
+                ok=True,
+                compacted=True,
+                result=CompactDetails(
+                    summary="",
+                    first_kept_entry_id="",
+                    tokens_before=self.params.current_token_count or 0,
+                    details=details,
+                ),
+            )
+            return _Native(result, T.NATIVE_COMPACTED, report)
+        _log.warning("codex app-server compaction did not complete", **fields)
+        if report.status == "timed_out":
+            reason = f"timed out waiting for codex app-server compaction for {binding.thread_id}"
+            return _Native(
+                CompactResult(ok=False, compacted=False, reason=reason), T.NATIVE_TIMED_OUT, report
+            )
+        reason = report.error or f"codex app-server compaction {report.status}"
+        return _Native(
+            CompactResult(ok=False, compacted=False, reason=reason), T.NATIVE_FAILED, report
+        )
+
+    # -- the report ----------------------------------------------------------------------
+
+    def _native_for_report(self) -> CompactResult:
+        """Native's result; a run that never reached native compaction had no binding."""
+        if self.native is not None:
+            return self.native.result
+        return CompactResult(ok=False, compacted=False, reason=NO_THREAD_BINDING)
+
+    def _build_result(self) -> CompactResult:
+        native = self._native_for_report()
+        if not self.owns:
+            return native
+        native_details = native.result.details if native.result is not None else None
+        if self.primary_error is not None:
+            reason = self.primary_error
+            return CompactResult(
+                ok=False,
+                compacted=native.compacted,
+                reason=reason,
+                result=CompactDetails(
+                    summary=(native.result.summary if native.result else None) or "",
+                    first_kept_entry_id=(
+                        native.result.first_kept_entry_id if native.result else None
+                    )
+                    or "",
+                    tokens_before=(
+                        native.result.tokens_before
+                        if native.result is not None
+                        else self.params.current_token_count or 0
+                    ),
+                    tokens_after=native.result.tokens_after if native.result else None,
+                    details=_merge_details(native_details, native, reason),
+                ),
+            )
+        primary = self.primary
+        assert primary is not None  # the engine ran and either failed or returned this
+        if primary.result is not None:
+            result = attrs.evolve(
+                primary.result,
+                summary=primary.result.summary or "",
+                first_kept_entry_id=primary.result.first_kept_entry_id or "",
+                details=_merge_details(primary.result.details, native, None),
+            )
+        else:
+            # OpenClaw's review fix on #70809: synthesise a result so native status survives.
+            result = CompactDetails(
+                summary="",
+                first_kept_entry_id="",
+                tokens_before=(
+                    native.result.tokens_before
+                    if native.result is not None
+                    else self.params.current_token_count or 0
+                ),
+                details=_merge_details(None, native, None),
+            )
+        return CompactResult(
+            ok=primary.ok, compacted=primary.compacted, reason=primary.reason, result=result
+        )
+
+
+def _native_status(native: CompactResult) -> dict[str, Any]:
+    """``details["codexNativeCompaction"]``."""
+    if native.ok and native.compacted:
+        return {
+            "ok": True,
+            "compacted": True,
+            "details": native.result.details if native.result is not None else None,
+        }
+    return {"ok": False, "compacted": False, "reason": native.reason}
+
+
+def _merge_details(primary_details: Any, native: CompactResult, engine_failure: str | None) -> Any:
+    """OpenClaw's merge: the primary's details plus the native status (and engine failure).
+
+    A non-object ``primary_details`` is dropped in favour of the extras, as OpenClaw does.
+    """
+    extras: dict[str, Any] = {"codexNativeCompaction": _native_status(native)}
+    if engine_failure is not None:
+        extras["contextEngineCompaction"] = {"ok": False, "reason": engine_failure}
+    if isinstance(primary_details, Mapping):
+        return {**primary_details, **extras}
+    return extras
