@@ -49,7 +49,9 @@ def main(argv: list[str]) -> int:
         return 2
     ensure_environment()
     if argv[0] == "demo":
-        return _run(PYTHON, "-m", "codex_turn", "demo")
+        return _run(PYTHON, "-m", "codex_turn", "diagrams") or _run(
+            PYTHON, "-m", "codex_turn", "demo"
+        )
     for check in (
         (PYTHON, "-m", "ruff", "check", "."),
         (PYTHON, "-m", "mypy"),
