@@ -659,3 +659,58 @@ async def test_lifecycle_log_events_carry_ids_and_counts_but_no_content(
     assert finished["turn_id"] == result.turn_id
     assert set(finished["durations_ms"]) >= {"ASSEMBLING", "RUNNING_TURN", "FINALIZING"}
     assert "Nightjar" not in repr(records)
+
+
+# --- after an engine compaction (issue 7, item 4) ------------------------------------------
+
+
+async def test_after_an_engine_compaction_the_next_turn_rotates_and_reprojects(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
+
+    state = {"epoch": 1, "summary": "nothing yet"}
+
+    def assemble(p: Any) -> AssembleResult:
+        return AssembleResult(
+            messages=[assistant(f"summary: {state['summary']}"), *p.messages[-2:]],
+            estimated_tokens=10,
+            context_projection=ContextProjection(
+                mode="thread_bootstrap", epoch=f"epoch-{state['epoch']}"
+            ),
+        )
+
+    def compact(_: Any) -> dict[str, Any]:
+        state["epoch"] += 1
+        state["summary"] = "COMPACTED-SUMMARY-77"
+        return {"ok": True, "compacted": True, "result": {"summary": "s", "tokensBefore": 9}}
+
+    engine = RecordingEngine(
+        engine_id="lossless-claw",
+        owns_compaction=True,
+        responses={"assemble": assemble, "compact": compact},
+    )
+    first = await run_codex_turn(params(prompt="turn one"), app_server=appserver, engine=engine)
+    second = await run_codex_turn(params(prompt="turn two"), app_server=appserver, engine=engine)
+    assert second.thread_id == first.thread_id
+    assert not second.projected
+
+    compacted = await compact_codex_session(
+        CompactSessionParams(session_id="session-1", session_file=params().session_file),
+        app_server=appserver,
+        engine=engine,
+    )
+    assert compacted.ok
+    assert compacted.compacted
+    binding = read_binding(params().session_file)
+    assert binding is not None
+    assert binding.context_engine is not None
+    assert binding.context_engine.projection is None  # cleared: the thread is stale
+
+    third = await run_codex_turn(params(prompt="turn three"), app_server=appserver, engine=engine)
+    assert third.thread_id != first.thread_id
+    assert third.thread_decision is not None
+    assert third.thread_decision.action.value == "rotate"
+    assert third.projected
+    text = offline_model.turn_requests()[-1].last_user_text
+    assert "COMPACTED-SUMMARY-77" in text  # the compacted context reached the model

@@ -23,7 +23,9 @@ projection epoch holds; per-turn projections always get a fresh thread.
 Cancellation: cancelling the caller's scope interrupts the Codex turn; mirroring and
 finalizing still run, shielded and bounded by ``cleanup_timeout``, maintenance is skipped as
 aborted, ``hooks.on_turn_end`` (when given) receives the result, and the cancellation then
-propagates. Two turns on one session file are serialized (``concurrency="wait"``, bounded by
+propagates. A cancellation after Codex finished (or the cleanup deadline) ends the stage it
+cut short (mirror, finalize, maintenance) as failed, and the result is delivered the same way.
+Two turns on one session file are serialized (``concurrency="wait"``, bounded by
 ``session_wait_timeout``) or the second is refused with :class:`~codex_turn.fsm.TurnBusy`.
 """
 
@@ -97,7 +99,7 @@ from codex_turn.harness.lifecycle import (
     finalize_context_engine_turn,
     run_context_engine_maintenance,
 )
-from codex_turn.harness.session import load_session_messages, mirror_turn
+from codex_turn.harness.session import MessageHistory, load_session_messages, mirror_turn
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
@@ -281,12 +283,15 @@ class _Turn:
         try:
             messages = await anyio.to_thread.run_sync(load_session_messages, self.session_file)
         except Exception as error:
-            self.log.warning(
-                "failed to read mirrored session history for codex harness hooks",
-                error=format_error(error),
-            )
+            self.warn_history_read_failed(error)
             return None
-        return list(messages)
+        return _message_list(messages)
+
+    def warn_history_read_failed(self, error: Exception) -> None:
+        self.log.warning(
+            "failed to read mirrored session history for codex harness hooks",
+            error=format_error(error),
+        )
 
     def base_instructions(self) -> str | None:
         return join_sections(
@@ -296,12 +301,21 @@ class _Turn:
     # -- stages -------------------------------------------------------------------------
 
     async def stage_read_history(self) -> None:
-        history = await self.read_history()
-        self.binding = await anyio.to_thread.run_sync(read_binding, self.session_file)
-        if history is None:
+        # One worker-thread hop for both reads (read_binding never raises).
+        def read_both() -> tuple[Sequence[AgentMessage] | Exception, ThreadBinding | None]:
+            messages: Sequence[AgentMessage] | Exception
+            try:
+                messages = load_session_messages(self.session_file)
+            except Exception as error:
+                messages = error
+            return messages, read_binding(self.session_file)
+
+        messages, self.binding = await anyio.to_thread.run_sync(read_both)
+        if isinstance(messages, Exception):
+            self.warn_history_read_failed(messages)
             self.fire(TurnTrigger.HISTORY_READ_FAILED)
         else:
-            self.history = history
+            self.history = _message_list(messages)
             self.fire(TurnTrigger.HISTORY_READ)
 
     async def stage_bootstrap(self) -> None:
@@ -318,10 +332,12 @@ class _Turn:
             runtime_context=self.runtime_context(),
         )
         # Bootstrap may have written to the transcript (OpenClaw test A3): read it again,
-        # keeping the previous history if the re-read fails.
-        reread = await self.read_history()
-        if reread is not None:
-            self.history = reread
+        # keeping the previous history if the re-read fails. A skipped bootstrap called
+        # nothing, so the history is unchanged.
+        if outcome.status != "skipped":
+            reread = await self.read_history()
+            if reread is not None:
+                self.history = reread
         self.log.info(
             "codex context engine bootstrap "
             + ("failed" if outcome.status == "failed" else "completed"),
@@ -655,6 +671,7 @@ class _Turn:
             return
         finally:
             self.live_handle = None
+        self.log = self.log.bind(turn_id=self.codex.turn_id)
         status = self.codex.outcome
         if status is CodexTurnStatus.COMPLETED:
             self.fire(TurnTrigger.TURN_COMPLETED)
@@ -804,6 +821,21 @@ class _Turn:
         trigger = outcome.trigger or TurnTrigger.MAINTENANCE_FAILED
         self.fire(trigger)
 
+    def end_cut_stage(self) -> None:
+        """End a cleanup stage cut short (by the caller's cancellation or the cleanup
+        deadline) as failed, so the trace is a complete path, the result is delivered, and
+        nothing maintains after an interrupted finalize."""
+        for state, trigger in (
+            (TurnState.MIRRORING, TurnTrigger.MIRROR_FAILED),
+            (TurnState.FINALIZING, TurnTrigger.FINALIZE_FAILED),
+            (TurnState.MAINTAINING, TurnTrigger.MAINTENANCE_FAILED),
+        ):
+            if self.fsm.state is state and self.fsm.allows(trigger):
+                self.log.warning("codex turn cleanup cut short", stage=state.value)
+                if trigger is TurnTrigger.MAINTENANCE_FAILED:
+                    self.maintenance = MaintenanceReport(status="failed")
+                self.fire(trigger)
+
     def partial_result(
         self, handle_box: list[Any], status: CodexTurnStatus, error: str | None
     ) -> CodexTurnResult:
@@ -852,6 +884,13 @@ class _Turn:
             native_compactions=self.fsm.native_compactions,
             trace=tuple(self.fsm.trace),
         )
+
+
+def _message_list(messages: Sequence[AgentMessage]) -> list[AgentMessage]:
+    """A fresh list of the read messages; a C-level slice for the cache's O(1) view."""
+    if isinstance(messages, MessageHistory):
+        return messages.to_list()
+    return list(messages)
 
 
 def _spec_dicts(tools: Iterable[DynamicTool]) -> list[dict[str, Any]]:
@@ -961,7 +1000,11 @@ async def _run_locked(
         engine_active=active,
         had_session_file=had_session_file,
         engine_maintains=active and optional_method(engine, "maintain") is not None,
-        background_maintenance=info is not None and info.turn_maintenance_mode == "background",
+        # Deferring needs somewhere to run: without a scheduler the lifecycle runs background
+        # maintenance inline (it reports "ran"/"failed", never "deferred").
+        background_maintenance=info is not None
+        and info.turn_maintenance_mode == "background"
+        and scheduler is not None,
     )
     log = _log.bind(
         session_id=params.session_id,
@@ -1008,22 +1051,30 @@ async def _run_locked(
             cancelled_during_turn = error
         # Mirror and finalize always follow a turn that ran: shielded, and bounded when the
         # caller is gone (a cancellation or a crash must not lose the user's prompt).
-        with anyio.CancelScope(shield=cancelled_during_turn is not None) as cleanup:
-            if cancelled_during_turn is not None:
-                cleanup.deadline = anyio.current_time() + params.cleanup_timeout
-            await turn.stage_mirror()
-            await turn.stage_finalize()
-            if cancelled_during_turn is None:
-                await turn.stage_maintain()
-        if cancelled_during_turn is not None:
-            await turn.stage_maintain()  # an aborted turn never maintains: records the skip
+        cancelled_late: BaseException | None = None
+        try:
+            with anyio.CancelScope(shield=cancelled_during_turn is not None) as cleanup:
+                if cancelled_during_turn is not None:
+                    cleanup.deadline = anyio.current_time() + params.cleanup_timeout
+                await turn.stage_mirror()
+                await turn.stage_finalize()
+                if cancelled_during_turn is None:
+                    await turn.stage_maintain()
+        except cancelled as error:
+            # The caller left after Codex had finished (mirror, finalize or maintenance).
+            cancelled_late = error
+        turn.end_cut_stage()
+        cancellation = cancelled_during_turn or cancelled_late
+        if cancellation is not None:
+            if not any(e.dest == TurnState.MAINTAINING.name for e in turn.fsm.trace):
+                await turn.stage_maintain()  # an aborted turn never maintains: records the skip
             with anyio.CancelScope(shield=True):
                 await _deliver(turn, on_turn_end)
-            raise cancelled_during_turn
+            raise cancellation
         return await _deliver(turn, on_turn_end)
     finally:
         turn.fsm.close()
-        log.info(
+        turn.log.info(
             "codex turn finished",
             state=turn.fsm.state_name,
             outcome=turn.fsm.outcome.value if turn.fsm.outcome else None,
