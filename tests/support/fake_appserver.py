@@ -1,0 +1,510 @@
+"""An in-process fake of the Codex app-server, scriptable per turn, for orchestrator tests.
+
+Test support, not product. :class:`FakeAppServer` implements exactly the part of
+:class:`codex_turn.harness.appserver.AppServer` that :func:`codex_turn.run_codex_turn` uses:
+
+* ``await start_thread(*, developer_instructions, cwd, model, tools, **kw) -> ThreadResult``
+* ``await resume_thread(thread_id, *, developer_instructions, cwd, model, tools, **kw)``
+* ``async with turn(thread_id, input, *, prompt, images, model, ...) as handle``, where
+  ``handle`` is the REAL :class:`~codex_turn.harness.appserver.TurnHandle` (so ``collect``'s
+  idle/turn timeouts, ``interrupt`` sent once, ``projector``, ``result`` and the
+  end-of-stream -> :class:`AppServerClosed` mapping are the product's own code) reading
+  notifications from a scripted in-memory stream, and folding them with the REAL
+  :class:`~codex_turn.harness.appserver.TurnProjector` (snapshots, mirror identities and
+  idempotency scope are therefore realistic). Like ``AppServerClient.turn``, leaving the
+  block before ``turn/completed`` (cancellation, an exception) interrupts the turn, shielded,
+  and waits for its end, unless the server is closed.
+
+What Codex does in a turn is a :class:`CodexScript` (reply, reasoning, in-turn native
+compaction, token usage, and how the turn ends). Endings:
+
+``completed``  the reply as an ``agentMessage`` and ``turn/completed`` ``completed``;
+``failed``     an ``error`` notification, then ``turn/completed`` ``failed`` with
+               ``error.message`` = ``script.error_message`` (a prompt error);
+``interrupted`` Codex ends the turn ``interrupted`` on its own (an abort from elsewhere);
+``yield``      the model calls the dynamic tool ``sessions_yield`` (the orchestrator's, offered
+               with ``TurnParams(yield_tool=True)``); the fake runs it through the thread's
+               :class:`ToolRegistry` like Codex's ``item/tool/call``. The orchestrator's tool
+               interrupts the turn, so it ends ``interrupted``; when the tool is not offered the
+               model gets "unknown tool" and the turn completes normally with the reply;
+``hang``       no more notifications until interrupted (an idle timeout or ``turn_timeout``
+               fires in ``collect``, which interrupts; the fake then ends ``interrupted``);
+``closed``     the process dies mid-turn: the stream ends and ``TurnHandle`` raises
+               :class:`AppServerClosed` (the next call behaves like a restarted process);
+``cancel``     calls ``server.cancel_caller()`` (set it to the caller's ``CancelScope.cancel``)
+               and then hangs: the caller's cancellation interrupts the turn.
+
+``partial`` streams an ``agentMessage`` delta that never completes before a non-completed
+ending (a dangling item: never mirrored as the reply). ``turn_start_error`` makes
+``turn/start`` itself fail. Thread-level failures are attributes, applied to every call while
+set: ``start_error`` (``thread/start``) and ``resume_error`` (``thread/resume``; resuming an
+unknown thread also fails, as Codex reports a missing rollout).
+
+Scripts are consumed one per ``turn()`` from ``server.scripts`` (``default`` when empty).
+Everything is recorded in ``server.calls`` (:class:`FakeCall`: ``start_thread``,
+``resume_thread``, ``turn``, ``interrupt``), with helpers :meth:`FakeAppServer.turn_inputs`
+and :meth:`FakeAppServer.methods`.
+
+Example::
+
+    server = FakeAppServer(scripts=[CodexScript(reply="hi", ending="hang")])
+    result = await run_codex_turn(params_with_short_idle_timeout, app_server=server)
+    assert result.outcome is TurnOutcome.TIMED_OUT
+    assert server.methods() == ["start_thread", "turn", "interrupt"]
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from codex_turn.harness.appserver import (
+    AppServerClosed,
+    AppServerError,
+    AppServerRpcError,
+    DynamicTool,
+    Notification,
+    ThreadResult,
+    ToolRegistry,
+    TurnHandle,
+    TurnProjector,
+)
+from codex_turn.harness.appserver.types import TextInput, ThreadInfo, UserInput
+
+__all__ = ["ENDINGS", "CodexScript", "FakeAppServer", "FakeCall"]
+
+Ending = Literal["completed", "failed", "interrupted", "yield", "hang", "closed", "cancel"]
+ENDINGS: tuple[Ending, ...] = (
+    "completed",
+    "failed",
+    "interrupted",
+    "yield",
+    "hang",
+    "closed",
+    "cancel",
+)
+Compaction = Literal["none", "completed", "started_only", "legacy"]
+
+DEFAULT_USAGE: Mapping[str, int] = {
+    "totalTokens": 150,
+    "inputTokens": 120,
+    "cachedInputTokens": 20,
+    "cacheWriteInputTokens": 0,
+    "outputTokens": 30,
+    "reasoningOutputTokens": 0,
+}
+
+
+@attrs.frozen(kw_only=True)
+class CodexScript:
+    """What the fake Codex does in one turn (see the module docstring for the endings)."""
+
+    reply: str | None = "Done."
+    reasoning: str | None = None
+    ending: Ending = "completed"
+    error_message: str = "codex turn failed: model said no"
+    compaction: Compaction = "none"
+    partial: str | None = None
+    usage: Mapping[str, int] | None = DEFAULT_USAGE
+    turn_start_error: AppServerError | None = None
+    yield_tool: str = "sessions_yield"
+
+
+@attrs.define
+class FakeCall:
+    method: str
+    args: dict[str, Any]
+
+
+# Script steps other than notifications.
+@attrs.frozen
+class _ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+
+class _Hang:
+    pass
+
+
+class _Close:
+    pass
+
+
+class _CancelCaller:
+    pass
+
+
+Step = Notification | _ToolCall | _Hang | _Close | _CancelCaller
+
+
+class _ScriptedStream:
+    """The receive side of a turn's notification stream, pulled by the real TurnHandle."""
+
+    def __init__(
+        self, server: FakeAppServer, thread_id: str, turn_id: str, steps: Iterable[Step]
+    ) -> None:
+        self.server = server
+        self.thread_id = thread_id
+        self.turn_id = turn_id
+        self.steps: collections.deque[Step] = collections.deque(steps)
+        self.interrupted = anyio.Event()
+        self.completed = False
+
+    def _end(self, status: str, error: str | None = None) -> Notification:
+        self.completed = True
+        return Notification(
+            "turn/completed",
+            {
+                "threadId": self.thread_id,
+                "turn": {
+                    "id": self.turn_id,
+                    "items": [],
+                    "status": status,
+                    "error": None if error is None else {"message": error},
+                    "durationMs": 7,
+                },
+            },
+        )
+
+    async def receive(self) -> Notification:
+        await anyio.lowlevel.checkpoint()
+        while True:
+            if self.server.closed or self.completed:
+                raise anyio.EndOfStream
+            if self.interrupted.is_set():
+                return self._end("interrupted")
+            if not self.steps:
+                await self.interrupted.wait()  # a script without an end hangs
+                continue
+            step = self.steps.popleft()
+            if isinstance(step, Notification):
+                if step.method == "turn/completed":
+                    self.completed = True
+                return step
+            if isinstance(step, _ToolCall):
+                await self.server._call_tool(self.thread_id, step.name, step.arguments)
+            elif isinstance(step, _Hang):
+                await self.interrupted.wait()
+            elif isinstance(step, _Close):
+                self.server._die()
+                raise anyio.EndOfStream
+            else:
+                self.server.cancel_caller()
+
+
+class FakeAppServer:
+    """See the module docstring. All knobs are plain attributes; change them between turns."""
+
+    def __init__(
+        self,
+        *,
+        scripts: Iterable[CodexScript] = (),
+        default: CodexScript | None = None,
+        provider: str = "fake",
+        model: str = "fake-model",
+    ) -> None:
+        self.scripts: collections.deque[CodexScript] = collections.deque(scripts)
+        self.default = default or CodexScript()
+        self.provider = provider
+        self.model = model
+        self.start_error: AppServerError | None = None
+        self.resume_error: AppServerError | None = None
+        self.closed_error: AppServerClosed | None = None
+        self.cancel_caller: Callable[[], None] = _no_caller
+        self.calls: list[FakeCall] = []
+        self.threads: dict[str, ToolRegistry] = {}
+        self._active: dict[tuple[str, str], _ScriptedStream] = {}
+        self._ids = itertools.count(1)
+
+    # --- inspection ----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_error is not None
+
+    def methods(self) -> list[str]:
+        return [call.method for call in self.calls]
+
+    def calls_to(self, method: str) -> list[FakeCall]:
+        return [call for call in self.calls if call.method == method]
+
+    def turn_inputs(self) -> list[str]:
+        """The text of every ``turn/start`` (what the model was asked)."""
+        return [call.args["text"] for call in self.calls_to("turn")]
+
+    # --- the AppServer subset ------------------------------------------------------------
+
+    async def start_thread(
+        self,
+        *,
+        cwd: str | None = None,
+        developer_instructions: str | None = None,
+        model: str | None = None,
+        tools: Iterable[DynamicTool] | None = None,
+        **kwargs: Any,
+    ) -> ThreadResult:
+        await anyio.lowlevel.checkpoint()
+        registry = ToolRegistry(tools or ())
+        self.calls.append(
+            FakeCall(
+                "start_thread",
+                {
+                    "cwd": cwd,
+                    "developer_instructions": developer_instructions,
+                    "model": model,
+                    "tools": registry.names,
+                    **kwargs,
+                },
+            )
+        )
+        self._restart_if_dead()
+        if self.start_error is not None:
+            raise self.start_error
+        thread_id = f"thread-{next(self._ids)}"
+        self.threads[thread_id] = registry
+        return self._thread_result(thread_id, model)
+
+    async def resume_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: Iterable[DynamicTool] | None = None,
+        **kwargs: Any,
+    ) -> ThreadResult:
+        await anyio.lowlevel.checkpoint()
+        registry = ToolRegistry(tools or ())
+        self.calls.append(
+            FakeCall(
+                "resume_thread",
+                {
+                    "thread_id": thread_id,
+                    "cwd": cwd,
+                    "developer_instructions": developer_instructions,
+                    "model": model,
+                    "tools": registry.names,
+                    **kwargs,
+                },
+            )
+        )
+        self._restart_if_dead()
+        if self.resume_error is not None:
+            raise self.resume_error
+        if thread_id not in self.threads:
+            raise AppServerRpcError(-32600, f"no rollout found for thread id {thread_id}")
+        # Codex froze the tool set at thread/start; the tools are bound locally only.
+        self.threads[thread_id] = registry
+        return self._thread_result(thread_id, model)
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self,
+        thread_id: str,
+        input: str | Sequence[UserInput],
+        *,
+        prompt: str | None = None,
+        images: Sequence[str] = (),
+        provider: str | None = None,
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> AsyncIterator[TurnHandle]:
+        await anyio.lowlevel.checkpoint()
+        text = (
+            input
+            if isinstance(input, str)
+            else "\n".join(i.text for i in input if isinstance(i, TextInput))
+        )
+        script = self.scripts.popleft() if self.scripts else self.default
+        self.calls.append(
+            FakeCall(
+                "turn",
+                {
+                    "thread_id": thread_id,
+                    "text": text,
+                    "prompt": prompt,
+                    "images": list(images),
+                    "model": model,
+                },
+            )
+        )
+        self._restart_if_dead()
+        if script.turn_start_error is not None:
+            raise script.turn_start_error
+        if thread_id not in self.threads:
+            raise AppServerRpcError(-32600, f"thread not loaded: {thread_id}")
+        turn_id = f"turn-{next(self._ids)}"
+        stream = _ScriptedStream(self, thread_id, turn_id, _steps(script, thread_id, turn_id))
+        self._active[(thread_id, turn_id)] = stream
+        projector = TurnProjector(
+            thread_id=thread_id,
+            prompt=text if prompt is None else prompt,
+            provider=provider or self.provider,
+            model=model or self.model,
+            turn_id=turn_id,
+        )
+        handle = TurnHandle(self, thread_id, turn_id, stream, projector)  # type: ignore[arg-type]
+        try:
+            yield handle
+        finally:
+            if not projector.done and not self.closed:
+                with anyio.CancelScope(shield=True):
+                    await handle._abandon()
+            self._active.pop((thread_id, turn_id), None)
+
+    # --- what TurnHandle needs from its client ----------------------------------------------
+
+    async def interrupt_turn(self, thread_id: str, turn_id: str, *, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        await anyio.lowlevel.checkpoint()
+        self.calls.append(FakeCall("interrupt", {"thread_id": thread_id, "turn_id": turn_id}))
+        if self.closed_error is not None:
+            raise self.closed_error
+        stream = self._active.get((thread_id, turn_id))
+        if stream is None or stream.completed:
+            raise AppServerRpcError(-32600, "no active turn to interrupt")
+        stream.interrupted.set()
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _thread_result(self, thread_id: str, model: str | None) -> ThreadResult:
+        return ThreadResult(
+            thread=ThreadInfo(id=thread_id, model=model or self.model),
+            model=model or self.model,
+            model_provider=self.provider,
+        )
+
+    def _restart_if_dead(self) -> None:
+        # The real AppServer restarts a crashed process on the next call.
+        self.closed_error = None
+
+    def _die(self) -> None:
+        self.closed_error = AppServerClosed("codex app-server exited", returncode=137)
+
+    async def _call_tool(self, thread_id: str, name: str, arguments: Mapping[str, Any]) -> None:
+        registry = self.threads.get(thread_id, ToolRegistry())
+        response = await registry.call(name, dict(arguments))
+        self.calls.append(FakeCall("tool_call", {"name": name, "success": response.get("success")}))
+
+
+def _no_caller() -> None:
+    raise AssertionError("CodexScript(ending='cancel') needs server.cancel_caller")
+
+
+def _steps(script: CodexScript, thread_id: str, turn_id: str) -> list[Step]:
+    def note(method: str, **params: Any) -> Notification:
+        return Notification(method, {"threadId": thread_id, "turnId": turn_id, **params})
+
+    def item(method: str, kind: str, item_id: str, **fields: Any) -> Notification:
+        return note(method, item={"type": kind, "id": item_id, **fields})
+
+    steps: list[Step] = [
+        Notification(
+            "turn/started",
+            {"threadId": thread_id, "turn": {"id": turn_id, "status": "inProgress", "items": []}},
+        ),
+        item("item/started", "userMessage", f"{turn_id}-user", content=[]),
+        item("item/completed", "userMessage", f"{turn_id}-user", content=[]),
+    ]
+    if script.compaction != "none":
+        compaction_id = f"{turn_id}-compaction"
+        if script.compaction == "legacy":
+            steps.append(note("thread/compacted"))
+        else:
+            steps.append(item("item/started", "contextCompaction", compaction_id))
+            if script.compaction == "completed":
+                steps.append(item("item/completed", "contextCompaction", compaction_id))
+    if script.reasoning is not None:
+        reasoning_id = f"{turn_id}-reasoning"
+        steps += [
+            item("item/started", "reasoning", reasoning_id, summary=[], content=[]),
+            note(
+                "item/reasoning/summaryTextDelta",
+                itemId=reasoning_id,
+                summaryIndex=0,
+                delta=script.reasoning,
+            ),
+            item("item/completed", "reasoning", reasoning_id, summary=[], content=[]),
+        ]
+
+    def reply() -> list[Step]:
+        if script.reply is None:
+            return []
+        reply_id = f"{turn_id}-reply"
+        return [
+            item("item/started", "agentMessage", reply_id, text=""),
+            note("item/agentMessage/delta", itemId=reply_id, delta=script.reply),
+            item("item/completed", "agentMessage", reply_id, text=script.reply),
+        ]
+
+    def partial() -> list[Step]:
+        if script.partial is None:
+            return []
+        partial_id = f"{turn_id}-partial"
+        return [
+            item("item/started", "agentMessage", partial_id, text=""),
+            note("item/agentMessage/delta", itemId=partial_id, delta=script.partial),
+        ]
+
+    usage: list[Step] = (
+        []
+        if script.usage is None
+        else [
+            note(
+                "thread/tokenUsage/updated",
+                tokenUsage={"last": dict(script.usage), "modelContextWindow": 200_000},
+            )
+        ]
+    )
+
+    def completed(status: str, error: str | None = None) -> Notification:
+        return Notification(
+            "turn/completed",
+            {
+                "threadId": thread_id,
+                "turn": {
+                    "id": turn_id,
+                    "items": [],
+                    "status": status,
+                    "error": None if error is None else {"message": error},
+                    "durationMs": 5,
+                },
+            },
+        )
+
+    ending = script.ending
+    if ending == "completed":
+        steps += [*reply(), *usage, completed("completed")]
+    elif ending == "failed":
+        steps += [
+            *partial(),
+            note("error", error={"message": script.error_message}, willRetry=False),
+            completed("failed", script.error_message),
+        ]
+    elif ending == "interrupted":
+        steps += [*partial(), *usage, completed("interrupted")]
+    elif ending == "yield":
+        call_id = f"{turn_id}-yield"
+        steps += [
+            *reply(),
+            item("item/started", "dynamicToolCall", call_id, tool=script.yield_tool),
+            _ToolCall(script.yield_tool, {}),
+            item("item/completed", "dynamicToolCall", call_id, tool=script.yield_tool),
+            *usage,
+            completed("completed"),
+        ]
+    elif ending == "hang":
+        steps += [*partial(), *usage, _Hang()]
+    elif ending == "closed":
+        steps += [*partial(), _Close()]
+    else:  # cancel
+        steps += [*partial(), _CancelCaller(), _Hang()]
+    return steps
