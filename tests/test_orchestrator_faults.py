@@ -1219,3 +1219,55 @@ def test_cleanup_cut_short_is_delivered_with_a_complete_trace(
     assert (result.maintenance.status, result.maintenance.skip_reason) == maintenance
     assert obs.engine.methods().count("after_turn") == 1  # never re-run after the cut
     assert sum(_is_prompt(m, obs.prompt) for m in obs.transcript) == 1
+
+
+def test_a_cancellation_while_mirroring_still_lets_the_engine_see_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller leaves after Codex finished, while the transcript is being written: the
+    mirror completes and finalize still runs (bounded), so the engine never misses a turn
+    that reached the transcript (OpenClaw #121515), and the cancellation then propagates."""
+    import codex_turn.harness.orchestrator as orchestrator
+
+    ex = Example(script=CodexScript(reply=REPLY))
+    workdir = tempfile.mkdtemp(prefix="codex-turn-faults-")
+    real_mirror = orchestrator.mirror_turn
+    cancel: list[Callable[[], None]] = []
+
+    def mirror_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        # Runs in a worker thread: the caller leaves (on the event loop) while it writes.
+        anyio.from_thread.run_sync(cancel[0])
+        return real_mirror(*args, **kwargs)
+
+    monkeypatch.setattr(orchestrator, "mirror_turn", mirror_then_cancel)
+    delivered: list[TurnResult] = []
+
+    async def on_turn_end(result: TurnResult) -> None:
+        delivered.append(result)
+
+    async def main() -> tuple[bool, RecordingEngine, list[dict[str, Any]]]:
+        session_file = os.path.join(workdir, "session.jsonl")
+        engine = RecordingEngine()
+        with anyio.CancelScope() as caller:
+            cancel.append(caller.cancel)
+            await run_codex_turn(
+                _params(ex, session_file, workdir, "mirror me"),
+                app_server=FakeAppServer(scripts=[ex.script]),
+                engine=engine,
+                on_turn_end=on_turn_end,
+            )
+        transcript = [dict(m) for m in load_session_messages(session_file)]
+        clear_session_cache(session_file)
+        return caller.cancelled_caught, engine, transcript
+
+    try:
+        cancelled, engine, transcript = anyio.run(main)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert cancelled
+    (result,) = delivered
+    triggers = [entry.trigger for entry in result.trace]
+    assert triggers[-4:-1] == ["turn_completed", "mirrored", "finalized"]
+    assert len(engine.calls_to("after_turn")) == 1
+    assert engine.calls_to("maintain") == []  # the caller is gone: maintenance is cut
+    assert sum(_is_prompt(m, "mirror me") for m in transcript) == 1

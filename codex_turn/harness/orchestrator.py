@@ -821,6 +821,10 @@ class _Turn:
         trigger = outcome.trigger or TurnTrigger.MAINTENANCE_FAILED
         self.fire(trigger)
 
+    async def mirror_and_finalize(self) -> None:
+        await self.stage_mirror()
+        await self.stage_finalize()
+
     def end_cut_stage(self) -> None:
         """End a cleanup stage cut short (by the caller's cancellation or the cleanup
         deadline) as failed, so the trace is a complete path, the result is delivered, and
@@ -1049,22 +1053,21 @@ async def _run_locked(
             await turn.stage_run_turn()
         except cancelled as error:
             cancelled_during_turn = error
-        # Mirror and finalize always follow a turn that ran: shielded, and bounded when the
-        # caller is gone (a cancellation or a crash must not lose the user's prompt).
-        cancelled_late: BaseException | None = None
-        try:
-            with anyio.CancelScope(shield=cancelled_during_turn is not None) as cleanup:
-                if cancelled_during_turn is not None:
-                    cleanup.deadline = anyio.current_time() + params.cleanup_timeout
-                await turn.stage_mirror()
-                await turn.stage_finalize()
-                if cancelled_during_turn is None:
-                    await turn.stage_maintain()
-        except cancelled as error:
-            # The caller left after Codex had finished (mirror, finalize or maintenance).
-            cancelled_late = error
+        # Mirror and finalize always follow a turn that ran: a cancellation, before or during
+        # them, cannot lose the user's prompt or the engine's view of the turn; it only bounds
+        # them (cleanup_timeout), then propagates.
+        cancellation = await _protected(
+            turn.mirror_and_finalize,
+            bound=params.cleanup_timeout,
+            caller_gone=cancelled_during_turn is not None,
+        )
+        cancellation = cancelled_during_turn or cancellation
+        if cancellation is None:
+            try:
+                await turn.stage_maintain()
+            except cancelled as error:  # the caller left during foreground maintenance
+                cancellation = error
         turn.end_cut_stage()
-        cancellation = cancelled_during_turn or cancelled_late
         if cancellation is not None:
             if not any(e.dest == TurnState.MAINTAINING.name for e in turn.fsm.trace):
                 await turn.stage_maintain()  # an aborted turn never maintains: records the skip
@@ -1083,6 +1086,52 @@ async def _run_locked(
             duration_ms=round((time.monotonic() - started) * 1000, 1),
             durations_ms={k: round(v, 2) for k, v in turn.result().durations_ms.items()},
         )
+
+
+async def _protected(
+    work: Callable[[], Awaitable[None]], *, bound: float, caller_gone: bool
+) -> BaseException | None:
+    """Run ``work`` to completion despite the caller's cancellation, within ``bound``.
+
+    The work runs shielded in a child task. Unbounded while the caller waits (an engine's
+    ``after_turn`` may legitimately take long); once the caller is gone, already or meanwhile,
+    it gets ``bound`` more seconds and is then cut (the cut stage is ended as failed by the
+    caller). Returns the caller's cancellation, to be re-raised after the result is delivered.
+    """
+    cancelled = anyio.get_cancelled_exc_class()
+    scope = anyio.CancelScope(shield=True)
+    if caller_gone:
+        scope.deadline = anyio.current_time() + bound
+    done = anyio.Event()
+    caught: list[BaseException] = []
+    failures: list[Exception] = []
+
+    async def worker() -> None:
+        with scope:
+            try:
+                await work()
+            except Exception as error:  # re-raised below, outside the task group
+                failures.append(error)
+            finally:
+                done.set()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker)
+            try:
+                await done.wait()
+            except cancelled as error:
+                caught.append(error)
+                scope.deadline = min(scope.deadline, anyio.current_time() + bound)
+                with anyio.CancelScope(shield=True):
+                    await done.wait()
+                raise
+    except cancelled as error:
+        if not caught:
+            caught.append(error)
+    if failures:
+        raise failures[0]
+    return caught[0] if caught else None
 
 
 async def _deliver(
