@@ -294,12 +294,17 @@ async def test_a8_projects_thread_bootstrap_context_once_per_epoch(
             "epoch-1",
         )
         assert projection.fingerprint is None
+        sidecar = anyio.Path(str(p.session_file) + ".codex-app-server.json")
+        before = await sidecar.stat()
         mark = len(appserver.sent)
         second = await run_codex_turn(params(prompt="hello"), app_server=appserver, engine=engine)
+        after = await sidecar.stat()
 
     assert first.projected
     assert not second.projected
     assert second.thread_id == first.thread_id
+    # An unchanged binding is not rewritten on resume (no fsyncs per turn for nothing).
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     methods = [m["method"] for m in appserver.sent[mark:] if "id" in m and "method" in m]
     assert methods == ["thread/resume", "turn/start"]
     turn_start = [m["params"] for m in appserver.sent[mark:] if m.get("method") == "turn/start"]

@@ -219,11 +219,13 @@ class FinalizeOutcome:
 
 def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> list[AgentMessage]:
     """``messages`` without OpenClaw's hidden ``openclaw.runtime-context`` custom messages."""
+    # Runs over the whole history several times per turn: test the exact type first (JSON
+    # messages are plain dicts); the abstract Mapping check is ~3x slower per message.
     return [
         m
         for m in messages
         if not (
-            isinstance(m, Mapping)
+            (type(m) is dict or isinstance(m, Mapping))
             and m.get("role") == "custom"
             and m.get("customType") == RUNTIME_CONTEXT_CUSTOM_TYPE
         )

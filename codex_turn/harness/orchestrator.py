@@ -622,6 +622,13 @@ class _Turn:
         if keep_created and self.binding is not None:
             fields["created_at"] = self.binding.created_at
         binding = ThreadBinding(**fields)
+        previous = self.binding
+        if keep_created and previous is not None and binding == attrs.evolve(
+            previous, session_file=binding.session_file, updated_at=binding.updated_at
+        ):
+            # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn.
+            # ``updatedAt`` therefore says when the binding last changed.
+            return
         try:
             await anyio.to_thread.run_sync(write_binding, self.session_file, binding)
         except Exception as error:
