@@ -26,7 +26,7 @@ import enum
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 import attrs
 from transitions import Machine
@@ -57,9 +57,11 @@ Table = Mapping[Any, Sequence[Edge]]
 STATE_ATTRIBUTE = "state_name"
 
 
-@attrs.frozen
-class TraceEntry:
-    """One accepted trigger: where the model was, what fired, where it went, and when."""
+class TraceEntry(NamedTuple):
+    """One accepted trigger: where the model was, what fired, where it went, and when.
+
+    A named tuple, not an attrs class: one is built per trigger on the hot path.
+    """
 
     state: str
     trigger: str
@@ -197,23 +199,22 @@ class Model:
         if not self._lock.acquire(blocking=False):
             raise TurnBusy(f"{type(self).__name__} is processing another trigger")
         try:
+            name = str(trigger)
             source = self.state_name
             if not self._attached:
                 # Finished models are detached; nothing may follow a final state.
-                raise IllegalTransition(source, str(trigger), why="the run has ended")
+                raise IllegalTransition(source, name, why="the run has ended")
             try:
-                accepted = self.machine.fire(self, trigger)
+                accepted = self.machine.fire(self, name)
             except IllegalTransition:
                 raise
             except MachineError as error:  # pragma: no cover - defensive: map foreign errors once
-                raise IllegalTransition(source, str(trigger), why=str(error)) from error
+                raise IllegalTransition(source, name, why=str(error)) from error
             if not accepted:
-                raise IllegalTransition(source, str(trigger), why="guards are closed")
-            self.trace.append(
-                TraceEntry(source, str(trigger), self.state_name, time.monotonic_ns())
-            )
-            self._on_fired(str(trigger))
-            if self.is_terminal:
+                raise IllegalTransition(source, name, why="guards are closed")
+            self.trace.append(TraceEntry(source, name, self.state_name, time.monotonic_ns()))
+            self._on_fired(name)
+            if self.state_name in self.machine.final_states:
                 self._detach()
         finally:
             self._lock.release()
