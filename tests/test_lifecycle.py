@@ -843,3 +843,39 @@ async def test_assemble_outcome_result_feeds_the_projection_unchanged() -> None:
     assert outcome.result.system_prompt_addition == "context-engine system"
     assert outcome.result.messages[-1] == user("hello")
     assert isinstance(engine.only_call("assemble").params, AssembleParams)
+
+
+def test_a_stripped_list_is_marked_and_not_rescanned_but_still_copied() -> None:
+    from codex_turn.harness.lifecycle import RuntimeContextFree, strip_runtime_context_messages
+
+    hidden = {"role": "custom", "customType": "openclaw.runtime-context", "content": "x"}
+    stripped = strip_runtime_context_messages([user("a"), hidden, assistant("b")])
+    assert isinstance(stripped, RuntimeContextFree)
+    assert stripped == [user("a"), assistant("b")]
+    again = strip_runtime_context_messages(stripped)
+    assert again == stripped
+    assert again is not stripped  # an engine mutating its input cannot reach the caller's
+    # The marker is a promise the caller makes: a marked list is trusted as is.
+    assert strip_runtime_context_messages(RuntimeContextFree([hidden])) == [hidden]
+
+
+async def test_finalize_splits_a_stripped_snapshot_without_rescanning() -> None:
+    from codex_turn.harness.lifecycle import RuntimeContextFree
+
+    engine = RecordingEngine()
+    snapshot = RuntimeContextFree([user("old"), assistant("older"), user("new"), assistant("r")])
+    await finalize_context_engine_turn(
+        engine=engine,
+        session_id="s",
+        session_key=None,
+        session_file="f",
+        messages_snapshot=snapshot,
+        pre_prompt_message_count=2,
+        prompt_error=False,
+        aborted=False,
+        yield_aborted=False,
+        run_maintenance=False,
+    )
+    params = engine.only_call("after_turn").params
+    assert params.pre_prompt_message_count == 2
+    assert params.messages == list(snapshot)

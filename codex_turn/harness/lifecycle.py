@@ -105,6 +105,7 @@ __all__ = [
     "FinalizeOutcome",
     "MaintenanceOutcome",
     "MaintenanceReason",
+    "RuntimeContextFree",
     "ScheduleResult",
     "TranscriptRewriter",
     "assemble_context_engine",
@@ -217,11 +218,22 @@ class FinalizeOutcome:
 # --- Helpers --------------------------------------------------------------------------------
 
 
-def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> list[AgentMessage]:
+class RuntimeContextFree(list[AgentMessage]):
+    """A list known to hold no hidden runtime-context messages (the result of a strip).
+
+    Passing one back in skips the scan: a runner that strips the history once per read
+    saves two passes over a long transcript per turn. Still copied on the way through,
+    so an engine that mutates its input cannot reach the runner's list.
+    """
+
+
+def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> RuntimeContextFree:
     """``messages`` without OpenClaw's hidden ``openclaw.runtime-context`` custom messages."""
-    # Runs over the whole history several times per turn: test the exact type first (JSON
-    # messages are plain dicts); the abstract Mapping check is ~3x slower per message.
-    return [
+    if isinstance(messages, RuntimeContextFree):
+        return RuntimeContextFree(messages)
+    # Test the exact type first (JSON messages are plain dicts): the abstract Mapping check
+    # alone is ~3x slower per message, and this runs over the whole history.
+    return RuntimeContextFree(
         m
         for m in messages
         if not (
@@ -229,7 +241,7 @@ def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> list[Age
             and m.get("role") == "custom"
             and m.get("customType") == RUNTIME_CONTEXT_CUSTOM_TYPE
         )
-    ]
+    )
 
 
 def _fields(engine: object, session_key: str | None, **extra: Any) -> dict[str, Any]:
@@ -758,8 +770,13 @@ async def finalize_context_engine_turn(
             **_fields(engine, session_key),
         )
     count = max(0, min(pre_prompt_message_count, len(messages_snapshot)))
-    before = strip_runtime_context_messages(messages_snapshot[:count])
-    new = strip_runtime_context_messages(messages_snapshot[count:])
+    before: list[AgentMessage]
+    new: list[AgentMessage]
+    if isinstance(messages_snapshot, RuntimeContextFree):  # already stripped: no rescan
+        before, new = messages_snapshot[:count], messages_snapshot[count:]
+    else:
+        before = strip_runtime_context_messages(messages_snapshot[:count])
+        new = strip_runtime_context_messages(messages_snapshot[count:])
     messages = before + new
 
     succeeded = True

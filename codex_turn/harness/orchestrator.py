@@ -98,6 +98,7 @@ from codex_turn.harness.lifecycle import (
     build_runtime_context_from_usage,
     finalize_context_engine_turn,
     run_context_engine_maintenance,
+    strip_runtime_context_messages,
 )
 from codex_turn.harness.session import MessageHistory, load_session_messages, mirror_turn
 from codex_turn.projection import (
@@ -898,10 +899,11 @@ class _Turn:
 
 
 def _message_list(messages: Sequence[AgentMessage]) -> list[AgentMessage]:
-    """A fresh list of the read messages; a C-level slice for the cache's O(1) view."""
+    """A fresh list of the read messages, hidden runtime-context messages stripped once here
+    (the lifecycle helpers then skip their own scans of it)."""
     if isinstance(messages, MessageHistory):
-        return messages.to_list()
-    return list(messages)
+        messages = messages.to_list()  # a C-level slice of the cache's O(1) view
+    return strip_runtime_context_messages(messages)
 
 
 def _spec_dicts(tools: Iterable[DynamicTool]) -> list[dict[str, Any]]:
