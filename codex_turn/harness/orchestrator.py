@@ -281,12 +281,14 @@ class _Turn:
         )
 
     async def read_history(self) -> list[AgentMessage] | None:
+        def read() -> list[AgentMessage]:
+            return _message_list(load_session_messages(self.session_file))
+
         try:
-            messages = await anyio.to_thread.run_sync(load_session_messages, self.session_file)
+            return await anyio.to_thread.run_sync(read)
         except Exception as error:
             self.warn_history_read_failed(error)
             return None
-        return _message_list(messages)
 
     def warn_history_read_failed(self, error: Exception) -> None:
         self.log.warning(
@@ -301,14 +303,26 @@ class _Turn:
 
     # -- stages -------------------------------------------------------------------------
 
+    @property
+    def needs_history(self) -> bool:
+        """Only an engine and hooks read the mirrored history; plain Codex never needs it."""
+        hooks = self.hooks
+        return self.engine_active or bool(
+            hooks.before_prompt_build or hooks.before_compaction or hooks.after_compaction
+        )
+
     async def stage_read_history(self) -> None:
-        # One worker-thread hop for both reads (read_binding never raises).
-        def read_both() -> tuple[Sequence[AgentMessage] | Exception, ThreadBinding | None]:
-            messages: Sequence[AgentMessage] | Exception
-            try:
-                messages = load_session_messages(self.session_file)
-            except Exception as error:
-                messages = error
+        wanted = self.needs_history
+
+        # One worker-thread hop for both reads (read_binding never raises), the copy and the
+        # strip done there too, off the event loop.
+        def read_both() -> tuple[list[AgentMessage] | Exception, ThreadBinding | None]:
+            messages: list[AgentMessage] | Exception = []
+            if wanted:
+                try:
+                    messages = _message_list(load_session_messages(self.session_file))
+                except Exception as error:
+                    messages = error
             return messages, read_binding(self.session_file)
 
         messages, self.binding = await anyio.to_thread.run_sync(read_both)
@@ -316,7 +330,7 @@ class _Turn:
             self.warn_history_read_failed(messages)
             self.fire(TurnTrigger.HISTORY_READ_FAILED)
         else:
-            self.history = _message_list(messages)
+            self.history = messages
             self.fire(TurnTrigger.HISTORY_READ)
 
     async def stage_bootstrap(self) -> None:
