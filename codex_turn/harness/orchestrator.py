@@ -31,7 +31,9 @@ Two turns on one session file are serialized (``concurrency="wait"``, bounded by
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -93,6 +95,7 @@ from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
     BackgroundMaintenance,
     MaintenanceOutcome,
+    RuntimeContextFree,
     assemble_context_engine,
     bootstrap_context_engine,
     build_runtime_context_from_usage,
@@ -282,7 +285,7 @@ class _Turn:
 
     async def read_history(self) -> list[AgentMessage] | None:
         def read() -> list[AgentMessage]:
-            return _message_list(load_session_messages(self.session_file))
+            return _stripped_histories.read(self.session_file)
 
         try:
             return await anyio.to_thread.run_sync(read)
@@ -320,7 +323,7 @@ class _Turn:
             messages: list[AgentMessage] | Exception = []
             if wanted:
                 try:
-                    messages = _message_list(load_session_messages(self.session_file))
+                    messages = _stripped_histories.read(self.session_file)
                 except Exception as error:
                     messages = error
             return messages, read_binding(self.session_file)
@@ -912,12 +915,43 @@ class _Turn:
         )
 
 
-def _message_list(messages: Sequence[AgentMessage]) -> list[AgentMessage]:
-    """A fresh list of the read messages, hidden runtime-context messages stripped once here
-    (the lifecycle helpers then skip their own scans of it)."""
-    if isinstance(messages, MessageHistory):
-        messages = messages.to_list()  # a C-level slice of the cache's O(1) view
-    return strip_runtime_context_messages(messages)
+class _StrippedHistories:
+    """The stripped history of each session's last read, extended by what was appended since.
+
+    A transcript read is O(new bytes) (the session cache), but stripping hidden runtime-context
+    messages is a Python pass over the whole history; doing it per read made every turn
+    O(history). Keyed by session file, bounded (least recently used dropped), thread-safe
+    (reads run in worker threads).
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[
+            str, tuple[MessageHistory, RuntimeContextFree]
+        ] = collections.OrderedDict()
+
+    def read(self, session_file: str) -> list[AgentMessage]:
+        """A fresh, stripped list of the session's messages."""
+        history = load_session_messages(session_file)
+        if not isinstance(history, MessageHistory):
+            return strip_runtime_context_messages(history)
+        with self._lock:
+            previous = self._entries.get(session_file)
+        added = history.appended_since(previous[0]) if previous is not None else None
+        if previous is not None and added is not None:
+            stripped = RuntimeContextFree(previous[1] + strip_runtime_context_messages(added))
+        else:
+            stripped = strip_runtime_context_messages(history.to_list())
+        with self._lock:
+            self._entries[session_file] = (history, stripped)
+            self._entries.move_to_end(session_file)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return RuntimeContextFree(stripped)  # the caller's own copy
+
+
+_stripped_histories = _StrippedHistories()
 
 
 def _spec_dicts(tools: Iterable[DynamicTool]) -> list[dict[str, Any]]:

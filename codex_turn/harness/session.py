@@ -207,6 +207,16 @@ class MessageHistory(Sequence[AgentMessage]):
         """A fresh list of the messages (O(n)); the dicts themselves are still shared."""
         return self._items[: self._length]
 
+    def appended_since(self, earlier: MessageHistory) -> list[AgentMessage] | None:
+        """The messages this view adds to ``earlier`` when it extends it (a later read of the
+        same, only appended-to transcript), else ``None`` (the history was rebuilt).
+
+        Lets a caller keep work it derived from an earlier read and do O(new) more.
+        """
+        if earlier._items is not self._items or earlier._length > self._length:
+            return None
+        return self._items[earlier._length : self._length]
+
 
 @attrs.frozen
 class SessionContext:
