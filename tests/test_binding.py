@@ -308,3 +308,22 @@ def test_per_turn_projection_round_trips(tmp_path: Path) -> None:
     assert loaded is not None
     assert loaded.context_engine is not None
     assert loaded.context_engine == engine
+
+
+def test_the_thread_decision_round_trips_and_a_malformed_one_is_dropped(tmp_path: Path) -> None:
+    from codex_turn.harness.binding import ThreadDecisionRecord
+
+    session_file = tmp_path / "s.jsonl"
+    record = ThreadDecisionRecord(action="rotate", reason="dynamic-tools-changed")
+    write_binding(session_file, ThreadBinding(thread_id="t-1", thread_decision=record))
+    raw = json.loads(Path(binding_path(session_file)).read_text())
+    assert raw["threadDecision"] == {"action": "rotate", "reason": "dynamic-tools-changed"}
+    loaded = read_binding(session_file)
+    assert loaded is not None
+    assert loaded.thread_decision == record
+    raw["threadDecision"] = {"action": 3}
+    Path(binding_path(session_file)).write_text(json.dumps(raw))
+    again = read_binding(session_file)
+    assert again is not None
+    assert again.thread_decision is None
+    assert again.thread_id == "t-1"

@@ -339,6 +339,11 @@ async def test_a8b_a_new_epoch_rotates_to_a_fresh_projected_thread(
     binding = read_binding(params().session_file)
     assert binding is not None
     assert binding.thread_id == second.thread_id
+    assert binding.thread_decision is not None
+    assert (binding.thread_decision.action, binding.thread_decision.reason) == (
+        "rotate",
+        "thread-bootstrap-epoch-changed",
+    )
     assert binding.context_engine is not None
     assert binding.context_engine.projection is not None
     assert binding.context_engine.projection.epoch == "e2"

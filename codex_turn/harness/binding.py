@@ -53,6 +53,7 @@ __all__ = [
     "ProjectionBinding",
     "ProjectionMode",
     "ThreadBinding",
+    "ThreadDecisionRecord",
     "binding_path",
     "binding_to_json",
     "clear_binding",
@@ -100,6 +101,16 @@ class ContextEngineBinding:
 
 
 @attrs.frozen(kw_only=True)
+class ThreadDecisionRecord:
+    """Why the bound thread is the one it is: the thread decision that produced or kept it
+    (``start``/``resume``/``rotate`` and the reason, e.g. ``thread-bootstrap-epoch-changed``).
+    An addition to OpenClaw's fields; OpenClaw's reader ignores it."""
+
+    action: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
 class ThreadBinding:
     """One sidecar: the thread that continues ``session_file`` and what it was built with.
 
@@ -119,6 +130,7 @@ class ThreadBinding:
     service_tier: str | None = None
     dynamic_tools_fingerprint: str | None = None
     context_engine: ContextEngineBinding | None = None
+    thread_decision: ThreadDecisionRecord | None = None
     created_at: str = attrs.Factory(_now_iso)
     updated_at: str = attrs.Factory(_now_iso)
 
@@ -151,7 +163,7 @@ def _register(cls: type[Any]) -> None:
     )
 
 
-for _cls in (ProjectionBinding, ContextEngineBinding, ThreadBinding):
+for _cls in (ProjectionBinding, ContextEngineBinding, ThreadDecisionRecord, ThreadBinding):
     _register(_cls)
 
 
@@ -295,6 +307,13 @@ def read_binding(session_file: str | os.PathLike[str]) -> ThreadBinding | None:
         cleaned["contextEngine"] = engine
     elif "contextEngine" in raw:
         _log.warning("codex app-server binding has an invalid contextEngine", path=path)
+    decision = raw.get("threadDecision")
+    if (
+        isinstance(decision, dict)
+        and _is_str(decision.get("action"))
+        and _is_str(decision.get("reason"))
+    ):
+        cleaned["threadDecision"] = {"action": decision["action"], "reason": decision["reason"]}
     cleaned.update(schemaVersion=1, threadId=thread_id, sessionFile=os.fspath(session_file))
     try:
         return _converter.structure(cleaned, ThreadBinding)

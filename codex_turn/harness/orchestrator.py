@@ -70,6 +70,7 @@ from codex_turn.harness.binding import (
     ContextEngineBinding,
     ProjectionBinding,
     ThreadBinding,
+    ThreadDecisionRecord,
     clear_binding,
     context_engine_policy_fingerprint,
     read_binding,
@@ -636,13 +637,29 @@ class _Turn:
             "model_provider": result.model_provider,
             "dynamic_tools_fingerprint": dynamic_tools_fingerprint(_spec_dicts(self.tools)),
             "context_engine": engine_block,
+            # Why this thread exists: the decision that started or rotated to it (a resume
+            # keeps the record of the thread it resumed).
+            "thread_decision": (
+                self.binding.thread_decision
+                if keep_created and self.binding is not None
+                else ThreadDecisionRecord(
+                    action=self.decision.action.value, reason=self.decision.reason
+                )
+                if self.decision is not None
+                else None
+            ),
         }
         if keep_created and self.binding is not None:
             fields["created_at"] = self.binding.created_at
         binding = ThreadBinding(**fields)
         previous = self.binding
-        if keep_created and previous is not None and binding == attrs.evolve(
-            previous, session_file=binding.session_file, updated_at=binding.updated_at
+        if (
+            keep_created
+            and previous is not None
+            and binding
+            == attrs.evolve(
+                previous, session_file=binding.session_file, updated_at=binding.updated_at
+            )
         ):
             # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn.
             # ``updatedAt`` therefore says when the binding last changed.
@@ -927,9 +944,9 @@ class _StrippedHistories:
     def __init__(self, capacity: int = 64) -> None:
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._entries: collections.OrderedDict[
-            str, tuple[MessageHistory, RuntimeContextFree]
-        ] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[str, tuple[MessageHistory, RuntimeContextFree]] = (
+            collections.OrderedDict()
+        )
 
     def read(self, session_file: str) -> list[AgentMessage]:
         """A fresh, stripped list of the session's messages."""
