@@ -38,6 +38,12 @@ from codex_turn.harness.appserver import (
     tool,
 )
 from codex_turn.harness.binding import ThreadBinding, read_binding
+from codex_turn.harness.compaction import (
+    CompactionRun,
+    CompactSessionParams,
+    compact_codex_session,
+    compact_codex_session_traced,
+)
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AssembleParams,
@@ -106,9 +112,11 @@ __all__ = [
     "CodexTurnError",
     "CompactParams",
     "CompactResult",
+    "CompactSessionParams",
     "CompactionFacts",
     "CompactionHookEvent",
     "CompactionModel",
+    "CompactionRun",
     "CompactionState",
     "CompactionTrigger",
     "ContextEngine",
@@ -149,6 +157,8 @@ __all__ = [
     "TurnTrigger",
     "Usage",
     "__version__",
+    "compact_codex_session",
+    "compact_codex_session_traced",
     "dynamic_tools_fingerprint",
     "load_engine",
     "load_session_messages",
