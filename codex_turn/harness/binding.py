@@ -44,6 +44,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
+from codex_turn.harness._fs import fsync_directory, pid_alive
 
 __all__ = [
     "BINDING_SCHEMA_VERSION",
@@ -340,16 +341,6 @@ def _write_lock(path: str) -> threading.Lock:
         return _write_locks.setdefault(path, threading.Lock())
 
 
-def _pid_dead(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
 def _remove_orphaned_temps(path: str) -> None:
     """Remove ``<sidecar>.<pid>.<hex>.tmp`` files left by writers that died before rename."""
     directory, name = os.path.split(path)
@@ -363,7 +354,7 @@ def _remove_orphaned_temps(path: str) -> None:
         if len(parts) != 3 or parts[2] != "tmp" or not parts[0].isdigit():
             continue
         pid = int(parts[0])
-        if pid != os.getpid() and _pid_dead(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             with suppress(OSError):
                 os.unlink(os.path.join(directory, candidate))
 
@@ -407,24 +398,12 @@ def write_binding(
                 with suppress(OSError):
                     os.unlink(temp)
                 raise
-            _fsync_directory(directory)
+            fsync_directory(directory)
         except OSError as error:
             raise BindingError(
                 f"failed to write codex app-server binding {path}: {error}"
             ) from error
     return binding
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        with suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def clear_binding(session_file: str | os.PathLike[str]) -> bool:

@@ -67,6 +67,7 @@ import attrs
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness import binding as _binding
+from codex_turn.harness._fs import fsync_directory, pid_alive
 
 __all__ = [
     "CURRENT_SESSION_VERSION",
@@ -1086,20 +1087,6 @@ def _process_starttime(pid: int) -> int | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except OSError:
-        return False
-    return True
-
-
 def _utc_now_iso() -> str:
     now = datetime.now(UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
@@ -1124,7 +1111,7 @@ def _lock_staleness(lock_path: str, stale_after: float) -> tuple[str | None, int
     pid = payload.get("pid")
     if isinstance(pid, bool) or not isinstance(pid, int):
         return "missing pid", None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return "dead pid", pid
     if pid == os.getpid():
         # We only look at the file while holding this path's in-process lock at depth 0, so
@@ -1274,18 +1261,6 @@ def _new_entry_id(existing: Mapping[str, object], fresh: set[str]) -> str:
     return candidate
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        with suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -1320,7 +1295,7 @@ def _create_exclusive(path: str, data: bytes) -> bool:
     finally:
         with suppress(OSError):
             os.unlink(temp)
-    _fsync_dir(directory)
+    fsync_directory(directory)
     return True
 
 
@@ -1335,7 +1310,7 @@ def _create_exclusive_plain(path: str, data: bytes) -> bool:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(os.path.dirname(path))
+    fsync_directory(os.path.dirname(path))
     return True
 
 
