@@ -73,7 +73,7 @@ from .errors import (
 )
 from .process import AppServerProcess, LineTransport
 from .projector import Notification, TurnOutcome, TurnProjector, TurnResult
-from .tools import DynamicTool, ToolRegistry
+from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
     ClientInfo,
     ImageInput,
@@ -507,7 +507,8 @@ class AppServerClient:
 
     def register_tools(self, thread_id: str, tools: ToolRegistry | Iterable[DynamicTool]) -> None:
         """Bind Python tools to a thread (done by start/resume; also usable directly)."""
-        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        registry = as_registry(tools)
+        assert registry is not None
         self._tools[thread_id] = registry
 
     def is_loaded(self, thread_id: str) -> bool:
@@ -530,13 +531,7 @@ class AppServerClient:
         ephemeral: bool | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
-        registry = (
-            None
-            if tools is None
-            else tools
-            if isinstance(tools, ToolRegistry)
-            else ToolRegistry(tools)
-        )
+        registry = as_registry(tools)
         params = ThreadStartParams(
             cwd=cwd,
             model=model,

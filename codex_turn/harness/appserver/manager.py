@@ -47,7 +47,7 @@ from .config import AppServerConfig
 from .errors import AppServerClosed
 from .process import LineTransport
 from .projector import Notification, TurnResult
-from .tools import DynamicTool, ToolRegistry
+from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import ThreadResult, UserInput
 
 __all__ = ["AppServer"]
@@ -170,7 +170,7 @@ class AppServer:
         **kwargs: Any,
     ) -> ThreadResult:
         client = await self.client()
-        registry = _registry(tools)
+        registry = as_registry(tools)
         result = await client.start_thread(
             cwd=cwd,
             developer_instructions=developer_instructions,
@@ -194,7 +194,7 @@ class AppServer:
         **kwargs: Any,
     ) -> ThreadResult:
         client = await self.client()
-        registry = _registry(tools)
+        registry = as_registry(tools)
         result = await client.resume_thread(
             thread_id,
             developer_instructions=developer_instructions,
@@ -301,9 +301,3 @@ class AppServer:
         """Any other method, raw JSON in and out."""
         client = await self.client()
         return await client.request(method, params, timeout=timeout)
-
-
-def _registry(tools: ToolRegistry | Iterable[DynamicTool] | None) -> ToolRegistry | None:
-    if tools is None or isinstance(tools, ToolRegistry):
-        return tools
-    return ToolRegistry(tools)

@@ -165,3 +165,10 @@ class ToolRegistry:
             # The model gets a short, redacted description; the log gets the type only.
             log.warning("appserver.tool.failed", tool=name, error_type=type(exc).__name__)
             return ToolResult.text(f"tool {name} failed: {format_error(exc)}", success=False).wire()
+
+
+def as_registry(tools: ToolRegistry | Iterable[DynamicTool] | None) -> ToolRegistry | None:
+    """``tools`` as a :class:`ToolRegistry` (the same object when it already is one)."""
+    if tools is None or isinstance(tools, ToolRegistry):
+        return tools
+    return ToolRegistry(tools)
