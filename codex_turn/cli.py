@@ -15,6 +15,7 @@ from codex_turn.fsm.diagrams import main as diagrams_main
 
 __all__ = ["main"]
 
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["diagrams"]:  # one implementation: the diagrams module's own command

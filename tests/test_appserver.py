@@ -18,9 +18,9 @@ from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerConfig,
     AppServerProcess,
+    CodexTurnStatus,
     DynamicTool,
     Notification,
-    TurnOutcome,
 )
 from codex_turn.harness.offline_model import OfflineModel, RecordedRequest, Reply
 
@@ -77,14 +77,14 @@ async def test_every_sent_message_conforms_to_the_binary_schema(
         )
         tid = thread.thread_id
         result = await server.run_turn(tid, "look", images=[f"data:image/png;base64,{PNG_1X1}"])
-        assert result.outcome is TurnOutcome.COMPLETED
+        assert result.outcome is CodexTurnStatus.COMPLETED
         offline_model.script(Reply.function_call("lookup_weather", {"city": "Oslo"}))
         assert (await server.run_turn(tid, "weather")).final_text == "TOOL RESULT: Sunny in Oslo"
         offline_model.script(Reply.fixed("late", delay=10))
         async with server.turn(tid, "slow") as handle:
             await wait_for_model_request(offline_model, 4)
             await handle.interrupt()
-            assert (await handle.collect()).outcome is TurnOutcome.INTERRUPTED
+            assert (await handle.collect()).outcome is CodexTurnStatus.INTERRUPTED
         await server.resume_thread(tid, developer_instructions=DEV, cwd=str(workspace))
         assert (await server.compact_thread(tid)).completed
 
@@ -120,7 +120,7 @@ async def test_developer_instructions_reach_the_model_verbatim(
 ) -> None:
     thread = await appserver.start_thread(cwd=str(workspace), developer_instructions=DEV)
     result = await appserver.run_turn(thread.thread_id, "hello there")
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     assert result.final_text == "ECHO: hello there"
     (request,) = offline_model.requests
     assert dev_count(request) == 1
@@ -140,7 +140,7 @@ async def _first_process(
     async with AppServer.start(config) as server:
         thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
         result = await server.run_turn(thread.thread_id, text)
-        assert result.outcome is TurnOutcome.COMPLETED
+        assert result.outcome is CodexTurnStatus.COMPLETED
         return thread.thread_id
 
 
@@ -175,7 +175,7 @@ async def _resume_compact_turn(
         compaction = await server.compact_thread(tid, timeout=30)
         assert compaction.completed
         result = await server.run_turn(tid, "after compaction")
-        assert result.outcome is TurnOutcome.COMPLETED
+        assert result.outcome is CodexTurnStatus.COMPLETED
     assert len(model.compaction_requests()) == 1
     last = model.requests[-1]
     assert not last.is_compaction
@@ -219,7 +219,7 @@ async def test_dynamic_tool_round_trip(
     offline_model.script(Reply.function_call("lookup_weather", {"city": "Paris"}, call_id="c_A1"))
     result = await appserver.run_turn(thread.thread_id, "weather in Paris?")
     assert calls == [{"city": "Paris"}]
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     assert result.final_text == "TOOL RESULT: Sunny, 21C in Paris"
     first, second = offline_model.requests
     assert "lookup_weather" in first.tool_names
@@ -248,7 +248,7 @@ async def test_raising_tool_yields_an_error_result_and_the_turn_completes(
         seen.append(n)
 
     result = await appserver.run_turn(thread.thread_id, "use the tool", on_event=on_event)
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     (output,) = offline_model.requests[-1].function_call_outputs
     assert "broken_tool failed" in output["output"]
     assert "database unavailable" in output["output"]
@@ -271,13 +271,13 @@ async def test_model_http_400_fails_the_turn_with_its_message(
     thread = await appserver.start_thread(cwd=str(workspace))
     offline_model.script(Reply.http_error(400, '{"error":{"message":"prompt too spicy 4711"}}'))
     result = await appserver.run_turn(thread.thread_id, "hi")
-    assert result.outcome is TurnOutcome.FAILED
+    assert result.outcome is CodexTurnStatus.FAILED
     assert result.prompt_error is not None
     assert "prompt too spicy 4711" in result.prompt_error
     assert len(offline_model.requests) == 1  # retries are off
     # The thread is still usable.
     again = await appserver.run_turn(thread.thread_id, "again")
-    assert again.outcome is TurnOutcome.COMPLETED
+    assert again.outcome is CodexTurnStatus.COMPLETED
     assert again.final_text == "ECHO: again"
 
 
@@ -295,7 +295,7 @@ async def test_slow_model_and_interrupt_gives_interrupted(
         result = handle.result
     assert result is not None
     assert time.monotonic() - started < 5
-    assert result.outcome is TurnOutcome.INTERRUPTED
+    assert result.outcome is CodexTurnStatus.INTERRUPTED
     assert result.aborted
     assert result.partial_text == "PARTIAL "
     assert result.final_text is None
@@ -317,7 +317,7 @@ async def test_cancellation_and_idle_timeout_interrupt_the_turn(
     started = time.monotonic()
     timed_out = await appserver.run_turn(tid, "idle me", idle_timeout=0.5)
     assert time.monotonic() - started < 5
-    assert timed_out.outcome is TurnOutcome.TIMED_OUT
+    assert timed_out.outcome is CodexTurnStatus.TIMED_OUT
     assert timed_out.prompt_error is not None
     assert "idle" in timed_out.prompt_error
     after = await appserver.run_turn(tid, "next")
@@ -359,7 +359,7 @@ async def test_sigkill_mid_turn_raises_closed_quickly_and_the_next_turn_restarts
     assert client.closed
     result = await appserver.run_turn(tid, "after crash")
     assert appserver.restarts == 1
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     assert result.final_text == "ECHO: after crash"
     assert dev_count(offline_model.requests[-1]) == 1  # auto-resume re-sent the instructions
 
@@ -385,7 +385,7 @@ async def test_sixteen_concurrent_turns_on_distinct_threads(
     assert len({tid for tid, _ in results.values()}) == n
     for i, (tid, result) in results.items():
         assert result.thread_id == tid
-        assert result.outcome is TurnOutcome.COMPLETED
+        assert result.outcome is CodexTurnStatus.COMPLETED
         assert result.final_text == f"ECHO: [t{i}] hi"
     assert appserver.restarts == 0
     assert len(offline_model.requests) == n

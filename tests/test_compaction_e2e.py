@@ -19,7 +19,7 @@ import pytest
 from support.recording_engine import RecordingEngine
 
 from codex_turn.cli import main as cli_main
-from codex_turn.harness.appserver import AppServer, AppServerConfig, TurnOutcome
+from codex_turn.harness.appserver import AppServer, AppServerConfig, CodexTurnStatus
 from codex_turn.harness.binding import (
     ContextEngineBinding,
     ProjectionBinding,
@@ -52,7 +52,7 @@ def params(session_file: Path, workspace: Path, **overrides: Any) -> CompactSess
 async def first_turn(server: AppServer, workspace: Path, session_file: Path) -> str:
     thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
     result = await server.run_turn(thread.thread_id, "first turn")
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     write_binding(session_file, ThreadBinding(thread_id=thread.thread_id, cwd=str(workspace)))
     return thread.thread_id
 
@@ -80,7 +80,7 @@ async def test_native_compaction_completes_and_the_next_request_carries_the_summ
     assert len(offline_model.compaction_requests()) == 1
 
     after = await appserver.run_turn(tid, "after compaction")
-    assert after.outcome is TurnOutcome.COMPLETED
+    assert after.outcome is CodexTurnStatus.COMPLETED
     last = offline_model.requests[-1]
     assert not last.is_compaction
     summaries = [u for u in last.user_messages if u.startswith(SUMMARY_PREFIX)]
@@ -169,7 +169,7 @@ async def test_owning_engine_first_then_native_in_a_fresh_process_that_resumes(
     assert cleared.context_engine is not None
     assert cleared.context_engine.projection is None
     # Codex itself compacted too, and kept the re-sent developer instructions.
-    assert after.outcome is TurnOutcome.COMPLETED
+    assert after.outcome is CodexTurnStatus.COMPLETED
     last = offline_model.requests[-1]
     assert any(u.endswith("LOCAL_COMPACTED_SUMMARY_1") for u in last.user_messages)
     assert last.developer_parts.count(DEV) == 1

@@ -59,7 +59,7 @@ def test_the_suite_wide_privacy_guard_fails_a_test_that_logs_a_private_text(
     pytester.makeconftest(conftest)
     (pytester.path / "fixtures").symlink_to(Path(__file__).parent / "fixtures")
     pytester.makepyfile(
-        test_leaky='''
+        test_leaky="""
 from codex_turn._log import get_logger
 
 def test_clean(private_texts):
@@ -69,7 +69,7 @@ def test_clean(private_texts):
 def test_leaky(private_texts):
     private_texts.add("my very private prompt")
     get_logger("t").info("turn finished", note="echo my very private prompt")
-'''
+"""
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     # The leaky test body passes; its teardown (the guard) errors.

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from codex_turn.harness.appserver import Notification, TurnOutcome, TurnProjector, Usage
+from codex_turn.harness.appserver import CodexTurnStatus, Notification, TurnProjector, Usage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "notifications"
 
@@ -41,7 +41,7 @@ def project(name: str, **kwargs: Any) -> Any:
 
 def test_simple_turn_snapshot_in_mirror_order() -> None:
     result = project("simple")
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
     assert result.prompt_error is None
     user, assistant = result.messages_snapshot
     assert user == {"role": "user", "content": "hello", "timestamp": 1234}
@@ -101,7 +101,7 @@ def test_dynamic_tool_turn_uses_last_agent_message() -> None:
 
 def test_failed_turn_carries_prompt_error() -> None:
     result = project("failed_http_400")
-    assert result.outcome is TurnOutcome.FAILED
+    assert result.outcome is CodexTurnStatus.FAILED
     assert result.prompt_error is not None
     assert "context too spicy" in result.prompt_error
     # No assistant text arrived, so only the prompt is mirrored (PR-era rule).
@@ -110,7 +110,7 @@ def test_failed_turn_carries_prompt_error() -> None:
 
 def test_interrupted_turn_closes_dangling_partial_message() -> None:
     result = project("interrupted_partial")
-    assert result.outcome is TurnOutcome.INTERRUPTED
+    assert result.outcome is CodexTurnStatus.INTERRUPTED
     assert result.aborted
     assert result.prompt_error is None
     assert result.dangling_item_ids
@@ -125,7 +125,7 @@ def test_manual_compaction_turn_reports_context_compaction_item() -> None:
     assert phases == ["started", "completed"]
     result = project("manual_compaction")
     assert len(result.compaction_item_ids) == 1
-    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
 
 
 def _retarget(n: Notification, **changes: str) -> Notification:
@@ -200,8 +200,8 @@ def test_timed_out_override_and_error_notification_fallback() -> None:
     for n in notes[:5]:
         projector.feed(n)
     assert not projector.done
-    result = projector.build_result(outcome=TurnOutcome.TIMED_OUT, error="idle for 1s")
-    assert result.outcome is TurnOutcome.TIMED_OUT
+    result = projector.build_result(outcome=CodexTurnStatus.TIMED_OUT, error="idle for 1s")
+    assert result.outcome is CodexTurnStatus.TIMED_OUT
     assert result.prompt_error == "idle for 1s"
     # willRetry errors are ignored; the final error is used when turn.error is missing.
     p2 = TurnProjector(thread_id="t", prompt="p", turn_id="u")

@@ -57,13 +57,11 @@ from codex_turn.harness.appserver import (
     AppServer,
     AppServerClosed,
     AppServerError,
+    CodexTurnResult,
+    CodexTurnStatus,
     DynamicTool,
     Notification,
     TurnProjector,
-)
-from codex_turn.harness.appserver import TurnOutcome as CodexTurnStatus
-from codex_turn.harness.appserver import (
-    TurnResult as CodexTurnResult,
 )
 from codex_turn.harness.appserver.projector import Usage
 from codex_turn.harness.binding import (

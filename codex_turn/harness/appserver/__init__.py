@@ -7,7 +7,7 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
   immediate death detection);
 * :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
   server requests: dynamic tools, approvals, user input);
-* :mod:`.projector`: a turn's notifications folded into a :class:`TurnResult`;
+* :mod:`.projector`: a turn's notifications folded into a :class:`CodexTurnResult`;
 * :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash.
 
 Usage sketch::
@@ -41,7 +41,7 @@ from .errors import (
 )
 from .manager import AppServer
 from .process import AppServerProcess, LineTransport
-from .projector import Notification, TurnOutcome, TurnProjector, TurnResult, Usage
+from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector, Usage
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .types import (
     DynamicToolSpec,
@@ -63,6 +63,8 @@ __all__ = [
     "AppServerStartError",
     "AppServerTimeout",
     "ApprovalPolicy",
+    "CodexTurnResult",
+    "CodexTurnStatus",
     "CompactionResult",
     "DynamicTool",
     "DynamicToolSpec",
@@ -76,9 +78,7 @@ __all__ = [
     "ToolRegistry",
     "ToolResult",
     "TurnHandle",
-    "TurnOutcome",
     "TurnProjector",
-    "TurnResult",
     "Usage",
     "UserInput",
     "UserInputHandler",

@@ -18,7 +18,7 @@ Layering, bottom up:
 4. **Turns**: :meth:`AppServerClient.turn` opens a :class:`TurnHandle` that yields the turn's
    notifications until ``turn/completed`` and folds them through the
    :class:`~.projector.TurnProjector`; :meth:`AppServerClient.run_turn` does it all and
-   returns the :class:`~.projector.TurnResult`. A cancelled or timed-out turn is interrupted
+   returns the :class:`~.projector.CodexTurnResult`. A cancelled or timed-out turn is interrupted
    (once: a second ``turn/interrupt`` for the same turn would hang in Codex).
 5. **Compaction**: :meth:`AppServerClient.compact_thread` runs ``thread/compact/start`` (a turn
    of its own in Codex) to its end, serialised per thread; past its deadline it interrupts
@@ -72,7 +72,7 @@ from .errors import (
     AppServerTimeout,
 )
 from .process import AppServerProcess, LineTransport
-from .projector import Notification, TurnOutcome, TurnProjector, TurnResult
+from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
     ClientInfo,
@@ -656,8 +656,8 @@ class AppServerClient:
         on_event: Callable[[Notification], Awaitable[None]] | None = None,
         idle_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
-    ) -> TurnResult:
-        """Run one turn to its end and return the projected :class:`TurnResult`.
+    ) -> CodexTurnResult:
+        """Run one turn to its end and return the projected :class:`CodexTurnResult`.
 
         ``on_event`` sees every notification of the turn (e.g. in-turn ``contextCompaction``
         items, see :attr:`Notification.compaction_phase`). ``idle_timeout``: no notification
@@ -983,7 +983,7 @@ class TurnHandle:
         self.thread_id = thread_id
         self.turn_id = turn_id
         self.projector = projector
-        self.result: TurnResult | None = None
+        self.result: CodexTurnResult | None = None
         self._stream = stream
         self._interrupted = False
 
@@ -1033,7 +1033,7 @@ class TurnHandle:
         on_event: Callable[[Notification], Awaitable[None]] | None = None,
         idle_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
-    ) -> TurnResult:
+    ) -> CodexTurnResult:
         """Consume the turn to its end (see :meth:`AppServerClient.run_turn`)."""
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         timed_out: str | None = None
@@ -1060,7 +1060,7 @@ class TurnHandle:
             await self.interrupt()
             await self._drain(_INTERRUPT_GRACE_S)
             self.result = self.projector.build_result(
-                outcome=TurnOutcome.TIMED_OUT, error=timed_out
+                outcome=CodexTurnStatus.TIMED_OUT, error=timed_out
             )
         elif self.result is None:
             self.result = self.projector.build_result()

@@ -46,7 +46,7 @@ from .client import (
 from .config import AppServerConfig
 from .errors import AppServerClosed
 from .process import LineTransport
-from .projector import Notification, TurnResult
+from .projector import CodexTurnResult, Notification
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import ThreadResult, UserInput
 
@@ -233,7 +233,7 @@ class AppServer:
         idle_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
         **kwargs: Any,
-    ) -> TurnResult:
+    ) -> CodexTurnResult:
         client = await self._client_for(thread_id)
         return await client.run_turn(
             thread_id,

@@ -1,4 +1,4 @@
-"""The event projector: one turn's notifications in, one :class:`TurnResult` out.
+"""The event projector: one turn's notifications in, one :class:`CodexTurnResult` out.
 
 This is a pure fold (no I/O, no clock except an injectable one), so it is tested on recorded
 notification sequences without the binary. It reproduces OpenClaw's PR-era Codex event
@@ -38,10 +38,10 @@ import attrs
 from codex_turn.harness.usage import Usage
 
 __all__ = [
+    "CodexTurnResult",
+    "CodexTurnStatus",
     "Notification",
-    "TurnOutcome",
     "TurnProjector",
-    "TurnResult",
     "Usage",
 ]
 
@@ -101,7 +101,7 @@ class Notification:
         return None
 
 
-class TurnOutcome(enum.Enum):
+class CodexTurnStatus(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
@@ -109,10 +109,10 @@ class TurnOutcome(enum.Enum):
 
 
 @attrs.frozen(kw_only=True)
-class TurnResult:
+class CodexTurnResult:
     thread_id: str
     turn_id: str | None
-    outcome: TurnOutcome
+    outcome: CodexTurnStatus
     prompt_error: str | None
     final_text: str | None
     reasoning_text: str | None
@@ -131,7 +131,7 @@ class TurnResult:
 
     @property
     def aborted(self) -> bool:
-        return self.outcome in (TurnOutcome.INTERRUPTED, TurnOutcome.TIMED_OUT)
+        return self.outcome in (CodexTurnStatus.INTERRUPTED, CodexTurnStatus.TIMED_OUT)
 
     @property
     def mirror_keys(self) -> list[str]:
@@ -323,28 +323,28 @@ class TurnProjector:
 
     # -- result --------------------------------------------------------------------------
 
-    def _outcome(self) -> TurnOutcome:
+    def _outcome(self) -> CodexTurnStatus:
         return {
-            "completed": TurnOutcome.COMPLETED,
-            "failed": TurnOutcome.FAILED,
-            "interrupted": TurnOutcome.INTERRUPTED,
-        }.get(self._status or "", TurnOutcome.FAILED)
+            "completed": CodexTurnStatus.COMPLETED,
+            "failed": CodexTurnStatus.FAILED,
+            "interrupted": CodexTurnStatus.INTERRUPTED,
+        }.get(self._status or "", CodexTurnStatus.FAILED)
 
     def build_result(
-        self, *, outcome: TurnOutcome | None = None, error: str | None = None
-    ) -> TurnResult:
+        self, *, outcome: CodexTurnStatus | None = None, error: str | None = None
+    ) -> CodexTurnResult:
         """The turn result. ``outcome``/``error`` override what the notifications said (the
         client passes ``TIMED_OUT`` and its timeout message when it gave up waiting)."""
         final_outcome = outcome or self._outcome()
         prompt_error: str | None = None
-        if final_outcome is TurnOutcome.FAILED:
+        if final_outcome is CodexTurnStatus.FAILED:
             prompt_error = (
                 error
                 or self._turn_error
                 or self._last_error
                 or ("codex turn did not complete" if not self.done else "codex turn failed")
             )
-        elif final_outcome is TurnOutcome.TIMED_OUT:
+        elif final_outcome is CodexTurnStatus.TIMED_OUT:
             prompt_error = error or "codex app-server attempt timed out"
 
         final_text = next(
@@ -363,10 +363,10 @@ class TurnProjector:
         partial = "".join(part for i in dangling for part in self._deltas.get(i, [])) or None
 
         stop_reason = {
-            TurnOutcome.COMPLETED: "stop",
-            TurnOutcome.FAILED: "error",
-            TurnOutcome.INTERRUPTED: "aborted",
-            TurnOutcome.TIMED_OUT: "aborted",
+            CodexTurnStatus.COMPLETED: "stop",
+            CodexTurnStatus.FAILED: "error",
+            CodexTurnStatus.INTERRUPTED: "aborted",
+            CodexTurnStatus.TIMED_OUT: "aborted",
         }[final_outcome]
         now = self._clock_ms()
         turn_id = self.turn_id or "unknown-turn"
@@ -386,7 +386,7 @@ class TurnProjector:
             snapshot.append(self._assistant(final_text, usage, stop_reason, prompt_error, now))
             identities.append(f"{turn_id}:assistant")
 
-        return TurnResult(
+        return CodexTurnResult(
             thread_id=self.thread_id,
             turn_id=self.turn_id,
             outcome=final_outcome,
