@@ -679,19 +679,18 @@ async def test_after_an_engine_compaction_the_next_turn_rotates_and_reprojects(
 ) -> None:
     from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
 
-    state = {"epoch": 1, "summary": "nothing yet"}
+    state = {"summary": "nothing yet"}
 
     def assemble(p: Any) -> AssembleResult:
         return AssembleResult(
             messages=[assistant(f"summary: {state['summary']}"), *p.messages[-2:]],
             estimated_tokens=10,
-            context_projection=ContextProjection(
-                mode="thread_bootstrap", epoch=f"epoch-{state['epoch']}"
-            ),
+            context_projection=ContextProjection(mode="thread_bootstrap", epoch="epoch-1"),
         )
 
     def compact(_: Any) -> dict[str, Any]:
-        state["epoch"] += 1
+        # The epoch stays the same on purpose: the rotation below must come from the
+        # compaction clearing the binding's projection, not from the engine.
         state["summary"] = "COMPACTED-SUMMARY-77"
         return {"ok": True, "compacted": True, "result": {"summary": "s", "tokensBefore": 9}}
 

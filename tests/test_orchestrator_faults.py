@@ -1198,7 +1198,7 @@ def _late_cancel(method: str, *, script: CodexScript | None = None) -> Observed:
             ("skipped", "finalize_failed"),
         ),
         # ... or while it maintains
-        ("maintain", None, TurnOutcome.COMPLETED, T.MAINTENANCE_FAILED, ("failed", None)),
+        ("maintain", None, TurnOutcome.COMPLETED, T.MAINTENANCE_FAILED, ("cancelled", None)),
     ],
 )
 def test_cleanup_cut_short_is_delivered_with_a_complete_trace(

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from codex_turn._log import format_error, get_logger
+from codex_turn.harness.engine import AgentMessage
 
 __all__ = [
     "CompactionHookEvent",
@@ -36,8 +37,6 @@ __all__ = [
 ]
 
 _log = get_logger(__name__)
-
-AgentMessage = dict[str, Any]
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +100,21 @@ def compose_prompt(
     return final_prompt, instructions
 
 
+def _checked(result: object) -> PromptBuildResult | None:
+    """A hook's result, or a ``TypeError`` (reported as that hook's failure) for anything
+    but ``None`` or a :class:`PromptBuildResult` of strings: a plugin's mistake must not
+    escape into the turn."""
+    if result is None:
+        return None
+    if not isinstance(result, PromptBuildResult):
+        raise TypeError(f"expected a PromptBuildResult or None, got {type(result).__name__}")
+    for field in attrs.fields(PromptBuildResult):
+        value = getattr(result, field.name)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{field.name} must be a string, got {type(value).__name__}")
+    return result
+
+
 async def run_before_prompt_build(
     hooks: Sequence[PromptHook], context: PromptBuildContext
 ) -> PromptBuildResult:
@@ -111,7 +125,7 @@ async def run_before_prompt_build(
     system_prompt: str | None = None
     for index, hook in enumerate(hooks):
         try:
-            result = await hook(context)
+            result = _checked(await hook(context))
         except Exception as error:
             _log.warning("before_prompt_build hook failed", hook=index, error=format_error(error))
             continue

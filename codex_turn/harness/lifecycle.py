@@ -90,6 +90,7 @@ from codex_turn.harness.engine import (
     TranscriptRewriteRequest,
     coerce_result,
     engine_id,
+    engine_info,
     ensure_assemble_result,
     is_active_engine,
     optional_method,
@@ -402,8 +403,11 @@ async def run_context_engine_maintenance(
 
 
 def _turn_maintenance_mode(engine: object) -> str:
-    mode = getattr(getattr(engine, "info", None), "turn_maintenance_mode", "foreground")
-    return mode if isinstance(mode, str) else "foreground"
+    # engine_info, not getattr: an engine may describe itself with a camelCase mapping.
+    try:
+        return engine_info(engine).turn_maintenance_mode
+    except InvalidEngineResult:
+        return "foreground"
 
 
 class ScheduleResult(enum.Enum):

@@ -35,8 +35,9 @@ import collections
 import os
 import threading
 import time
+import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import anyio
@@ -61,9 +62,10 @@ from codex_turn.harness.appserver import (
     CodexTurnStatus,
     DynamicTool,
     Notification,
+    ThreadResult,
     TurnProjector,
 )
-from codex_turn.harness.appserver.projector import Usage
+from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
     ContextEngineBinding,
     ProjectionBinding,
@@ -75,7 +77,10 @@ from codex_turn.harness.binding import (
     write_binding,
 )
 from codex_turn.harness.engine import (
+    AgentMessage,
     AssembleResult,
+    ContextEngineInfo,
+    InvalidEngineResult,
     engine_id,
     engine_info,
     is_active_engine,
@@ -95,6 +100,7 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     MaintenanceOutcome,
     RuntimeContextFree,
+    ScheduleResult,
     assemble_context_engine,
     bootstrap_context_engine,
     build_runtime_context_from_usage,
@@ -102,11 +108,13 @@ from codex_turn.harness.lifecycle import (
     run_context_engine_maintenance,
     strip_runtime_context_messages,
 )
-from codex_turn.harness.session import MessageHistory, load_session_messages, mirror_turn
+from codex_turn.harness.session import MessageHistory, load_session_context, mirror_turn
+from codex_turn.harness.usage import Usage
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
     fingerprints_compatible,
+    frame_context,
     max_rendered_context_chars,
     project_context_engine_assembly,
     project_thread_bootstrap_assembly,
@@ -127,8 +135,6 @@ _log = get_logger(__name__)
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 _YIELD_TOOL: Final = "sessions_yield"
 
-AgentMessage = dict[str, Any]
-
 
 @attrs.frozen(kw_only=True)
 class TurnParams:
@@ -140,7 +146,8 @@ class TurnParams:
     prompt: str
     #: The run's session key: engines are bound to it (OpenClaw test A6).
     session_key: str | None = None
-    #: Where the sandbox lives when it differs (never passed to the engine).
+    #: The sandbox's session key when it differs: reaches the engine only as a runtime-context
+    #: fact (``sandboxSessionKey``), never as the session key its calls are bound to.
     sandbox_session_key: str | None = None
     #: Image inputs as URLs (``data:<mime>;base64,...`` included).
     images: tuple[str, ...] = ()
@@ -175,9 +182,10 @@ class TurnParams:
 
 @attrs.frozen(kw_only=True)
 class MaintenanceReport:
-    """What happened to turn maintenance: ``ran``, ``failed``, ``deferred`` or ``skipped``."""
+    """What happened to turn maintenance: ``ran``, ``failed``, ``deferred``, ``skipped`` (with
+    the reason) or ``cancelled`` (the caller left before it ran)."""
 
-    status: Literal["ran", "failed", "deferred", "skipped"]
+    status: Literal["ran", "failed", "deferred", "skipped", "cancelled"]
     skip_reason: str | None = None
 
 
@@ -253,6 +261,10 @@ class _Turn:
     live_handle: Any = None
     #: Why no Codex turn could be started (thread/start or turn/start failed).
     start_error: str | None = None
+    #: The started or resumed thread, and a bootstrap projection to record once Codex
+    #: accepted this turn's input (see stage_start_thread).
+    thread_result: ThreadResult | None = None
+    pending_projection: ProjectionBinding | None = None
     maintenance: MaintenanceReport = attrs.Factory(
         lambda: MaintenanceReport(status="skipped", skip_reason=None)
     )
@@ -266,9 +278,31 @@ class _Turn:
     def engine_active(self) -> bool:
         return self.fsm.facts.engine_active
 
+    @property
+    def bootstrap_epoch(self) -> str | None:
+        """The epoch of a ``thread_bootstrap`` assembly (non-blank), else ``None``."""
+        mode = self.assembly.context_projection if self.assembly is not None else None
+        if mode is None or mode.mode != "thread_bootstrap" or not mode.epoch:
+            return None
+        return mode.epoch if mode.epoch.strip() else None
+
+    @property
+    def has_projected_context(self) -> bool:
+        """The projection framed assembled history (it is more than the prompt alone)."""
+        return (
+            self.projection is not None
+            and self.projection.prompt_text != self.params.prompt.strip()
+        )
+
+    @property
+    def projected(self) -> bool:
+        """This turn sends the engine's framed context to Codex."""
+        return self.decision is not None and self.decision.project and self.has_projected_context
+
     def runtime_context(self, *, usage: Usage | None = None) -> dict[str, Any]:
         attempt = {
             "sessionKey": self.params.session_key,
+            "sandboxSessionKey": self.params.sandbox_session_key,
             "provider": "codex",
             "model": self.params.model,
             "authProfileId": self.params.auth_profile_id,
@@ -282,21 +316,23 @@ class _Turn:
             token_budget=self.params.context_token_budget,
         )
 
-    async def read_history(self) -> list[AgentMessage] | None:
-        def read() -> list[AgentMessage]:
-            return _stripped_histories.read(self.session_file)
+    def read_history_sync(self) -> list[AgentMessage] | None:
+        """The stripped history, or ``None`` (logged) when the transcript cannot be read.
 
+        Runs in a worker thread. A read failure must stay a failure (OpenClaw's ``undefined``):
+        finalizing from an empty "history" would hand the engine nothing (#121515).
+        """
         try:
-            return await anyio.to_thread.run_sync(read)
+            return _stripped_histories.read(self.session_file)
         except Exception as error:
-            self.warn_history_read_failed(error)
+            self.log.warning(
+                "failed to read mirrored session history for codex harness hooks",
+                error=format_error(error),
+            )
             return None
 
-    def warn_history_read_failed(self, error: Exception) -> None:
-        self.log.warning(
-            "failed to read mirrored session history for codex harness hooks",
-            error=format_error(error),
-        )
+    async def read_history(self) -> list[AgentMessage] | None:
+        return await anyio.to_thread.run_sync(self.read_history_sync)
 
     def base_instructions(self) -> str | None:
         return join_sections(
@@ -316,23 +352,16 @@ class _Turn:
     async def stage_read_history(self) -> None:
         wanted = self.needs_history
 
-        # One worker-thread hop for both reads (read_binding never raises), the copy and the
-        # strip done there too, off the event loop.
-        def read_both() -> tuple[list[AgentMessage] | Exception, ThreadBinding | None]:
-            messages: list[AgentMessage] | Exception = []
-            if wanted:
-                try:
-                    messages = _stripped_histories.read(self.session_file)
-                except Exception as error:
-                    messages = error
-            return messages, read_binding(self.session_file)
+        # One worker-thread hop for both reads (read_binding never raises).
+        def read_both() -> tuple[list[AgentMessage] | None, ThreadBinding | None]:
+            history = self.read_history_sync() if wanted else []
+            return history, read_binding(self.session_file)
 
-        messages, self.binding = await anyio.to_thread.run_sync(read_both)
-        if isinstance(messages, Exception):
-            self.warn_history_read_failed(messages)
+        history, self.binding = await anyio.to_thread.run_sync(read_both)
+        if history is None:
             self.fire(TurnTrigger.HISTORY_READ_FAILED)
         else:
-            self.history = messages
+            self.history = history
             self.fire(TurnTrigger.HISTORY_READ)
 
     async def stage_bootstrap(self) -> None:
@@ -396,50 +425,22 @@ class _Turn:
         )
         self.fire(TurnTrigger.ASSEMBLED)
 
-    def thread_facts(self, projection: CodexContextProjection | None) -> ThreadFacts:
-        binding = self.binding
-        tools_fp = dynamic_tools_fingerprint(_spec_dicts(self.tools))
-        mode = self.assembly.context_projection if self.assembly is not None else None
-        bootstrap = (
-            mode is not None
-            and mode.mode == "thread_bootstrap"
-            and bool(mode.epoch and mode.epoch.strip())
-        )
-        wanted = self.engine_binding(
-            projection_epoch=mode.epoch if bootstrap and mode else None,
-            projection_fingerprint=mode.fingerprint if mode else None,
-        )
-        bound_engine = binding.context_engine if binding is not None else None
-        if wanted is None:
-            engine_match = bound_engine is None
-        else:
-            engine_match = (
-                bound_engine is not None
-                and bound_engine.engine_id == wanted.engine_id
-                and bound_engine.policy_fingerprint == wanted.policy_fingerprint
-            )
-        bound_projection = bound_engine.projection if bound_engine is not None else None
-        return ThreadFacts(
-            bound=binding is not None,
-            tools_match=binding is None
-            or fingerprints_compatible(binding.dynamic_tools_fingerprint, tools_fp),
-            engine_match=engine_match,
-            thread_bootstrap=bootstrap,
-            epoch_match=bool(
-                bootstrap
-                and mode is not None
-                and bound_projection is not None
-                and bound_projection.mode == "thread_bootstrap"
-                and bound_projection.epoch == mode.epoch
-            ),
-            per_turn=self.assembly is not None and not bootstrap,
-            has_context=projection is not None
-            and projection.prompt_text != self.params.prompt.strip(),
+    def tools_fingerprint(self) -> str:
+        # From the very specs sent on thread/start, so the two can never drift apart.
+        return dynamic_tools_fingerprint(unstructure(t.spec()) for t in self.tools)
+
+    def current_projection(self) -> ProjectionBinding | None:
+        """The projection block this turn's assembly asks for (thread_bootstrap only)."""
+        epoch = self.bootstrap_epoch
+        if epoch is None or self.assembly is None or self.assembly.context_projection is None:
+            return None
+        return ProjectionBinding(
+            mode="thread_bootstrap",
+            epoch=epoch,
+            fingerprint=self.assembly.context_projection.fingerprint,
         )
 
-    def engine_binding(
-        self, *, projection_epoch: str | None = None, projection_fingerprint: str | None = None
-    ) -> ContextEngineBinding | None:
+    def engine_binding(self, projection: ProjectionBinding | None) -> ContextEngineBinding | None:
         if not self.engine_active:
             return None
         info = engine_info(self.engine)
@@ -454,15 +455,36 @@ class _Turn:
                 self.params.context_token_budget, self.params.reserve_tokens
             ),
         )
-        projection = (
-            ProjectionBinding(
-                mode="thread_bootstrap", epoch=projection_epoch, fingerprint=projection_fingerprint
-            )
-            if projection_epoch
-            else None
-        )
         return ContextEngineBinding(
             engine_id=info.id, policy_fingerprint=policy, projection=projection
+        )
+
+    def thread_facts(self) -> ThreadFacts:
+        binding = self.binding
+        wanted = self.engine_binding(None)
+        bound_engine = binding.context_engine if binding is not None else None
+        if wanted is None:
+            engine_match = bound_engine is None
+        else:
+            engine_match = (
+                bound_engine is not None
+                and bound_engine.engine_id == wanted.engine_id
+                and bound_engine.policy_fingerprint == wanted.policy_fingerprint
+            )
+        bound_projection = bound_engine.projection if bound_engine is not None else None
+        epoch = self.bootstrap_epoch
+        return ThreadFacts(
+            bound=binding is not None,
+            tools_match=binding is None
+            or fingerprints_compatible(binding.dynamic_tools_fingerprint, self.tools_fingerprint()),
+            engine_match=engine_match,
+            thread_bootstrap=epoch is not None,
+            epoch_match=epoch is not None
+            and bound_projection is not None
+            and bound_projection.mode == "thread_bootstrap"
+            and bound_projection.epoch == epoch,
+            per_turn=self.assembly is not None and epoch is None,
+            has_context=self.has_projected_context,
         )
 
     async def stage_project(self) -> None:
@@ -472,15 +494,17 @@ class _Turn:
         self.prompt_text = self.params.prompt
         self.developer_instructions = base
         if self.fsm.state is not TurnState.PROJECTING:
-            self.decision = decide_thread(self.thread_facts(None))
+            self.decision = decide_thread(self.thread_facts())
             return
         assert self.assembly is not None
-        mode = self.assembly.context_projection
         project = (
             project_thread_bootstrap_assembly
-            if mode is not None and mode.mode == "thread_bootstrap"
+            if self.bootstrap_epoch is not None
             else project_context_engine_assembly
         )
+        # The framed context must fit Codex's turn input next to the prompt: cap the context,
+        # never cut the frame (its header and safety note are the prompt-injection guard).
+        frame_and_prompt = len(frame_context("x", self.params.prompt.strip())) - 1
         try:
             projection = project(
                 assembled_messages=self.assembly.messages,
@@ -489,22 +513,22 @@ class _Turn:
                 system_prompt_addition=self.assembly.system_prompt_addition,
                 token_budget=self.params.context_token_budget,
                 reserve_tokens=self.params.reserve_tokens,
+                max_context_chars=max(0, TURN_START_TEXT_MAX_CHARS - frame_and_prompt),
             )
         except Exception as error:
             self.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
-            self.decision = decide_thread(self.thread_facts(None))
+            self.decision = decide_thread(self.thread_facts())
             self.fire(TurnTrigger.PROJECTION_FAILED)
             return
         self.projection = projection
-        self.decision = decide_thread(self.thread_facts(projection))
+        self.decision = decide_thread(self.thread_facts())
         self.apply_projection()
         self.pre_prompt_count = projection.pre_prompt_message_count
         self.log.info(
             "codex app-server context-engine projection decision",
             reason=self.decision.reason,
             action=self.decision.action.value,
-            projected=self.decision.project
-            and projection.prompt_text != self.params.prompt.strip(),
+            projected=self.projected,
             truncated_chars=projection.truncated_chars,
         )
         self.fire(TurnTrigger.PROJECTED)
@@ -544,45 +568,54 @@ class _Turn:
             self.log.warning("codex turn input truncated", dropped_chars=dropped)
         self.prompt_text, self.developer_instructions = prompt, instructions
 
+    async def clear_binding_quietly(self) -> None:
+        """A binding is an optimisation: failing to remove one never fails a turn."""
+        try:
+            await anyio.to_thread.run_sync(clear_binding, self.session_file)
+        except Exception as error:
+            self.log.warning("failed to clear codex app-server binding", error=format_error(error))
+
     async def stage_start_thread(self) -> None:
         decision = self.decision
         assert decision is not None
-        cwd = os.fspath(self.params.workspace_dir)
         common: dict[str, Any] = {
             "developer_instructions": self.developer_instructions,
-            "cwd": cwd,
+            "cwd": os.fspath(self.params.workspace_dir),
             "model": self.params.model,
             "tools": self.tools,
         }
-        trigger = TurnTrigger.THREAD_STARTED
+        result: ThreadResult | None = None
         if decision.action is ThreadAction.RESUME:
             assert self.binding is not None
             try:
                 result = await self.app_server.resume_thread(self.binding.thread_id, **common)
-                trigger = TurnTrigger.THREAD_RESUMED
             except AppServerError as error:
                 self.log.warning(
                     "codex app-server thread resume failed; starting a new thread",
                     thread_id=self.binding.thread_id,
                     error=format_error(error),
                 )
-                await anyio.to_thread.run_sync(clear_binding, self.session_file)
-                if not decision.project and self.projection is not None:
-                    # The fresh thread has no native history: it needs the projected context.
-                    self.decision = ThreadDecision(ThreadAction.ROTATE, True, "resume-failed")
+                await self.clear_binding_quietly()
+                # The fresh thread has no native history: it needs the projected context.
+                self.decision = decision = ThreadDecision(
+                    ThreadAction.ROTATE, True, "resume-failed"
+                )
+                if self.projection is not None:
                     self.apply_projection()
                     self.finish_prompt()
                     common["developer_instructions"] = self.developer_instructions
-                else:
-                    self.decision = ThreadDecision(
-                        ThreadAction.ROTATE, decision.project, "resume-failed"
-                    )
-                decision = self.decision
-        if trigger is not TurnTrigger.THREAD_RESUMED:
+        if result is not None:
+            trigger = TurnTrigger.THREAD_RESUMED
+            # The thread keeps the projection it carries (a matching epoch, or none).
+            bound = self.binding.context_engine if self.binding is not None else None
+            kept = bound.projection if bound is not None else None
+            await self.save_binding(result, resumed=True, projection=kept)
+        else:
+            trigger = TurnTrigger.THREAD_STARTED
             if decision.action is ThreadAction.ROTATE:
                 trigger = TurnTrigger.THREAD_ROTATED
                 if self.binding is not None:
-                    await anyio.to_thread.run_sync(clear_binding, self.session_file)
+                    await self.clear_binding_quietly()
             try:
                 result = await self.app_server.start_thread(**common)
             except AppServerError as error:
@@ -590,9 +623,14 @@ class _Turn:
                 self.start_error = format_error(error)
                 self.fire(TurnTrigger.THREAD_START_FAILED)
                 return
+            # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
+            # context (stage_run_turn): recorded earlier, a failed turn/start would make the
+            # next turn resume a thread that never received it (OpenClaw #88355).
+            self.pending_projection = self.current_projection()
+            await self.save_binding(result, resumed=False, projection=None)
+        self.thread_result = result
         self.thread_id = result.thread_id
         self.log = self.log.bind(thread_id=self.thread_id)
-        await self.save_binding(result, keep_created=trigger is TurnTrigger.THREAD_RESUMED)
         self.log.info(
             "codex app-server thread "
             + {
@@ -600,32 +638,16 @@ class _Turn:
                 TurnTrigger.THREAD_RESUMED: "resumed",
                 TurnTrigger.THREAD_ROTATED: "rotated",
             }[trigger],
-            reason=self.decision.reason if self.decision else None,
+            reason=decision.reason,
         )
         self.fire(trigger)
 
-    async def save_binding(self, result: Any, *, keep_created: bool) -> None:
-        mode = self.assembly.context_projection if self.assembly is not None else None
-        bootstrap_epoch = (
-            mode.epoch
-            if mode is not None and mode.mode == "thread_bootstrap" and mode.epoch
-            else None
-        )
-        engine_block = self.engine_binding(
-            projection_epoch=bootstrap_epoch,
-            projection_fingerprint=mode.fingerprint if mode is not None else None,
-        )
-        if (
-            keep_created
-            and engine_block is not None
-            and bootstrap_epoch is None
-            and self.binding is not None
-            and self.binding.context_engine is not None
-        ):
-            # A resume without a new assembly epoch keeps the projection the thread carries.
-            engine_block = attrs.evolve(
-                engine_block, projection=self.binding.context_engine.projection
-            )
+    async def save_binding(
+        self, result: ThreadResult, *, resumed: bool, projection: ProjectionBinding | None
+    ) -> None:
+        """Write the binding for ``result``'s thread (skipped when nothing changed)."""
+        previous = self.binding if resumed else None
+        decision = self.decision
         fields: dict[str, Any] = {
             "thread_id": result.thread_id,
             "cwd": os.fspath(self.params.workspace_dir),
@@ -633,31 +655,21 @@ class _Turn:
             or (self.binding.auth_profile_id if self.binding is not None else None),
             "model": result.model or self.params.model,
             "model_provider": result.model_provider,
-            "dynamic_tools_fingerprint": dynamic_tools_fingerprint(_spec_dicts(self.tools)),
-            "context_engine": engine_block,
+            "dynamic_tools_fingerprint": self.tools_fingerprint(),
+            "context_engine": self.engine_binding(projection),
             # Why this thread exists: the decision that started or rotated to it (a resume
             # keeps the record of the thread it resumed).
-            "thread_decision": (
-                self.binding.thread_decision
-                if keep_created and self.binding is not None
-                else ThreadDecisionRecord(
-                    action=self.decision.action.value, reason=self.decision.reason
-                )
-                if self.decision is not None
-                else None
-            ),
+            "thread_decision": previous.thread_decision
+            if previous is not None
+            else ThreadDecisionRecord(action=decision.action.value, reason=decision.reason)
+            if decision is not None
+            else None,
         }
-        if keep_created and self.binding is not None:
-            fields["created_at"] = self.binding.created_at
+        if previous is not None:
+            fields["created_at"] = previous.created_at
         binding = ThreadBinding(**fields)
-        previous = self.binding
-        if (
-            keep_created
-            and previous is not None
-            and binding
-            == attrs.evolve(
-                previous, session_file=binding.session_file, updated_at=binding.updated_at
-            )
+        if previous is not None and binding == attrs.evolve(
+            previous, session_file=binding.session_file, updated_at=binding.updated_at
         ):
             # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn.
             # ``updatedAt`` therefore says when the binding last changed.
@@ -666,6 +678,8 @@ class _Turn:
             await anyio.to_thread.run_sync(write_binding, self.session_file, binding)
         except Exception as error:
             self.log.warning("failed to write codex app-server binding", error=format_error(error))
+            return
+        self.binding = binding
 
     async def stage_run_turn(self) -> None:
         assert self.thread_id is not None
@@ -685,6 +699,12 @@ class _Turn:
             ) as handle:
                 handle_box.append(handle)
                 self.live_handle = handle
+                if self.pending_projection is not None and self.thread_result is not None:
+                    # Codex accepted the input that carries the epoch's context: record it.
+                    await self.save_binding(
+                        self.thread_result, resumed=True, projection=self.pending_projection
+                    )
+                    self.pending_projection = None
                 self.codex = await handle.collect(
                     on_event=on_event,
                     idle_timeout=self.params.idle_timeout,
@@ -709,6 +729,15 @@ class _Turn:
             )
             self.fire(TurnTrigger.TURN_FAILED)
             return
+        except Exception as error:
+            # Anything else (a protocol shape we cannot read, a failing event hook) is still
+            # a turn that ran: it fails, and mirroring and finalizing follow.
+            self.codex = self.partial_result(
+                handle_box, CodexTurnStatus.FAILED, format_error(error)
+            )
+            self.log.warning("codex turn failed unexpectedly", error=format_error(error))
+            self.fire(TurnTrigger.TURN_FAILED)
+            return
         finally:
             self.live_handle = None
         self.log = self.log.bind(turn_id=self.codex.turn_id)
@@ -728,8 +757,9 @@ class _Turn:
         phase = note.compaction_phase
         if phase is None:
             return
-        item_id = _item_id(note)
-        turn_id = self.codex.turn_id if self.codex is not None else _turn_id(note)
+        item = note.item
+        item_id = item.get("id") if item is not None and isinstance(item.get("id"), str) else None
+        turn_id = self.codex.turn_id if self.codex is not None else note.turn_id
         event = CompactionHookEvent(
             phase="start" if phase == "started" else "end",
             thread_id=self.thread_id or "",
@@ -856,9 +886,31 @@ class _Turn:
             runtime_context=self.runtime_context(usage=codex.usage if codex else None),
             scheduler=self.scheduler,
         )
-        status = outcome.status if outcome.status != "skipped" else "failed"
-        self.maintenance = MaintenanceReport(status=status)
+        if outcome.status == "deferred" and outcome.schedule in (
+            ScheduleResult.REJECTED,
+            ScheduleResult.CLOSED,
+        ):
+            # Handed to the scheduler, which dropped it: nothing will run.
+            reason = f"scheduler_{outcome.schedule.value}"
+            self.maintenance = MaintenanceReport(status="skipped", skip_reason=reason)
+        else:
+            status = outcome.status if outcome.status != "skipped" else "failed"
+            self.maintenance = MaintenanceReport(status=status)
         trigger = outcome.trigger or TurnTrigger.MAINTENANCE_FAILED
+        if not self.fsm.allows(trigger):
+            # The engine's maintenance mode disagreed with the turn's facts. Maintenance never
+            # fails a turn: record what the table allows, loudly.
+            allowed = next(
+                t
+                for t in (TurnTrigger.MAINTENANCE_DEFERRED, TurnTrigger.MAINTENANCE_FAILED)
+                if self.fsm.allows(t)
+            )
+            self.log.warning(
+                "turn maintenance outcome does not match the maintenance mode",
+                outcome=outcome.status,
+                recorded=allowed.value,
+            )
+            trigger = allowed
         self.fire(trigger)
 
     async def mirror_and_finalize(self) -> None:
@@ -873,11 +925,12 @@ class _Turn:
             (TurnState.MIRRORING, TurnTrigger.MIRROR_FAILED),
             (TurnState.FINALIZING, TurnTrigger.FINALIZE_FAILED),
             (TurnState.MAINTAINING, TurnTrigger.MAINTENANCE_FAILED),
+            (TurnState.MAINTAINING, TurnTrigger.MAINTENANCE_DEFERRED),
         ):
             if self.fsm.state is state and self.fsm.allows(trigger):
                 self.log.warning("codex turn cleanup cut short", stage=state.value)
-                if trigger is TurnTrigger.MAINTENANCE_FAILED:
-                    self.maintenance = MaintenanceReport(status="failed")
+                if state is TurnState.MAINTAINING:
+                    self.maintenance = MaintenanceReport(status="cancelled")
                 self.fire(trigger)
 
     def partial_result(
@@ -892,7 +945,9 @@ class _Turn:
                 return finished
             built: CodexTurnResult = handle.projector.build_result(outcome=status, error=error)
             return built
-        # turn/start itself never answered: nothing but the prompt exists.
+        # turn/start itself never answered: nothing but the prompt exists, and Codex gave the
+        # turn no id. Run-unique identities keep the mirror's idempotency keys from matching
+        # an earlier such turn on this thread (which would silently drop this prompt).
         projector = TurnProjector(
             thread_id=self.thread_id or "",
             prompt=self.params.prompt,
@@ -901,7 +956,13 @@ class _Turn:
             turn_id=None,
         )
         prompt_only: CodexTurnResult = projector.build_result(outcome=status, error=error)
-        return prompt_only
+        run = f"unstarted-{uuid.uuid4().hex}"
+        return attrs.evolve(
+            prompt_only,
+            mirror_identities=[
+                f"{run}:{identity.rpartition(':')[2]}" for identity in prompt_only.mirror_identities
+            ],
+        )
 
     def result(self) -> TurnResult:
         codex = self.codex
@@ -919,12 +980,7 @@ class _Turn:
             messages_snapshot=list(codex.messages_snapshot) if codex is not None else [],
             maintenance=self.maintenance,
             thread_decision=self.decision,
-            projected=bool(
-                self.decision is not None
-                and self.decision.project
-                and self.projection is not None
-                and self.projection.prompt_text != self.params.prompt.strip()
-            ),
+            projected=self.projected,
             native_compactions=self.fsm.native_compactions,
             trace=tuple(self.fsm.trace),
         )
@@ -948,7 +1004,9 @@ class _StrippedHistories:
 
     def read(self, session_file: str) -> list[AgentMessage]:
         """A fresh, stripped list of the session's messages."""
-        history = load_session_messages(session_file)
+        # load_session_context raises SessionError on a read failure (load_session_messages
+        # would return [] and hide it).
+        history = load_session_context(session_file).messages
         if not isinstance(history, MessageHistory):
             return strip_runtime_context_messages(history)
         with self._lock:
@@ -967,25 +1025,6 @@ class _StrippedHistories:
 
 
 _stripped_histories = _StrippedHistories()
-
-
-def _spec_dicts(tools: Iterable[DynamicTool]) -> list[dict[str, Any]]:
-    return [
-        {"name": t.name, "description": t.description, "inputSchema": dict(t.input_schema)}
-        for t in tools
-    ]
-
-
-def _item_id(note: Notification) -> str | None:
-    item = note.params.get("item")
-    if isinstance(item, Mapping) and isinstance(item.get("id"), str):
-        return str(item["id"])
-    return None
-
-
-def _turn_id(note: Notification) -> str | None:
-    value = note.params.get("turnId")
-    return value if isinstance(value, str) else None
 
 
 def _yield_tool(turn: _Turn) -> DynamicTool:
@@ -1061,6 +1100,18 @@ async def _run_locked(
     on_turn_end: Callable[[TurnResult], Awaitable[None]] | None,
 ) -> TurnResult:
     active = is_active_engine(engine)
+    info: ContextEngineInfo | None = None
+    if active:
+        try:
+            info = engine_info(engine)
+        except InvalidEngineResult as error:
+            # An engine we cannot describe cannot be driven: the turn runs as plain Codex.
+            _log.warning(
+                "context engine has an invalid info; running the turn without it",
+                engine=engine_id(engine),
+                error=format_error(error),
+            )
+            active = False
     if engine is not None and not active:
         # OpenClaw bug #77185/#971: an engine silently not in use looks like "memory ignored".
         _log.warning(
@@ -1071,7 +1122,6 @@ async def _run_locked(
         had_session_file = (await anyio.Path(session_file).stat()) is not None
     except FileNotFoundError:
         had_session_file = False
-    info = engine_info(engine) if active else None
     facts = TurnFacts(
         engine_active=active,
         had_session_file=had_session_file,

@@ -345,6 +345,7 @@ def _project(
     token_budget: float | None,
     reserve_tokens: float | None,
     tool_payload_mode: ToolPayloadMode,
+    max_context_chars: int | None = None,
 ) -> CodexContextProjection:
     if not isinstance(prompt, str):
         raise ProjectionError(f"prompt must be a string, not {type(prompt).__name__}")
@@ -363,6 +364,9 @@ def _project(
     trimmed_prompt = _trim(prompt)
     messages = _drop_duplicate_prompt(list(assembled_messages), trimmed_prompt)
     max_chars = max_rendered_context_chars(token_budget, reserve_tokens)
+    if max_context_chars is not None:
+        # A caller's hard room (Codex's turn/start size limit) tightens the budget's cap.
+        max_chars = max(0, min(max_chars, max_context_chars))
     context, truncated = render_context(
         messages,
         max_chars=max_chars,
@@ -390,12 +394,14 @@ def project_context_engine_assembly(
     token_budget: float | None = None,
     reserve_tokens: float | None = None,
     tool_payload_mode: ToolPayloadMode = "elide",
+    max_context_chars: int | None = None,
 ) -> CodexContextProjection:
     """Project an engine's assembly for one Codex turn (OpenClaw's per-turn projection).
 
     ``token_budget`` and ``reserve_tokens`` size the cap
     (:func:`~codex_turn.projection.budget.max_rendered_context_chars`); without a budget it is
-    24,000 characters. Tool payloads are elided unless
+    24,000 characters. ``max_context_chars`` can only tighten that cap (the room left in
+    Codex's turn input), so the frame is never cut. Tool payloads are elided unless
     ``tool_payload_mode="preserve"``.
     """
     return _project(
@@ -406,6 +412,7 @@ def project_context_engine_assembly(
         token_budget=token_budget,
         reserve_tokens=reserve_tokens,
         tool_payload_mode=tool_payload_mode,
+        max_context_chars=max_context_chars,
     )
 
 
@@ -417,6 +424,7 @@ def project_thread_bootstrap_assembly(
     system_prompt_addition: str | None = None,
     token_budget: float | None = None,
     reserve_tokens: float | None = None,
+    max_context_chars: int | None = None,
 ) -> CodexContextProjection:
     """The thread-bootstrap projection: same frame, tool payload *shapes* preserved.
 
@@ -431,4 +439,5 @@ def project_thread_bootstrap_assembly(
         token_budget=token_budget,
         reserve_tokens=reserve_tokens,
         tool_payload_mode="preserve",
+        max_context_chars=max_context_chars,
     )

@@ -1,0 +1,234 @@
+"""Regressions found in review: each test failed before its fix (see the commit history).
+
+All run against the in-process fake app-server (tests/support/fake_appserver.py), whose turn
+handle and projector are the product's own, on both anyio backends.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.fake_appserver import CodexScript, FakeAppServer
+from support.recording_engine import RecordingEngine
+
+from codex_turn import (
+    AssembleResult,
+    ContextProjection,
+    PromptBuildResult,
+    TurnHooks,
+    TurnOutcome,
+    TurnParams,
+    read_binding,
+    run_codex_turn,
+)
+from codex_turn.harness.appserver import AppServerRpcError
+from codex_turn.harness.lifecycle import BackgroundMaintenance
+from codex_turn.harness.orchestrator import TURN_START_TEXT_MAX_CHARS
+from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+
+pytestmark = pytest.mark.anyio
+
+CONTEXT_HEADER = "OpenClaw assembled context for this turn:"
+
+
+@pytest.fixture
+def session_file() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="codex-turn-regressions-") as directory:
+        path = os.path.join(directory, "session.jsonl")
+        yield path
+        clear_session_cache(path)
+
+
+def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
+    return TurnParams(
+        session_id="s-1",
+        session_key="agent:main:s-1",
+        session_file=session_file,
+        workspace_dir=os.path.dirname(session_file),
+        prompt=prompt,
+        **overrides,
+    )
+
+
+def texts(session_file: str) -> list[str]:
+    out = []
+    for message in load_session_messages(session_file):
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out.extend(p.get("text", "") for p in content if isinstance(p, dict))
+    return out
+
+
+def bootstrap_engine(epoch: str = "e1") -> RecordingEngine:
+    return RecordingEngine(
+        engine_id="memory",
+        responses={
+            "assemble": lambda p: AssembleResult(
+                messages=[*p.messages, {"role": "assistant", "content": "MEMORY-FACT-314"}],
+                estimated_tokens=1,
+                context_projection=ContextProjection(mode="thread_bootstrap", epoch=epoch),
+            )
+        },
+    )
+
+
+def refused() -> AppServerRpcError:
+    return AppServerRpcError(-32600, "turn/start refused")
+
+
+async def test_two_turns_refused_by_codex_keep_both_prompts(session_file: str) -> None:
+    # B1: both prompt-only results used to share the key "<thread>:unknown-turn:prompt".
+    server = FakeAppServer(
+        scripts=[
+            CodexScript(),
+            CodexScript(turn_start_error=refused()),
+            CodexScript(turn_start_error=refused()),
+        ]
+    )
+    for prompt in ("first prompt", "second prompt", "third prompt"):
+        await run_codex_turn(params(session_file, prompt), app_server=server)
+    assert [t for t in texts(session_file) if t.endswith("prompt")] == [
+        "first prompt",
+        "second prompt",
+        "third prompt",
+    ]
+
+
+async def test_an_unreadable_transcript_is_a_history_read_failure_not_an_empty_history(
+    session_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B2: the read failure was swallowed into [] and finalize handed the engine nothing.
+    import codex_turn.harness.orchestrator as orchestrator
+    from codex_turn.harness.session import SessionError
+
+    mirror_turn(
+        session_file,
+        [{"role": "user", "content": "old", "timestamp": 1}],
+        scope="seed",
+        identities=["a"],
+        session_id="s-1",
+        cwd="/",
+    )
+    real = orchestrator.load_session_context
+
+    def failing(path: Any) -> Any:
+        raise SessionError("disk on fire")
+
+    monkeypatch.setattr(orchestrator, "load_session_context", failing)
+    engine = RecordingEngine(omit={"after_turn", "ingest_batch"})
+    result = await run_codex_turn(
+        params(session_file, "new question"), app_server=FakeAppServer(), engine=engine
+    )
+    monkeypatch.setattr(orchestrator, "load_session_context", real)
+    triggers = [e.trigger for e in result.trace]
+    assert triggers[1] == "history_read_failed"
+    # Finalize fell back to history + this turn's snapshot: the engine saw the new messages.
+    ingested = [c.params.message for c in engine.calls_to("ingest")]
+    assert ingested[0].get("content") == "new question"
+
+
+async def test_a_bootstrap_epoch_is_recorded_only_after_codex_accepted_the_turn(
+    session_file: str,
+) -> None:
+    # B3: the epoch was bound before turn/start; a refused turn/start then made the next
+    # turn resume a thread that never received the context.
+    server = FakeAppServer(scripts=[CodexScript(turn_start_error=refused()), CodexScript()])
+    engine = bootstrap_engine()
+    failed = await run_codex_turn(params(session_file, "first"), app_server=server, engine=engine)
+    assert failed.outcome is TurnOutcome.FAILED
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.context_engine is not None
+    assert binding.context_engine.projection is None
+    second = await run_codex_turn(params(session_file, "second"), app_server=server, engine=engine)
+    assert second.thread_decision is not None
+    assert second.thread_decision.reason == "thread-bootstrap-epoch-changed"
+    assert second.projected
+    assert "MEMORY-FACT-314" in server.turn_inputs()[-1]
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.context_engine is not None
+    assert binding.context_engine.projection is not None
+    assert binding.context_engine.projection.epoch == "e1"
+
+
+async def test_a_mapping_info_in_background_mode_is_honoured(session_file: str) -> None:
+    # B4: the lifecycle read the mode with getattr (always foreground for a mapping) while
+    # the turn's facts said background: IllegalTransition escaped after mirror and finalize.
+    engine = RecordingEngine()
+    object.__setattr__(
+        engine, "info", {"id": "mapped", "name": "Mapped", "turnMaintenanceMode": "background"}
+    )
+    async with BackgroundMaintenance() as scheduler:
+        result = await run_codex_turn(
+            params(session_file, "hello there"),
+            app_server=FakeAppServer(),
+            engine=engine,
+            maintenance_scheduler=scheduler,
+        )
+        await scheduler.drain()
+    assert result.maintenance.status == "deferred"
+    assert [e.trigger for e in result.trace][-1] == "maintenance_deferred"
+
+
+async def test_an_engine_with_an_invalid_info_runs_the_turn_as_plain_codex(
+    session_file: str,
+) -> None:
+    engine = RecordingEngine()
+    object.__setattr__(engine, "info", {"id": "broken"})  # no name
+    result = await run_codex_turn(
+        params(session_file, "hello there"), app_server=FakeAppServer(), engine=engine
+    )
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.maintenance.skip_reason == "no_engine"
+    assert engine.calls == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"prependContext": "x"}, PromptBuildResult(prepend_context=42)],  # type: ignore[arg-type]
+    ids=["dict", "non-string-field"],
+)
+async def test_a_hook_returning_garbage_is_ignored_like_a_failing_hook(
+    session_file: str, bad: Any
+) -> None:
+    # B5: the hook's result was used outside the try: AttributeError escaped the turn.
+    async def garbage(_: Any) -> Any:
+        return bad
+
+    async def good(_: Any) -> PromptBuildResult:
+        return PromptBuildResult(prepend_context="GOOD-HOOK-CONTEXT")
+
+    server = FakeAppServer()
+    result = await run_codex_turn(
+        params(session_file, "hello there"),
+        app_server=server,
+        hooks=TurnHooks(before_prompt_build=[garbage, good]),
+    )
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert server.turn_inputs()[-1] == "GOOD-HOOK-CONTEXT\n\nhello there"
+
+
+async def test_a_huge_projection_is_capped_inside_the_frame(session_file: str) -> None:
+    # B7: the 1 MiB cut ran over the whole framed prompt and removed the frame's header.
+    # Ten 120k-char messages (each under the 128k per-part cap): 1.2M chars of context.
+    many = [{"role": "assistant", "content": f"{i}" + "y" * 120_000} for i in range(10)]
+    engine = RecordingEngine(
+        responses={"assemble": lambda p: AssembleResult(messages=many, estimated_tokens=1)}
+    )
+    prompt = "p" * 60_000
+    server = FakeAppServer()
+    await run_codex_turn(
+        params(session_file, prompt, context_token_budget=400_000), app_server=server, engine=engine
+    )
+    text = server.turn_inputs()[-1]
+    assert len(text) <= TURN_START_TEXT_MAX_CHARS
+    assert text.startswith(CONTEXT_HEADER)
+    assert "quoted reference data" in text
+    assert text.endswith(prompt)
