@@ -4,6 +4,7 @@ model. Every assertion is about what the binary did or what it sent to the model
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -325,6 +326,95 @@ async def test_cancellation_and_idle_timeout_interrupt_the_turn(
     # Both abandoned turns were interrupted in Codex (it tells the model so).
     aborted = [u for u in offline_model.requests[-1].user_messages if "<turn_aborted>" in u]
     assert len(aborted) == 2
+
+
+class CancelAfterTurnStart:
+    """The real process as transport, cancelling ``scope`` the moment a ``turn/start`` line
+    has been written: the request is out, its response cannot have been dispatched yet."""
+
+    def __init__(self, process: AppServerProcess) -> None:
+        self.process = process
+        self.scope: anyio.CancelScope | None = None
+
+    async def send_line(self, line: bytes) -> None:
+        await self.process.send_line(line)
+        if self.scope is not None and json.loads(line).get("method") == "turn/start":
+            self.scope.cancel()
+            self.scope = None
+
+    async def receive_line(self) -> bytes:
+        return await self.process.receive_line()
+
+    async def run_background(self) -> None:
+        await self.process.run_background()
+
+    async def aclose(self) -> None:
+        await self.process.aclose()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+async def test_cancelled_turn_start_interrupts_the_turn_codex_started(
+    make_appserver_config: ConfigFactory, offline_model: OfflineModel, workspace: Path
+) -> None:
+    transports: list[CancelAfterTurnStart] = []
+
+    async def spawn(config: AppServerConfig) -> CancelAfterTurnStart:
+        transports.append(CancelAfterTurnStart(await AppServerProcess.spawn(config)))
+        return transports[-1]
+
+    ended: dict[str, str] = {}  # turn id -> final status, from every turn/completed
+
+    def on_completed(n: Notification) -> None:
+        if n.method == "turn/completed" and n.turn_id is not None:
+            ended[n.turn_id] = str((n.params.get("turn") or {}).get("status"))
+
+    config = make_appserver_config()
+    async with AppServer.start(config, record_sent=True, transport_factory=spawn) as server:
+        server.add_listener(on_completed)
+        tid = (await server.start_thread(cwd=str(workspace))).thread_id
+        # Left alone, the orphan would run for 10 s (only its own prompt gets the slow reply).
+        offline_model.script(Reply.fixed("never", delay=10), user_contains="orphan me")
+        with anyio.CancelScope() as scope:
+            transports[-1].scope = scope
+            await server.run_turn(tid, "orphan me")
+        assert scope.cancelled_caught  # the cancellation propagated...
+        interrupts = [m for m in server.sent if m.get("method") == "turn/interrupt"]
+        assert len(interrupts) == 1  # ...after the started turn was interrupted, once
+        orphan = interrupts[0]["params"]["turnId"]
+        assert ended == {orphan: "interrupted"}  # Codex accepted it: the orphan is over
+        after = await server.run_turn(tid, "next")
+    # A turn of its own (not steered into a still running orphan), answered at once.
+    assert after.turn_id not in (None, orphan)
+    assert after.outcome is CodexTurnStatus.COMPLETED
+    assert after.final_text == "ECHO: next"
+    assert interrupts[0]["params"]["threadId"] == tid
+    assert server.restarts == 0
+
+
+async def test_leaving_a_turn_before_codex_activated_it_still_interrupts_it(
+    appserver: AppServer, offline_model: OfflineModel, workspace: Path
+) -> None:
+    """Codex answers turn/start ~20 ms before the turn is active and refuses an interrupt in
+    that window (the turn then runs on): the interrupt must wait for turn/started."""
+    ended: dict[str, str] = {}
+
+    def on_completed(n: Notification) -> None:
+        if n.method == "turn/completed" and n.turn_id is not None:
+            ended[n.turn_id] = str((n.params.get("turn") or {}).get("status"))
+
+    appserver.add_listener(on_completed)
+    tid = (await appserver.start_thread(cwd=str(workspace))).thread_id
+    offline_model.script(Reply.fixed("never", delay=10), user_contains="leave at once")
+    with anyio.CancelScope() as scope:
+        async with appserver.turn(tid, "leave at once") as handle:
+            scope.cancel()  # right after the turn/start response
+            await anyio.sleep_forever()
+    assert ended == {handle.turn_id: "interrupted"}
+    assert len([m for m in appserver.sent if m.get("method") == "turn/interrupt"]) == 1
+    assert (await appserver.run_turn(tid, "next")).final_text == "ECHO: next"
 
 
 async def test_sigkill_mid_turn_raises_closed_quickly_and_the_next_turn_restarts(

@@ -58,6 +58,7 @@ from codex_turn.fsm.compaction import (
     CompactionTrigger,
 )
 from codex_turn.harness.appserver.client import CompactionResult
+from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from codex_turn.harness.appserver.errors import AppServerError
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding, write_binding
 from codex_turn.harness.engine import (
@@ -154,10 +155,10 @@ class CompactSessionParams:
     auth_profile_id: str | None = None
     developer_instructions: str | None = None
     native_timeout: float = attrs.field(
-        default=300.0, converter=float, validator=attrs.validators.gt(0)
+        default=NATIVE_COMPACTION_TIMEOUT_S, converter=float, validator=attrs.validators.gt(0)
     )
     interrupt_grace: float = attrs.field(
-        default=5.0, converter=float, validator=attrs.validators.ge(0)
+        default=INTERRUPT_GRACE_S, converter=float, validator=attrs.validators.ge(0)
     )
     provider: str | None = None
     model: str | None = None

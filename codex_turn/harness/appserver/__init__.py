@@ -2,6 +2,8 @@
 
 Layers (bottom up), each mapping its own failures once into the :mod:`.errors` family:
 
+* :mod:`.defaults`: the shared timing and memory defaults (interrupt grace, native
+  compaction timeout, remembered threads), used by every layer and by compaction;
 * :mod:`.config`: CODEX_HOME, an offline-safe ``config.toml``, argv and environment;
 * :mod:`.process`: the child process as a line transport (stderr drained, graceful shutdown,
   immediate death detection);
@@ -32,6 +34,7 @@ from .client import (
     decline_all,
 )
 from .config import AppServerConfig, ModelProviderConfig, bundled_codex_path, render_toml
+from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import (
     AppServerClosed,
     AppServerError,
@@ -53,6 +56,9 @@ from .types import (
 )
 
 __all__ = [
+    "INTERRUPT_GRACE_S",
+    "MAX_REMEMBERED_THREADS",
+    "NATIVE_COMPACTION_TIMEOUT_S",
     "AppServer",
     "AppServerClient",
     "AppServerClosed",

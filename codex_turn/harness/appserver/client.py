@@ -19,7 +19,13 @@ Layering, bottom up:
    notifications until ``turn/completed`` and folds them through the
    :class:`~.projector.TurnProjector`; :meth:`AppServerClient.run_turn` does it all and
    returns the :class:`~.projector.CodexTurnResult`. A cancelled or timed-out turn is interrupted
-   (once: a second ``turn/interrupt`` for the same turn would hang in Codex).
+   (once: a second ``turn/interrupt`` for the same turn would hang in Codex; and only once the
+   turn is active, after its ``turn/started``: Codex refuses an earlier one and the turn runs
+   on). That holds from the moment ``turn/start`` is sent: a caller cancelled (or timed out)
+   before its response still interrupts the turn Codex started. ``on_event`` callbacks run
+   outside the idle/turn timeouts; each wait of an abandonment is bounded by the interrupt
+   grace (:data:`~.defaults.INTERRUPT_GRACE_S`, or ``AppServerConfig.interrupt_grace``).
+   :meth:`AppServerClient.forget_thread` releases a thread's local state (its tools).
 5. **Compaction**: :meth:`AppServerClient.compact_thread` runs ``thread/compact/start`` (a turn
    of its own in Codex) to its end, serialised per thread; past its deadline it interrupts
    the compaction turn and, when the interrupt is not acknowledged within a grace period,
@@ -41,6 +47,7 @@ interrupt plus a ``TIMED_OUT`` result) instead of a bare cancellation.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -64,6 +71,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from codex_turn._log import format_error, get_logger
 
 from .config import AppServerConfig
+from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import (
     AppServerClosed,
     AppServerError,
@@ -120,7 +128,6 @@ APPROVAL_METHODS = frozenset(
         "applyPatchApproval",
     }
 )
-_INTERRUPT_GRACE_S = 5.0
 
 
 async def decline_all(method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -167,9 +174,11 @@ class AppServerClient:
         user_input_handler: UserInputHandler | None = None,
         provider: str | None = None,
         model: str | None = None,
+        interrupt_grace: float = INTERRUPT_GRACE_S,
     ) -> None:
         self.transport = transport
         self.request_timeout = request_timeout
+        self.interrupt_grace = interrupt_grace
         self.approval_policy = approval_policy
         self.user_input_handler = user_input_handler
         self.provider = provider
@@ -217,6 +226,7 @@ class AppServerClient:
             user_input_handler=user_input_handler,
             provider=config.provider.id if config.provider else None,
             model=config.model,
+            interrupt_grace=config.interrupt_grace,
         )
         if sent_log is not None:
             client.record_sent = True
@@ -515,6 +525,17 @@ class AppServerClient:
         """Whether this process started or resumed ``thread_id``."""
         return thread_id in self._loaded_threads
 
+    def forget_thread(self, thread_id: str) -> None:
+        """Drop this client's local state for ``thread_id``: its tool registry (and whatever
+        the tools' closures keep alive) and its loaded mark.
+
+        The thread is *not* unloaded in Codex. Call it once the thread will not run another
+        turn here (e.g. when the engine rotated to a fresh thread): a later tool call for it
+        would be answered as an unknown tool, and a later compaction would resume it first.
+        Idempotent; unknown ids are ignored."""
+        self._tools.pop(thread_id, None)
+        self._loaded_threads.discard(thread_id)
+
     async def start_thread(
         self,
         *,
@@ -593,7 +614,7 @@ class AppServerClient:
         thread_id: str,
         turn_id: str,
         *,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = INTERRUPT_GRACE_S,  # noqa: ASYNC109
     ) -> None:
         params = TurnInterruptParams(thread_id=thread_id, turn_id=turn_id)
         await self.request("turn/interrupt", unstructure(params), timeout=timeout)
@@ -616,6 +637,10 @@ class AppServerClient:
         (``data:`` URLs included). ``prompt`` is the *raw* user prompt mirrored into the
         snapshot (defaults to the text). Leaving the block before ``turn/completed``
         (cancellation, an exception) interrupts the turn and waits briefly for its end.
+
+        A cancellation (or the ``timeout`` of ``turn/start`` itself) that hits *after* the
+        request went out but before its response also interrupts the turn Codex may have
+        started (see :meth:`_start_turn`) before it propagates.
         """
         if isinstance(input, str):
             items: list[UserInput] = [TextInput(input)]
@@ -626,7 +651,7 @@ class AppServerClient:
         items += [ImageInput(url) for url in images]
         with self.subscribe(thread_id) as stream:
             params = TurnStartParams(thread_id=thread_id, input=items)
-            raw = await self.request("turn/start", unstructure(params), timeout=timeout)
+            raw = await self._start_turn(thread_id, unstructure(params), stream, timeout)
             started = structure(raw, TurnStartResult)
             projector = TurnProjector(
                 thread_id=thread_id,
@@ -635,14 +660,147 @@ class AppServerClient:
                 model=model or self.model,
                 turn_id=started.turn.id,
             )
-            handle = TurnHandle(self, thread_id, started.turn.id, stream, projector)
+            handle = TurnHandle(
+                self,
+                thread_id,
+                started.turn.id,
+                stream,
+                projector,
+                interrupt_grace=self.interrupt_grace,
+            )
             log.info("appserver.turn_started", thread_id=thread_id, turn_id=started.turn.id)
             try:
                 yield handle
             finally:
-                if not projector.done and not self.closed:
+                if not projector.done and not self.closed and not handle._abandoned:
                     with anyio.CancelScope(shield=True):
                         await handle._abandon()
+
+    async def _start_turn(
+        self,
+        thread_id: str,
+        params: Mapping[str, Any],
+        stream: MemoryObjectReceiveStream[Notification],
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Any:
+        """``turn/start``, without orphaning the turn when the caller leaves early.
+
+        Once the request is sent, Codex starts the turn whether or not we wait for the
+        answer. So when the caller is cancelled, or ``timeout`` passes, between the send and
+        the response, the turn is found (its response, and its ``turn/started`` on the
+        already-subscribed ``stream``), interrupted once and given the interrupt grace to
+        end, shielded, each wait bounded by that grace (:meth:`_abandon_turn_start`); then
+        the cancellation (or :class:`AppServerTimeout`) propagates. Otherwise the orphan
+        would keep running (tool calls included) and the thread's next ``turn/start`` would
+        be steered into it (Codex 0.163 answers it with the orphan's turn id).
+        """
+        seconds = self.request_timeout if timeout is None else timeout
+        msg_id: int | None = None
+        pending: _Pending | None = None
+        try:
+            try:
+                with anyio.fail_after(seconds):
+                    msg_id, pending = await self._start_request("turn/start", params)
+                    await pending.event.wait()
+            except TimeoutError:
+                raise AppServerTimeout(
+                    f"turn/start got no response within {seconds:g}s",
+                    method="turn/start",
+                    seconds=seconds,
+                ) from None
+        except BaseException:
+            if pending is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._abandon_turn_start(thread_id, pending, stream)
+            raise
+        finally:
+            # Only now: the abandonment above still needs the response routed to ``pending``.
+            if msg_id is not None:
+                self._pending.pop(msg_id, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    async def _abandon_turn_start(
+        self,
+        thread_id: str,
+        pending: _Pending,
+        stream: MemoryObjectReceiveStream[Notification],
+    ) -> None:
+        """Interrupt the turn an abandoned ``turn/start`` started (never raises).
+
+        Waits up to the interrupt grace for the turn to be *active* (its ``turn/started``:
+        Codex refuses an interrupt before that, see :class:`TurnHandle`), or to be refused;
+        then interrupts it once (falling back to the id from the response when no
+        ``turn/started`` came) and waits up to the grace again for its ``turn/completed``.
+        """
+        seen: list[Notification] = []
+        response_id: list[str] = []
+        started_id: str | None = None
+        with anyio.move_on_after(self.interrupt_grace):
+            started_id = await self._watch_turn_start(pending, stream, seen, response_id)
+        turn_id = started_id or (response_id[0] if response_id else None)
+        log.warning("appserver.turn_start_abandoned", thread_id=thread_id, turn_id=turn_id)
+        if turn_id is None or self.closed:
+            return  # refused, never answered within the grace, or the process is gone
+        projector = TurnProjector(
+            thread_id=thread_id,
+            prompt="",
+            provider=self.provider,
+            model=self.model,
+            turn_id=turn_id,
+        )
+        handle = TurnHandle(
+            self, thread_id, turn_id, stream, projector, interrupt_grace=self.interrupt_grace
+        )
+        for n in seen:
+            handle._absorb(n)
+        handle._started = True  # active, or waited for a whole grace already: interrupt now
+        await handle._abandon()
+
+    async def _watch_turn_start(
+        self,
+        pending: _Pending,
+        stream: MemoryObjectReceiveStream[Notification],
+        seen: list[Notification],
+        response_id: list[str],
+    ) -> str | None:
+        """Follow an abandoned ``turn/start``: the id of its turn once that turn is active
+        (``turn/started``) or over (``turn/completed``); ``None`` as soon as the request was
+        refused, or when the client closed. A successful response only records its turn id
+        in ``response_id``: the stream is never cancelled mid-receive on its account (a
+        notification being handed over would be lost). Notifications read are appended to
+        ``seen``."""
+        found: list[str | None] = []
+        async with anyio.create_task_group() as tg:
+
+            async def from_response() -> None:
+                await pending.event.wait()
+                if pending.error is None:
+                    with contextlib.suppress(Exception):
+                        response_id.append(structure(pending.result, TurnStartResult).turn.id)
+                    return  # a turn exists: its turn/started is awaited on the stream
+                found.append(None)  # refused (or closed): no turn to interrupt
+                tg.cancel_scope.cancel()
+
+            async def from_stream() -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+                    async for n in stream:
+                        seen.append(n)
+                        if n.turn_id and (
+                            n.method == "turn/started"
+                            # Over already (not a late one of an earlier turn): nothing to do.
+                            or (n.method == "turn/completed" and n.turn_id in response_id)
+                        ):
+                            found.append(n.turn_id)
+                            break
+                if not found:
+                    found.append(None)  # the stream ended: the client is closed
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(from_response)
+            tg.start_soon(from_stream)
+        return found[0] if found else None
 
     async def run_turn(
         self,
@@ -675,8 +833,8 @@ class AppServerClient:
         self,
         thread_id: str,
         *,
-        timeout: float = 120.0,  # noqa: ASYNC109
-        interrupt_grace: float = _INTERRUPT_GRACE_S,
+        timeout: float = NATIVE_COMPACTION_TIMEOUT_S,  # noqa: ASYNC109
+        interrupt_grace: float = INTERRUPT_GRACE_S,
     ) -> CompactionResult:
         """Native compaction of one thread: ``thread/compact/start``, then wait for its end.
 
@@ -969,7 +1127,13 @@ class CompactionResult:
 class TurnHandle:
     """One running turn: ``async for n in handle`` yields its notifications and stops after
     ``turn/completed``; :attr:`result` is then set. Obtain it from
-    :meth:`AppServerClient.turn`."""
+    :meth:`AppServerClient.turn`.
+
+    Codex answers ``turn/start`` *before* the turn is active, and refuses a ``turn/interrupt``
+    sent in that window ("no active turn to interrupt") while the turn then runs on. So
+    :meth:`interrupt` first waits (up to the interrupt grace) for the turn's ``turn/started``;
+    notifications read meanwhile are still yielded by the iteration, in order.
+    """
 
     def __init__(
         self,
@@ -978,38 +1142,70 @@ class TurnHandle:
         turn_id: str,
         stream: MemoryObjectReceiveStream[Notification],
         projector: TurnProjector,
+        *,
+        interrupt_grace: float = INTERRUPT_GRACE_S,
     ) -> None:
         self.client = client
         self.thread_id = thread_id
         self.turn_id = turn_id
         self.projector = projector
+        self.interrupt_grace = interrupt_grace
         self.result: CodexTurnResult | None = None
         self._stream = stream
         self._interrupted = False
+        self._abandoned = False  # interrupted and drained already: leaving must not wait again
+        self._started = False  # turn/started seen: Codex now accepts turn/interrupt
+        self._replay: collections.deque[Notification] = collections.deque()
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Notification:
+        if self._replay:
+            return self._replay.popleft()
         if self.projector.done:
             if self.result is None:
                 self.result = self.projector.build_result()
             raise StopAsyncIteration
+        return await self._receive_own()
+
+    async def _receive_own(self) -> Notification:
+        """The turn's next notification, folded into the projector."""
         while True:
             try:
                 n = await self._stream.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise self.client.closed_error or AppServerClosed() from None
-            if self.projector.feed(n):
+            if self._absorb(n):
                 return n
 
+    def _absorb(self, n: Notification) -> bool:
+        if not self.projector.feed(n):
+            return False
+        if n.method == "turn/started":
+            self._started = True
+        return True
+
+    async def _await_started(self, seconds: float) -> bool:
+        """Read ahead (kept for the iteration) until ``turn/started``, the end, or ``seconds``;
+        whether the turn is still running."""
+        with anyio.move_on_after(seconds):
+            while not self._started and not self.projector.done:
+                self._replay.append(await self._receive_own())
+        return not self.projector.done
+
     async def interrupt(self) -> None:
-        """Send ``turn/interrupt`` once (a second one would hang inside Codex)."""
+        """Send ``turn/interrupt`` once (a second one would hang inside Codex), after the
+        turn's ``turn/started`` (or the interrupt grace without it)."""
         if self._interrupted or self.projector.done:
             return
         self._interrupted = True
+        if not await self._await_started(self.interrupt_grace):
+            return  # it ended on its own meanwhile
         try:
-            await self.client.interrupt_turn(self.thread_id, self.turn_id)
+            await self.client.interrupt_turn(
+                self.thread_id, self.turn_id, timeout=self.interrupt_grace
+            )
         except AppServerRpcError as exc:
             # "no active turn": it ended on its own meanwhile; its turn/completed is coming.
             log.info("appserver.interrupt_refused", code=exc.code)
@@ -1023,9 +1219,10 @@ class TurnHandle:
 
     async def _abandon(self) -> None:
         """Interrupt and wait briefly for turn/completed (used on cancellation)."""
+        self._abandoned = True
         with contextlib.suppress(AppServerError):
             await self.interrupt()
-            await self._drain(_INTERRUPT_GRACE_S)
+            await self._drain(self.interrupt_grace)
 
     async def collect(
         self,
@@ -1034,31 +1231,50 @@ class TurnHandle:
         idle_timeout: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> CodexTurnResult:
-        """Consume the turn to its end (see :meth:`AppServerClient.run_turn`)."""
+        """Consume the turn to its end (see :meth:`AppServerClient.run_turn`).
+
+        Only *receiving* is bounded by ``idle_timeout`` and ``timeout``: ``on_event`` runs
+        outside those scopes, so a slow callback (a compaction hook, say) is neither cancelled
+        nor counted as Codex being idle (the next wait starts after it returns; the overall
+        deadline still bounds the waits). On a timeout the turn is interrupted (once) and
+        given the interrupt grace to end; the result is ``TIMED_OUT`` even when that
+        interrupt itself fails (times out, or the process died meanwhile).
+        """
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         timed_out: str | None = None
-        while not self.projector.done:
+        while self._replay or not self.projector.done:
             wait = min(idle_timeout or math.inf, deadline - anyio.current_time())
             if wait <= 0:
                 timed_out = f"codex app-server turn timed out after {timeout:g}s"
                 break
+            n: Notification | None = None
             with anyio.move_on_after(wait):
                 try:
                     n = await self.__anext__()
                 except StopAsyncIteration:
                     break
-                if on_event is not None:
-                    await on_event(n)
-                continue
-            if anyio.current_time() >= deadline:
-                timed_out = f"codex app-server turn timed out after {timeout:g}s"
-            else:
-                timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
-            break
+            if n is None:
+                if anyio.current_time() >= deadline:
+                    timed_out = f"codex app-server turn timed out after {timeout:g}s"
+                else:
+                    timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
+                break
+            if on_event is not None:
+                await on_event(n)
         if timed_out is not None:
             log.warning("appserver.turn_timeout", thread_id=self.thread_id, turn_id=self.turn_id)
-            await self.interrupt()
-            await self._drain(_INTERRUPT_GRACE_S)
+            self._abandoned = True
+            try:
+                await self.interrupt()
+                await self._drain(self.interrupt_grace)
+            except AppServerError as exc:
+                # The timeout stays the story: the interrupt could not even be delivered.
+                log.warning(
+                    "appserver.turn_timeout_interrupt_failed",
+                    thread_id=self.thread_id,
+                    turn_id=self.turn_id,
+                    error=format_error(exc),
+                )
             self.result = self.projector.build_result(
                 outcome=CodexTurnStatus.TIMED_OUT, error=timed_out
             )

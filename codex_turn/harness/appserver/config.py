@@ -31,6 +31,8 @@ from typing import Any
 
 import attrs
 
+from .defaults import INTERRUPT_GRACE_S
+
 __all__ = [
     "AppServerConfig",
     "ModelProviderConfig",
@@ -102,6 +104,13 @@ class AppServerConfig:
 
     ``command`` replaces the whole argv (tests use it to run a tiny fake server script);
     otherwise the bundled binary (or ``codex_bin``) is run as ``codex app-server``.
+
+    ``interrupt_grace``: how long an abandoned turn (cancelled, timed out) may take to be
+    acknowledged after its ``turn/interrupt``. ``log_stderr_text``: Codex's stderr is logged
+    as counts and levels only (``appserver.stderr`` at debug, with ``level`` and ``chars``);
+    set this to also log each line's (secret-scrubbed, truncated) text. Off by default: with
+    ``RUST_LOG`` set, Codex traces request and tool content there, outside any turn's
+    redaction context.
     """
 
     codex_home: Path = attrs.field(converter=_path)
@@ -129,6 +138,8 @@ class AppServerConfig:
     shutdown_timeout: float = 5.0
     stderr_lines_per_second: float = 20.0
     stderr_burst: int = 50
+    log_stderr_text: bool = False
+    interrupt_grace: float = INTERRUPT_GRACE_S
 
     @classmethod
     def offline(

@@ -12,7 +12,13 @@ client" plus two policies:
 * **Thread memory.** Threads started or resumed through the manager remember their resume
   parameters (developer instructions, cwd, model, Python tools). A thread that was loaded in
   a previous process is re-resumed automatically before its next turn or compaction, with its
-  developer instructions re-sent, so a crash costs one turn, not the thread.
+  developer instructions re-sent, so a crash costs one turn, not the thread. The memory is
+  an LRU of ``max_threads`` threads (default
+  :data:`~.defaults.MAX_REMEMBERED_THREADS`, 256): a per-turn engine rotates to a fresh
+  thread every turn, and a tool closure can keep a whole turn alive. A thread that is done
+  with should be released with :meth:`AppServer.forget_thread` (the memo *and* the live
+  client's tool registry); an LRU eviction only drops the memo (the thread is then no longer
+  re-resumed after a restart).
 * **Compaction.** Native compactions of one thread are serialised by a per-thread lock held
   by the manager (so it survives restarts); a compaction whose interrupt went unanswered
   retires the process before that lock is released (see :meth:`AppServer.compact_thread`).
@@ -22,6 +28,7 @@ client" plus two policies:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -44,6 +51,7 @@ from .client import (
     unwrap_single_group,
 )
 from .config import AppServerConfig
+from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
@@ -65,7 +73,9 @@ class _ThreadMemo:
 
 
 class AppServer:
-    """The app-server pool. ``async with AppServer.start(config) as server:``."""
+    """The app-server pool. ``async with AppServer.start(config) as server:``.
+
+    ``max_threads`` bounds the thread memory (an LRU, see the module docstring)."""
 
     def __init__(
         self,
@@ -76,8 +86,12 @@ class AppServer:
         record_sent: bool = False,
         auto_resume: bool = True,
         transport_factory: Callable[[AppServerConfig], Awaitable[LineTransport]] | None = None,
+        max_threads: int = MAX_REMEMBERED_THREADS,
     ) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be at least 1, got {max_threads}")
         self.config = config
+        self.max_threads = max_threads
         self.approval_policy = approval_policy
         self.user_input_handler = user_input_handler
         self.record_sent = record_sent
@@ -89,7 +103,7 @@ class AppServer:
         self._client: AppServerClient | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
-        self._threads: dict[str, _ThreadMemo] = {}
+        self._threads: collections.OrderedDict[str, _ThreadMemo] = collections.OrderedDict()
         self._listeners: list[NotificationListener] = []
         self._closing = False
         self._compaction_locks = _KeyedLocks()
@@ -160,6 +174,28 @@ class AppServer:
 
     # -- threads -------------------------------------------------------------------------
 
+    def _remember(self, thread_id: str, memo: _ThreadMemo) -> None:
+        self._threads[thread_id] = memo
+        self._threads.move_to_end(thread_id)
+        while len(self._threads) > self.max_threads:
+            evicted, _ = self._threads.popitem(last=False)
+            log.info("appserver.thread_memo_evicted", thread_id=evicted)
+
+    def forget_thread(self, thread_id: str) -> None:
+        """Release everything kept locally for ``thread_id``: its resume memo (developer
+        instructions, Python tools) and the live client's tool registry and loaded mark.
+
+        The thread is *not* unloaded in Codex (and stays resumable). Call it when the thread
+        will not run another turn (e.g. the engine rotated to a fresh thread). Idempotent."""
+        self._threads.pop(thread_id, None)
+        if self._client is not None:
+            self._client.forget_thread(thread_id)
+
+    @property
+    def remembered_threads(self) -> list[str]:
+        """The thread ids whose resume parameters are remembered, least recent first."""
+        return list(self._threads)
+
     async def start_thread(
         self,
         *,
@@ -178,8 +214,9 @@ class AppServer:
             tools=registry,
             **kwargs,
         )
-        self._threads[result.thread_id] = _ThreadMemo(
-            developer_instructions, cwd, model, registry, self.generation
+        self._remember(
+            result.thread_id,
+            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation),
         )
         return result
 
@@ -203,14 +240,16 @@ class AppServer:
             tools=registry,
             **kwargs,
         )
-        self._threads[thread_id] = _ThreadMemo(
-            developer_instructions, cwd, model, registry, self.generation
+        self._remember(
+            thread_id, _ThreadMemo(developer_instructions, cwd, model, registry, self.generation)
         )
         return result
 
     async def _client_for(self, thread_id: str) -> AppServerClient:
         client = await self.client()
         memo = self._threads.get(thread_id)
+        if memo is not None:
+            self._threads.move_to_end(thread_id)
         if self.auto_resume and memo is not None and memo.generation != self.generation:
             log.info("appserver.auto_resume", thread_id=thread_id)
             await self.resume_thread(
@@ -257,7 +296,7 @@ class AppServer:
         thread_id: str,
         turn_id: str,
         *,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = INTERRUPT_GRACE_S,  # noqa: ASYNC109
     ) -> None:
         client = await self.client()
         await client.interrupt_turn(thread_id, turn_id, timeout=timeout)
@@ -266,8 +305,8 @@ class AppServer:
         self,
         thread_id: str,
         *,
-        timeout: float = 120.0,  # noqa: ASYNC109
-        interrupt_grace: float = 5.0,
+        timeout: float = NATIVE_COMPACTION_TIMEOUT_S,  # noqa: ASYNC109
+        interrupt_grace: float = INTERRUPT_GRACE_S,
         developer_instructions: str | None = None,
         cwd: str | None = None,
     ) -> CompactionResult:

@@ -11,9 +11,15 @@ background job (draining stderr). Everything OS-level is mapped here, once:
   waiting for ``wait()``.
 
 stderr is a pipe too, and a full pipe would block the server, so it is drained continuously.
-Each line goes to the structured (scrubbing) log at a bounded rate (a token bucket); excess
-lines are counted and reported as one summary line. The last few lines are kept in memory for
-diagnostics but never put into exception messages (they may quote content).
+Its text is *not* logged by default: with ``RUST_LOG`` set, Codex traces request and tool
+content there, and the drain runs outside any turn's redaction context. Each line becomes an
+``appserver.stderr`` debug event with the line's tracing ``level`` (``ERROR``, ``WARN``, ...,
+parsed from the line; ``None`` when it has none) and its length in ``chars``; the text itself
+is logged (secret-scrubbed, truncated) only when
+:attr:`~.config.AppServerConfig.log_stderr_text` opts in. Either way at a bounded rate (a
+token bucket); excess lines are counted and reported as one summary line. The last few lines
+are kept in memory for diagnostics but never put into exception messages (they may quote
+content).
 
 Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
 then kill. It is shielded from cancellation so a cancelled caller never leaks a process.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import subprocess
 import time
 from typing import Protocol
@@ -43,6 +50,24 @@ log = get_logger(__name__)
 MAX_LINE_BYTES = 256 * 1024 * 1024  # a resumed thread's full history can be large
 MAX_STDERR_LINE = 64 * 1024
 _LOGGED_STDERR_CHARS = 400
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# ``2026-01-01T00:00:00.000000Z  WARN codex_core::...: text`` (tracing's format), or an
+# ``Error: ...`` line (a fatal error printed by main). Only the head of the line is searched.
+_STDERR_LEVEL = re.compile(r"\b(TRACE|DEBUG|INFO|WARN|WARNING|ERROR)\b")
+_STDERR_FATAL = re.compile(r"^(?:Error|error)\b")
+_LEVEL_HEAD_CHARS = 64
+
+
+def stderr_level(line: str) -> str | None:
+    """The tracing level of one stderr line (``ERROR``, ``WARN``, ...), or ``None``."""
+    head = _ANSI_ESCAPE.sub("", line)[:_LEVEL_HEAD_CHARS]
+    if _STDERR_FATAL.match(head):
+        return "ERROR"
+    match = _STDERR_LEVEL.search(head)
+    if match is None:
+        return None
+    level = match.group(1)
+    return "WARN" if level == "WARNING" else level
 
 
 class LineTransport(Protocol):
@@ -174,12 +199,26 @@ class AppServerProcess:
                 if self.stderr_dropped:
                     log.warning("appserver.stderr.dropped", lines=self.stderr_dropped)
                     self.stderr_dropped = 0
-                level = log.warning if (" ERROR " in line or line.startswith("Error")) else log.info
-                level("appserver.stderr", pid=self.pid, line=line[:_LOGGED_STDERR_CHARS])
+                self._log_stderr(line)
             else:
                 self.stderr_dropped += 1
         if self.stderr_dropped:
             log.warning("appserver.stderr.dropped", lines=self.stderr_dropped)
+
+    def _log_stderr(self, line: str) -> None:
+        level = stderr_level(line)
+        if not self._config.log_stderr_text:
+            # Facts only: the text can quote prompts, tool arguments and model output.
+            log.debug("appserver.stderr", pid=self.pid, level=level, chars=len(line))
+            return
+        emit = log.warning if level == "ERROR" else log.info
+        emit(
+            "appserver.stderr",
+            pid=self.pid,
+            level=level,
+            chars=len(line),
+            line=line[:_LOGGED_STDERR_CHARS],
+        )
 
     def kill(self) -> None:
         """Immediate SIGKILL (tests and last-resort shutdown)."""

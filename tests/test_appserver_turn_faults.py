@@ -1,0 +1,411 @@
+"""Turn lifecycle faults, against an in-process fake Codex (exact message control, no process).
+
+* A caller that leaves (cancelled, ``turn/start`` timed out) while ``turn/start`` is in flight
+  interrupts the turn Codex started, exactly once (B8).
+* ``collect``'s idle/turn timeouts bound receiving only, never the ``on_event`` callback (B9).
+* A timed-out turn stays ``TIMED_OUT`` when its interrupt times out or hits a dead process (B15).
+* Per-thread state is released by ``forget_thread`` and the manager's memo is an LRU (B11).
+* The timing defaults have one source (D8).
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import itertools
+import json
+import math
+import weakref
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from codex_turn.harness.appserver import (
+    INTERRUPT_GRACE_S,
+    MAX_REMEMBERED_THREADS,
+    NATIVE_COMPACTION_TIMEOUT_S,
+    AppServer,
+    AppServerClient,
+    AppServerClosed,
+    AppServerConfig,
+    AppServerTimeout,
+    CodexTurnStatus,
+    DynamicTool,
+    Notification,
+    TurnHandle,
+)
+from codex_turn.harness.compaction import CompactSessionParams
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 0.3  # the interrupt grace of these tests (Codex itself answers within milliseconds)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+Message = dict[str, Any]
+
+
+class FakeCodex:
+    """A :class:`~codex_turn.harness.appserver.LineTransport` playing Codex in-process.
+
+    It answers ``initialize``, ``thread/start`` and ``thread/resume`` itself; any other request
+    goes to ``handlers[method]`` when there is one and is otherwise left unanswered, for the
+    test to answer (:meth:`reply`, :meth:`notify`) or to ignore."""
+
+    def __init__(self) -> None:
+        self._out, self._in = anyio.create_memory_object_stream[bytes](math.inf)
+        self.sent: list[Message] = []
+        self.handlers: dict[str, Callable[[Message], None]] = {}
+        self.returncode: int | None = None
+        self.active_turns: set[str] = set()  # started (turn/started sent), not completed
+        self.interrupted: list[str] = []  # turns a turn/interrupt was accepted for
+        self._threads = itertools.count(1)
+        self._changed = anyio.Event()
+
+    # -- LineTransport ---------------------------------------------------------------------
+
+    async def send_line(self, line: bytes) -> None:
+        if self.returncode is not None:
+            raise AppServerClosed("fake codex is dead", returncode=self.returncode)
+        message = json.loads(line)
+        self.sent.append(message)
+        method = message.get("method")
+        if method == "initialize":
+            self.reply(message, {"userAgent": "fake/1", "codexHome": "/fake"})
+        elif method == "thread/start":
+            self.reply(message, {"thread": {"id": f"thread-{next(self._threads)}"}})
+        elif method == "thread/resume":
+            self.reply(message, {"thread": {"id": message["params"]["threadId"]}})
+        elif method in self.handlers:
+            self.handlers[method](message)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def receive_line(self) -> bytes:
+        try:
+            return await self._in.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise AppServerClosed("fake codex exited", returncode=self.returncode) from None
+
+    async def run_background(self) -> None:
+        return
+
+    async def aclose(self) -> None:
+        self._out.close()
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def _emit(self, message: Message) -> None:
+        self._out.send_nowait(json.dumps(message).encode())
+
+    def reply(self, request: Message, result: Any) -> None:
+        self._emit({"id": request["id"], "result": result})
+
+    def refuse(self, request: Message, code: int = -32600, text: str = "refused") -> None:
+        self._emit({"id": request["id"], "error": {"code": code, "message": text}})
+
+    def notify(self, method: str, **params: Any) -> None:
+        turn_id = str((params.get("turn") or {}).get("id"))
+        if method == "turn/started":
+            self.active_turns.add(turn_id)
+        elif method == "turn/completed":
+            self.active_turns.discard(turn_id)
+        self._emit({"method": method, "params": params})
+
+    def start_turn(self, request: Message, turn_id: str, *, respond: bool = True) -> None:
+        """Codex's side of a turn/start: the response (optional) and ``turn/started``."""
+        thread_id = request["params"]["threadId"]
+        if respond:
+            self.reply(request, {"turn": {"id": turn_id, "status": "inProgress", "items": []}})
+        self.notify("turn/started", threadId=thread_id, turn={"id": turn_id})
+
+    def complete_turn(self, thread_id: str, turn_id: str, status: str = "completed") -> None:
+        self.notify(
+            "turn/completed",
+            threadId=thread_id,
+            turn={"id": turn_id, "status": status, "items": [], "error": None},
+        )
+
+    def die(self) -> None:
+        self.returncode = 1
+        self._out.close()
+
+    def requests(self, method: str) -> list[Message]:
+        return [m for m in self.sent if m.get("method") == method and "id" in m]
+
+    async def wait_sent(self, method: str, count: int = 1) -> list[Message]:
+        with anyio.fail_after(3):
+            while len(found := self.requests(method)) < count:
+                await self._changed.wait()
+        return found
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> AppServerConfig:
+    return AppServerConfig(codex_home=tmp_path / "home", write_config=False, interrupt_grace=GRACE)
+
+
+@pytest.fixture
+def fake() -> FakeCodex:
+    return FakeCodex()
+
+
+@pytest.fixture
+async def client(config: AppServerConfig, fake: FakeCodex) -> AsyncIterator[AppServerClient]:
+    async with AppServerClient.connect(config, transport=fake) as c:
+        yield c
+
+
+def acknowledge_interrupts(fake: FakeCodex) -> None:
+    """Codex's answer to ``turn/interrupt``: ``{}``, then ``turn/completed(interrupted)``; but
+    only for an *active* turn: before its ``turn/started`` (right after the turn/start
+    response), Codex 0.163 refuses the interrupt and the turn runs on."""
+
+    def on_interrupt(request: Message) -> None:
+        params = request["params"]
+        if params["turnId"] not in fake.active_turns:
+            fake.refuse(request, text="no active turn to interrupt")
+            return
+        fake.reply(request, {})
+        fake.interrupted.append(params["turnId"])
+        fake.complete_turn(params["threadId"], params["turnId"], "interrupted")
+
+    fake.handlers["turn/interrupt"] = on_interrupt
+
+
+async def let_the_client_run() -> None:
+    """Let the client react to what the fake just sent, until it waits for Codex again."""
+    await anyio.wait_all_tasks_blocked()
+    # On asyncio, wait_all_tasks_blocked may return while a just-woken task has not run yet.
+    await anyio.sleep(0.05)
+
+
+# --- B8: leaving while turn/start is in flight ---------------------------------------------
+
+
+@pytest.mark.parametrize("codex_answers_with", ["response", "turn/started", "refusal"])
+async def test_cancelled_while_turn_start_is_in_flight_interrupts_the_started_turn(
+    client: AppServerClient, fake: FakeCodex, codex_answers_with: str
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    acknowledge_interrupts(fake)
+    caught: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        scope = anyio.CancelScope()
+
+        async def caller() -> None:
+            with scope:
+                await client.run_turn(tid, "orphan me")
+            caught.append(scope.cancelled_caught)
+
+        tg.start_soon(caller)
+        (start,) = await fake.wait_sent("turn/start")
+        scope.cancel()  # the request is out, its response is not in yet
+        if codex_answers_with == "refusal":
+            fake.refuse(start)
+        elif codex_answers_with == "response":
+            # The response names the turn before it is active: an interrupt now is refused.
+            fake.reply(start, {"turn": {"id": "turn-1", "status": "inProgress", "items": []}})
+            await let_the_client_run()
+            fake.notify("turn/started", threadId=tid, turn={"id": "turn-1"})
+        else:
+            fake.start_turn(start, "turn-1", respond=False)  # the response is lost
+    assert caught == [True]  # the cancellation propagated
+    if codex_answers_with == "refusal":
+        assert fake.requests("turn/interrupt") == []  # nothing was started
+    else:
+        (interrupt,) = fake.requests("turn/interrupt")  # once, never twice
+        assert interrupt["params"] == {"threadId": tid, "turnId": "turn-1"}
+        assert fake.interrupted == ["turn-1"]
+        assert not fake.active_turns
+
+
+async def test_leaving_a_turn_before_turn_started_interrupts_once_it_is_active(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    acknowledge_interrupts(fake)
+    fake.handlers["turn/start"] = lambda request: fake.reply(
+        request, {"turn": {"id": "turn-1", "status": "inProgress", "items": []}}
+    )
+    async with anyio.create_task_group() as tg:
+
+        async def codex_activates_the_turn_later() -> None:
+            await fake.wait_sent("turn/start")
+            await let_the_client_run()
+            fake.notify("turn/started", threadId=tid, turn={"id": "turn-1"})
+
+        tg.start_soon(codex_activates_the_turn_later)
+        with anyio.CancelScope() as scope:
+            async with client.turn(tid, "leave at once") as handle:
+                scope.cancel()
+                await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    assert fake.interrupted == ["turn-1"]  # accepted: sent after turn/started
+    assert len(fake.requests("turn/interrupt")) == 1
+    assert handle.projector.done
+
+
+async def test_turn_start_timeout_interrupts_the_started_turn_and_raises(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    acknowledge_interrupts(fake)
+    # Codex starts the turn but its response never arrives in time.
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1", respond=False)
+    with pytest.raises(AppServerTimeout):
+        async with client.turn(tid, "slow start", timeout=0.1):
+            pytest.fail("no handle without a turn/start response")
+    (interrupt,) = fake.requests("turn/interrupt")
+    assert interrupt["params"]["turnId"] == "turn-1"
+
+
+async def test_unacknowledged_interrupt_of_an_abandoned_start_is_sent_once(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1", respond=False)
+    # turn/interrupt is never answered (a second one would hang in Codex): the abandonment is
+    # bounded by the grace, and the interrupt is not retried.
+    with anyio.fail_after(4 * GRACE + 2):
+        with anyio.move_on_after(0.05) as scope:
+            await client.run_turn(tid, "never answered")
+    assert scope.cancelled_caught
+    assert len(fake.requests("turn/interrupt")) == 1
+
+
+# --- B9: a slow on_event is not Codex being idle -------------------------------------------
+
+
+async def test_slow_on_event_callback_is_neither_cancelled_nor_idle_time(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+
+    def whole_turn(request: Message) -> None:
+        fake.start_turn(request, "turn-1")
+        fake.complete_turn(tid, "turn-1")
+
+    fake.handlers["turn/start"] = whole_turn
+    acknowledge_interrupts(fake)  # so that a wrongly timed-out turn ends cleanly as TIMED_OUT
+    finished: list[str] = []
+
+    async def slow_hook(n: Notification) -> None:
+        await anyio.sleep(0.3)  # e.g. a compaction hook; longer than the idle timeout
+        finished.append(n.method)
+
+    result = await client.run_turn(tid, "hi", on_event=slow_hook, idle_timeout=0.1)
+    assert result.outcome is CodexTurnStatus.COMPLETED
+    assert finished == ["turn/started", "turn/completed"]
+    assert fake.requests("turn/interrupt") == []
+
+
+# --- B15: a timed-out turn stays TIMED_OUT when its interrupt fails -------------------------
+
+
+@pytest.mark.parametrize("interrupt_fails_by", ["timeout", "process death"])
+async def test_timeout_result_survives_a_failing_interrupt(
+    client: AppServerClient, fake: FakeCodex, interrupt_fails_by: str
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1")
+    if interrupt_fails_by == "process death":
+        fake.handlers["turn/interrupt"] = lambda request: fake.die()
+    result = await client.run_turn(tid, "hang", idle_timeout=0.1)
+    assert result.outcome is CodexTurnStatus.TIMED_OUT
+    assert result.prompt_error is not None
+    assert "idle" in result.prompt_error
+    assert len(fake.requests("turn/interrupt")) == 1  # sent once, not retried
+    assert client.closed is (interrupt_fails_by == "process death")
+
+
+# --- B11: per-thread state is released ------------------------------------------------------
+
+
+def _tool_holding(payload: object) -> DynamicTool:
+    async def handler(args: dict[str, Any]) -> str:
+        return repr(payload)
+
+    return DynamicTool("hold", "Holds a payload.", {"type": "object"}, handler)
+
+
+class _Payload:
+    """Stands in for a whole turn object kept alive by a tool closure."""
+
+
+async def test_client_forget_thread_releases_tools_and_loaded_mark(
+    client: AppServerClient,
+) -> None:
+    payload = _Payload()
+    alive = weakref.ref(payload)
+    tid = (await client.start_thread(tools=[_tool_holding(payload)])).thread_id
+    other = (await client.start_thread(tools=[_tool_holding(_Payload())])).thread_id
+    del payload
+    gc.collect()
+    assert alive() is not None
+    assert client.is_loaded(tid)
+    client.forget_thread(tid)
+    client.forget_thread(tid)  # idempotent
+    client.forget_thread("never-seen")
+    gc.collect()
+    assert alive() is None
+    assert not client.is_loaded(tid)
+    assert client.is_loaded(other)  # only that thread
+
+
+async def test_manager_forget_thread_and_lru_bound(
+    config: AppServerConfig, fake: FakeCodex
+) -> None:
+    async def factory(_: AppServerConfig) -> FakeCodex:
+        return fake
+
+    async with AppServer.start(config, transport_factory=factory, max_threads=2) as server:
+        payload = _Payload()
+        alive = weakref.ref(payload)
+        t1 = (await server.start_thread(tools=[_tool_holding(payload)])).thread_id
+        del payload
+        t2 = (await server.start_thread()).thread_id
+        await server.resume_thread(t1, developer_instructions="again")  # t1 is now the newest
+        t3 = (await server.start_thread()).thread_id
+        assert server.remembered_threads == [t1, t3]  # t2 was least recently used
+        client = server.current
+        assert client is not None
+        assert client.is_loaded(t2)  # an eviction drops only the memo
+        server.forget_thread(t1)
+        gc.collect()
+        assert alive() is None  # neither the memo nor the client keeps t1's tools
+        assert server.remembered_threads == [t3]
+        assert not client.is_loaded(t1)
+        with pytest.raises(ValueError, match="max_threads"):
+            AppServer(config, max_threads=0)
+    assert AppServer(config).max_threads == MAX_REMEMBERED_THREADS == 256
+
+
+# --- D8: one source for the timing defaults -------------------------------------------------
+
+
+def _default(function: Callable[..., Any], name: str) -> Any:
+    return inspect.signature(function).parameters[name].default
+
+
+def test_timing_defaults_have_one_source(tmp_path: Path) -> None:
+    assert INTERRUPT_GRACE_S == 5.0
+    assert NATIVE_COMPACTION_TIMEOUT_S == 300.0  # OpenClaw's default: 5 minutes
+    params = CompactSessionParams(session_id="s", session_file=str(tmp_path / "s.jsonl"))
+    assert params.native_timeout == NATIVE_COMPACTION_TIMEOUT_S
+    assert params.interrupt_grace == INTERRUPT_GRACE_S
+    for compact in (AppServerClient.compact_thread, AppServer.compact_thread):
+        assert _default(compact, "timeout") == NATIVE_COMPACTION_TIMEOUT_S
+        assert _default(compact, "interrupt_grace") == INTERRUPT_GRACE_S
+    for interrupt in (AppServerClient.interrupt_turn, AppServer.interrupt_turn):
+        assert _default(interrupt, "timeout") == INTERRUPT_GRACE_S
+    assert _default(AppServerClient, "interrupt_grace") == INTERRUPT_GRACE_S
+    assert _default(TurnHandle, "interrupt_grace") == INTERRUPT_GRACE_S
+    assert AppServerConfig(codex_home=tmp_path).interrupt_grace == INTERRUPT_GRACE_S
