@@ -232,3 +232,58 @@ async def test_a_huge_projection_is_capped_inside_the_frame(session_file: str) -
     assert text.startswith(CONTEXT_HEADER)
     assert "quoted reference data" in text
     assert text.endswith(prompt)
+
+
+async def test_a_rotation_releases_the_old_thread_s_local_state(session_file: str) -> None:
+    # B11: per-thread tool registries and memos were kept forever (one per rotated turn).
+    server = FakeAppServer()
+    first = await run_codex_turn(
+        params(session_file, "one"), app_server=server, engine=bootstrap_engine("e1")
+    )
+    second = await run_codex_turn(
+        params(session_file, "two"), app_server=server, engine=bootstrap_engine("e2")
+    )
+    assert second.thread_id != first.thread_id
+    assert server.forgotten == [first.thread_id]
+
+
+async def test_a_compaction_waits_for_the_running_turn_of_its_session(session_file: str) -> None:
+    # B10: compaction did not take the session gate; a turn could undo its projection clear.
+    import anyio
+
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
+
+    order: list[str] = []
+    engine = RecordingEngine(
+        owns_compaction=True,
+        delays={"after_turn": 0.3},
+        responses={
+            "after_turn": lambda _: order.append("turn finalized"),
+            "compact": lambda _: (
+                order.append("engine compacts")
+                or {"ok": True, "compacted": False, "reason": "below threshold"}
+            ),
+        },
+    )
+    server = FakeAppServer()
+
+    async def turn() -> None:
+        await run_codex_turn(params(session_file, "long turn"), app_server=server, engine=engine)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(turn)
+        await anyio.sleep(0.1)  # the turn holds the gate while the engine finalizes
+        result = await compact_codex_session(
+            CompactSessionParams(session_id="s-1", session_file=session_file),
+            app_server=no_app_server,
+            engine=engine,
+        )
+    assert order == ["turn finalized", "engine compacts"]
+    assert result.reason == "below threshold"
+
+
+def no_app_server(_auth_profile: str | None) -> Any:
+    """An app-server factory for tests whose native step must fail fast."""
+    from codex_turn.harness.appserver import AppServerStartError
+
+    raise AppServerStartError("no app-server in this test")

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol
 
+import anyio
 import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key, redact_text
@@ -57,6 +58,7 @@ from codex_turn.fsm.compaction import (
     CompactionState,
     CompactionTrigger,
 )
+from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver.client import CompactionResult
 from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from codex_turn.harness.appserver.errors import AppServerError
@@ -160,6 +162,10 @@ class CompactSessionParams:
     interrupt_grace: float = attrs.field(
         default=INTERRUPT_GRACE_S, converter=float, validator=attrs.validators.ge(0)
     )
+    #: How long to wait for a turn (or another compaction) of this session to finish.
+    session_wait_timeout: float = attrs.field(
+        default=30.0, converter=float, validator=attrs.validators.gt(0)
+    )
     provider: str | None = None
     model: str | None = None
     agent_dir: str | None = None
@@ -233,10 +239,13 @@ async def compact_codex_session_traced(
 ) -> CompactionRun:
     """:func:`compact_codex_session`, returning the whole :class:`CompactionRun`."""
     owns = _engine_owns_compaction(engine)
-    binding = read_binding(params.session_file)
-    facts = CompactionFacts(engine_owns=owns, has_binding=binding is not None)
-    with CompactionModel.begin(facts) as model:
-        return await _Run(params, app_server, engine, trigger, owns, model).run()
+    # A turn of this session must not run meanwhile: it could restore a projection epoch the
+    # compaction clears, and Codex would see a turn and a compaction on one thread at once.
+    async with hold_session(params.session_file, wait_timeout=params.session_wait_timeout):
+        binding = await anyio.to_thread.run_sync(read_binding, params.session_file)
+        facts = CompactionFacts(engine_owns=owns, has_binding=binding is not None)
+        with CompactionModel.begin(facts) as model:
+            return await _Run(params, app_server, engine, trigger, owns, model).run()
 
 
 def _engine_owns_compaction(engine: object | None) -> bool:
@@ -348,7 +357,7 @@ class _Run:
             **self._fields(ok=self.primary.ok, compacted=self.primary.compacted),
         )
         if self.primary.ok and self.primary.compacted:
-            self._clear_projection()
+            await anyio.to_thread.run_sync(self._clear_projection)
             return T.ENGINE_COMPACTED
         return T.ENGINE_DECLINED if self.primary.ok else T.ENGINE_FAILED
 
@@ -398,7 +407,8 @@ class _Run:
 
     async def _native_compact(self) -> _Native:
         p = self.params
-        binding = read_binding(p.session_file)  # fresh: the engine's step may have taken long
+        # Fresh: the engine's step may have taken long.
+        binding = await anyio.to_thread.run_sync(read_binding, p.session_file)
         if binding is None:
             return self._native_failure(NO_THREAD_BINDING, T.NATIVE_FAILED)
         if p.auth_profile_id is not None and p.auth_profile_id != binding.auth_profile_id:

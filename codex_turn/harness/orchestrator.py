@@ -36,7 +36,6 @@ import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
@@ -46,7 +45,6 @@ import attrs
 from codex_turn._log import format_error, get_logger, mask_session_key, sensitive
 from codex_turn.fsm import (
     TraceEntry,
-    TurnBusy,
     TurnFacts,
     TurnModel,
     TurnOutcome,
@@ -54,6 +52,7 @@ from codex_turn.fsm import (
     TurnTrigger,
 )
 from codex_turn.fsm.thread import ThreadAction, ThreadDecision, ThreadFacts, decide_thread
+from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import (
     AppServer,
     AppServerClosed,
@@ -213,20 +212,6 @@ class TurnResult:
                 spent.get(entry.dest, 0.0) + (following.monotonic_ns - entry.monotonic_ns) / 1e6
             )
         return spent
-
-
-# --- per-session serialization -----------------------------------------------------------
-
-_session_gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
-
-
-def _gate_for(session_file: str) -> anyio.Lock:
-    key = os.path.realpath(session_file)
-    gate = _session_gates.get(key)
-    if gate is None:
-        gate = anyio.Lock()
-        _session_gates[key] = gate
-    return gate
 
 
 # --- the turn ------------------------------------------------------------------------------
@@ -612,9 +597,11 @@ class _Turn:
             await self.save_binding(result, resumed=True, projection=kept)
         else:
             trigger = TurnTrigger.THREAD_STARTED
+            retired: str | None = None
             if decision.action is ThreadAction.ROTATE:
                 trigger = TurnTrigger.THREAD_ROTATED
                 if self.binding is not None:
+                    retired = self.binding.thread_id
                     await self.clear_binding_quietly()
             try:
                 result = await self.app_server.start_thread(**common)
@@ -628,6 +615,9 @@ class _Turn:
             # next turn resume a thread that never received it (OpenClaw #88355).
             self.pending_projection = self.current_projection()
             await self.save_binding(result, resumed=False, projection=None)
+            if retired is not None:
+                # The old thread runs no more turns: release what the client keeps for it.
+                self.app_server.forget_thread(retired)
         self.thread_result = result
         self.thread_id = result.thread_id
         self.log = self.log.bind(thread_id=self.thread_id)
@@ -1063,16 +1053,9 @@ async def run_codex_turn(
     the result in that case too.
     """
     session_file = os.fspath(params.session_file)
-    gate = _gate_for(session_file)
-    if params.concurrency == "reject" and gate.locked():
-        raise TurnBusy(
-            f"another turn is running on this session ({mask_session_key(params.session_key)})"
-        )
-    with anyio.move_on_after(params.session_wait_timeout) as waiting:
-        await gate.acquire()
-    if waiting.cancelled_caught:
-        raise TurnBusy("timed out waiting for the previous turn on this session")
-    try:
+    async with hold_session(
+        session_file, wait=params.concurrency, wait_timeout=params.session_wait_timeout
+    ):
         with sensitive(params.prompt):
             return await _run_locked(
                 params,
@@ -1084,8 +1067,6 @@ async def run_codex_turn(
                 scheduler=maintenance_scheduler,
                 on_turn_end=on_turn_end,
             )
-    finally:
-        gate.release()
 
 
 async def _run_locked(

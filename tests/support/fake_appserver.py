@@ -216,6 +216,7 @@ class FakeAppServer:
         self.provider = provider
         self.model = model
         self.start_error: AppServerError | None = None
+        self.forgotten: list[str] = []
         self.resume_error: AppServerError | None = None
         self.closed_error: AppServerClosed | None = None
         self.cancel_caller: Callable[[], None] = _no_caller
@@ -241,6 +242,10 @@ class FakeAppServer:
         return [call.args["text"] for call in self.calls_to("turn")]
 
     # --- the AppServer subset ------------------------------------------------------------
+
+    def forget_thread(self, thread_id: str) -> None:
+        """Like ``AppServer.forget_thread``: noted in ``forgotten``, not in ``calls``."""
+        self.forgotten.append(thread_id)
 
     async def start_thread(
         self,
