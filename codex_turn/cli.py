@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from codex_turn.fsm.diagrams import main as diagrams_main
+from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 
 __all__ = ["main"]
 
@@ -67,11 +68,16 @@ def _add_compact_parser(commands: Any) -> None:
     )
     compact.add_argument("--trigger", choices=("manual", "budget"), default="manual")
     compact.add_argument("--provider", help="the provider named in the engine's runtime context")
-    compact.add_argument("--timeout", type=float, default=300.0, help="native compaction bound (s)")
+    compact.add_argument(
+        "--timeout",
+        type=float,
+        default=NATIVE_COMPACTION_TIMEOUT_S,
+        help="native compaction bound (s)",
+    )
     compact.add_argument(
         "--interrupt-grace",
         type=float,
-        default=5.0,
+        default=INTERRUPT_GRACE_S,
         help="seconds an interrupted compaction may take before Codex is restarted",
     )
     compact.add_argument("--codex-home", help="default: $CODEX_HOME, else ~/.codex")
