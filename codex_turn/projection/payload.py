@@ -10,7 +10,8 @@ was made. OpenClaw's ``toolPayloadMode: "preserve"`` keeps that structure withou
   ``"[number]"``, ``"[boolean]"``, ``"[null]"``), so ``{"command": "cat .env"}`` becomes
   ``{"command": "[string]"}``;
 * a tool result keeps its values, but every string goes through :func:`redact_secrets` and
-  every value under a secret-looking key (``apiKey``, ``token``, ``password`` ...) is replaced
+  every scalar value under a secret-looking key (``apiKey``, ``token``, ``password`` ...:
+  :func:`codex_turn._secrets.is_secret_key`, the same vocabulary the logs use) is replaced
   whole.
 
 Both are pure functions of their input. Secrets are masked by the one pure redactor,
@@ -22,21 +23,16 @@ Self-references, possible in Python dicts though not in JSON, render as ``"[Circ
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from codex_turn._secrets import REDACTED, redact_secrets
+from codex_turn._secrets import REDACTED, is_secret_key, redact_secrets
 
 __all__ = ["REDACTED", "input_shape", "redact_secrets", "redacted_payload", "render_json"]
 
 _CIRCULAR: Final = "[Circular]"
 _TOO_DEEP: Final = "[MaxDepth]"
 _MAX_DEPTH: Final = 64
-
-_SECRET_KEY: Final = re.compile(
-    r"(?i)(api[_-]?key|token|secret|password|passwd|authorization|credential|cookie|private[_-]?key)"
-)
 
 
 def _leaf_type(value: object) -> str:
@@ -101,7 +97,7 @@ def _redact(value: object, stack: tuple[int, ...], depth: int) -> Any:
             out: dict[str, Any] = {}
             for k, v in value.items():
                 key = redact_secrets(str(k))
-                secret = _SECRET_KEY.search(key) is not None and isinstance(v, str | int | float)
+                secret = is_secret_key(key) and isinstance(v, str | int | float)
                 out[key] = REDACTED if secret else _redact(v, inner, depth + 1)
             return out
         return [_redact(v, inner, depth + 1) for v in value]
