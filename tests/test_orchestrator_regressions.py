@@ -287,3 +287,35 @@ def no_app_server(_auth_profile: str | None) -> Any:
     from codex_turn.harness.appserver import AppServerStartError
 
     raise AppServerStartError("no app-server in this test")
+
+
+async def test_deferred_maintenance_waits_until_the_session_s_turn_is_over(
+    session_file: str,
+) -> None:
+    # B12: background maintenance ran concurrently with the turn that scheduled it.
+    from codex_turn.harness._gates import session_lane_busy
+
+    seen: list[bool] = []
+
+    def maintain(_: Any) -> dict[str, Any]:
+        seen.append(session_lane_busy("agent:main:s-1"))
+        return {"changed": False, "bytesFreed": 0, "rewrittenEntries": 0}
+
+    async def linger(_: Any) -> None:
+        # Still inside the turn (the session is held): the scheduler gets time to run.
+        import anyio
+
+        await anyio.sleep(0.1)
+
+    engine = RecordingEngine(turn_maintenance_mode="background", responses={"maintain": maintain})
+    async with BackgroundMaintenance(poll_interval=0.01) as scheduler:
+        result = await run_codex_turn(
+            params(session_file, "hello there"),
+            app_server=FakeAppServer(),
+            engine=engine,
+            maintenance_scheduler=scheduler,
+            on_turn_end=linger,
+        )
+        assert result.maintenance.status == "deferred"
+        await scheduler.drain()
+    assert seen == [False]  # it ran, and only once the turn had released its session

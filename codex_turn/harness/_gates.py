@@ -9,6 +9,7 @@ lock (``session.py``) protects the file; the gate is for one process's tasks.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import weakref
@@ -19,10 +20,18 @@ import anyio
 
 from codex_turn.fsm import TurnBusy
 
-__all__ = ["hold_session"]
+__all__ = ["hold_session", "session_lane_busy"]
 
 # Held by whoever waits for or holds a gate; dropped when nobody does.
 _gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+# Session lanes (session key, else id) with a turn or compaction in progress: deferred
+# maintenance waits for its lane to be idle, as OpenClaw's does.
+_busy_lanes: collections.Counter[str] = collections.Counter()
+
+
+def session_lane_busy(lane: str) -> bool:
+    """Whether a turn or compaction of the session ``lane`` is in progress in this process."""
+    return _busy_lanes[lane] > 0
 
 
 def _gate_for(session_file: str) -> anyio.Lock:
@@ -36,10 +45,15 @@ def _gate_for(session_file: str) -> anyio.Lock:
 
 @contextlib.asynccontextmanager
 async def hold_session(
-    session_file: str, *, wait: Literal["wait", "reject"] = "wait", wait_timeout: float = 30.0
+    session_file: str,
+    *,
+    lane: str | None = None,
+    wait: Literal["wait", "reject"] = "wait",
+    wait_timeout: float = 30.0,
 ) -> AsyncIterator[None]:
     """Hold the session's gate. ``reject``: raise :class:`TurnBusy` at once if it is held;
-    ``wait``: wait up to ``wait_timeout`` seconds, then raise :class:`TurnBusy`."""
+    ``wait``: wait up to ``wait_timeout`` seconds, then raise :class:`TurnBusy`. ``lane``
+    (the session key, else the id) is reported busy meanwhile (:func:`session_lane_busy`)."""
     gate = _gate_for(session_file)
     if wait == "reject" and gate.locked():
         raise TurnBusy("another turn or compaction is running on this session")
@@ -47,7 +61,13 @@ async def hold_session(
         await gate.acquire()
     if waiting.cancelled_caught:
         raise TurnBusy("timed out waiting for the previous turn or compaction on this session")
+    if lane is not None:
+        _busy_lanes[lane] += 1
     try:
         yield
     finally:
+        if lane is not None:
+            _busy_lanes[lane] -= 1
+            if not _busy_lanes[lane]:
+                del _busy_lanes[lane]
         gate.release()

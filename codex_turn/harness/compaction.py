@@ -241,7 +241,11 @@ async def compact_codex_session_traced(
     owns = _engine_owns_compaction(engine)
     # A turn of this session must not run meanwhile: it could restore a projection epoch the
     # compaction clears, and Codex would see a turn and a compaction on one thread at once.
-    async with hold_session(params.session_file, wait_timeout=params.session_wait_timeout):
+    async with hold_session(
+        params.session_file,
+        lane=params.session_key or params.session_id,
+        wait_timeout=params.session_wait_timeout,
+    ):
         binding = await anyio.to_thread.run_sync(read_binding, params.session_file)
         facts = CompactionFacts(engine_owns=owns, has_binding=binding is not None)
         with CompactionModel.begin(facts) as model:

@@ -74,6 +74,7 @@ import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.fsm.turn import SkipReason, TurnTrigger, maintenance_skip_reason
+from codex_turn.harness._gates import session_lane_busy
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AgentMessage,
@@ -447,7 +448,8 @@ class BackgroundMaintenance:
       request is rejected and logged (the next turn asks again).
     * ``run_timeout`` bounds each run (``None``: no bound); a timed-out run is logged as a
       failed maintenance.
-    * ``is_session_busy(key)``, when given, is polled every ``poll_interval`` seconds before a
+    * ``is_session_busy(key)`` (default: a turn or compaction of that session is running in
+      this process) is polled every ``poll_interval`` seconds before a
       run starts, so maintenance waits for the session's lane to be idle (OpenClaw polls
       every 100 ms).
     * ``aclose`` cancels every queued and running run and refuses new ones; ``drain`` waits
@@ -472,7 +474,11 @@ class BackgroundMaintenance:
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._max_sessions = max_sessions
         self._run_timeout = run_timeout
-        self._is_session_busy = is_session_busy
+        # By default a run waits until no turn or compaction of its session is in progress
+        # in this process (OpenClaw waits for the session lane to be idle).
+        self._is_session_busy = (
+            is_session_busy if is_session_busy is not None else session_lane_busy
+        )
         self._poll_interval = poll_interval
         self._slots: dict[str, _Slot] = {}
         self._idle: anyio.Event | None = None

@@ -1054,7 +1054,10 @@ async def run_codex_turn(
     """
     session_file = os.fspath(params.session_file)
     async with hold_session(
-        session_file, wait=params.concurrency, wait_timeout=params.session_wait_timeout
+        session_file,
+        lane=params.session_key or params.session_id,
+        wait=params.concurrency,
+        wait_timeout=params.session_wait_timeout,
     ):
         with sensitive(params.prompt):
             return await _run_locked(
