@@ -319,3 +319,38 @@ async def test_deferred_maintenance_waits_until_the_session_s_turn_is_over(
         assert result.maintenance.status == "deferred"
         await scheduler.drain()
     assert seen == [False]  # it ran, and only once the turn had released its session
+
+
+@pytest.mark.parametrize(
+    ("method", "trigger"),
+    [
+        ("bootstrap", "bootstrap_failed"),
+        ("assemble", "assemble_failed"),
+        ("after_turn", "finalize_failed"),
+        ("maintain", "maintenance_failed"),
+    ],
+)
+async def test_a_hung_engine_call_takes_its_stage_s_failure_edge(
+    session_file: str, method: str, trigger: str
+) -> None:
+    # A hung engine used to hold the session (and the caller) forever.
+    mirror_turn(
+        session_file,
+        [{"role": "user", "content": "earlier", "timestamp": 1}],
+        scope="seed",
+        identities=["a"],
+        session_id="s-1",
+        cwd="/",
+    )
+    engine = RecordingEngine(delays={method: 30.0})
+    server = FakeAppServer()
+    result = await run_codex_turn(
+        params(session_file, "hello there", engine_timeout=0.2), app_server=server, engine=engine
+    )
+    triggers = [e.trigger for e in result.trace]
+    assert trigger in triggers
+    assert result.trace[-1].dest == "DONE"
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert texts(session_file).count("hello there") == 1
+    if method == "assemble":
+        assert server.turn_inputs()[-1] == "hello there"  # the baseline prompt

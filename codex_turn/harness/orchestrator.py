@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import attrs
@@ -97,6 +97,7 @@ from codex_turn.harness.hooks import (
 from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
     BackgroundMaintenance,
+    BootstrapOutcome,
     MaintenanceOutcome,
     RuntimeContextFree,
     ScheduleResult,
@@ -129,6 +130,7 @@ __all__ = [
 ]
 
 _log = get_logger(__name__)
+_T = TypeVar("_T")
 
 #: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
@@ -164,6 +166,9 @@ class TurnParams:
     idle_timeout: float = 120.0
     #: Bound on the shielded mirror + finalize after a cancellation or crash.
     cleanup_timeout: float = 30.0
+    #: Bound on each engine lifecycle call (bootstrap, assemble, finalize, maintain); a call
+    #: that takes longer takes its stage's failure edge. ``None``: unbounded.
+    engine_timeout: float | None = 300.0
     concurrency: Literal["wait", "reject"] = "wait"
     session_wait_timeout: float = 30.0
     #: Offer the ``sessions_yield`` tool: the model may end the run early (yield-aborted).
@@ -174,6 +179,8 @@ class TurnParams:
             raise TypeError("TurnParams.prompt must be a string")
         if not self.session_id.strip():
             raise ValueError("TurnParams.session_id must not be blank")
+        if self.engine_timeout is not None and not self.engine_timeout > 0:
+            raise ValueError("TurnParams.engine_timeout must be positive (or None)")
         for name in ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TurnParams.{name} must be positive")
@@ -301,6 +308,20 @@ class _Turn:
             token_budget=self.params.context_token_budget,
         )
 
+    async def engine_call(self, stage: str, call: Awaitable[_T]) -> _T | None:
+        """Await one lifecycle call of the engine, bounded by ``engine_timeout``.
+
+        ``None`` (logged) when it timed out: the caller takes the stage's failure edge, so a
+        hung engine cannot hold the session forever.
+        """
+        limit = self.params.engine_timeout
+        if limit is None:
+            return await call
+        with anyio.move_on_after(limit):
+            return await call
+        self.log.warning("context engine call timed out", stage=stage, seconds=limit)
+        return None
+
     def read_history_sync(self) -> list[AgentMessage] | None:
         """The stripped history, or ``None`` (logged) when the transcript cannot be read.
 
@@ -354,14 +375,19 @@ class _Turn:
             self.fire(TurnTrigger.BOOTSTRAP_SKIPPED)
             return
         self.log.debug("codex context engine bootstrap started")
-        outcome = await bootstrap_context_engine(
-            engine=self.engine,
-            session_id=self.params.session_id,
-            session_key=self.params.session_key,
-            session_file=self.session_file,
-            had_session_file=self.fsm.facts.had_session_file,
-            runtime_context=self.runtime_context(),
+        outcome = await self.engine_call(
+            "bootstrap",
+            bootstrap_context_engine(
+                engine=self.engine,
+                session_id=self.params.session_id,
+                session_key=self.params.session_key,
+                session_file=self.session_file,
+                had_session_file=self.fsm.facts.had_session_file,
+                runtime_context=self.runtime_context(),
+            ),
         )
+        if outcome is None:
+            outcome = BootstrapOutcome(status="failed", error="timed out")
         # Bootstrap may have written to the transcript (OpenClaw test A3): read it again,
         # keeping the previous history if the re-read fails. A skipped bootstrap called
         # nothing, so the history is unchanged.
@@ -384,18 +410,21 @@ class _Turn:
         if not self.fsm.allows(TurnTrigger.ASSEMBLED):
             self.fire(TurnTrigger.ASSEMBLE_SKIPPED)
             return
-        outcome = await assemble_context_engine(
-            engine=self.engine,
-            session_id=self.params.session_id,
-            session_key=self.params.session_key,
-            messages=self.history,
-            token_budget=self.params.context_token_budget,
-            available_tools=[t.name for t in self.tools],
-            citations_mode=self.params.citations_mode,
-            model=self.params.model,
-            prompt=self.params.prompt,
+        outcome = await self.engine_call(
+            "assemble",
+            assemble_context_engine(
+                engine=self.engine,
+                session_id=self.params.session_id,
+                session_key=self.params.session_key,
+                messages=self.history,
+                token_budget=self.params.context_token_budget,
+                available_tools=[t.name for t in self.tools],
+                citations_mode=self.params.citations_mode,
+                model=self.params.model,
+                prompt=self.params.prompt,
+            ),
         )
-        if outcome.status != "assembled" or outcome.result is None:
+        if outcome is None or outcome.status != "assembled" or outcome.result is None:
             self.fire(TurnTrigger.ASSEMBLE_FAILED)
             return
         self.assembly = outcome.result
@@ -837,21 +866,27 @@ class _Turn:
         fallback = snapshot is None
         if fallback:
             snapshot = [*self.history, *codex.messages_snapshot]
-        outcome = await finalize_context_engine_turn(
-            engine=self.engine,
-            session_id=self.params.session_id,
-            session_key=self.params.session_key,
-            session_file=self.session_file,
-            messages_snapshot=snapshot or [],
-            pre_prompt_message_count=self.pre_prompt_count,
-            prompt_error=self.fsm.outcome is not None and self.fsm.outcome.prompt_error,
-            aborted=self.fsm.outcome is not None and self.fsm.outcome.aborted,
-            yield_aborted=self.fsm.outcome is not None and self.fsm.outcome.yield_aborted,
-            token_budget=self.params.context_token_budget,
-            runtime_context=self.runtime_context(usage=codex.usage),
-            run_maintenance=False,  # the turn machine decides; see stage_maintain
-            snapshot_is_fallback=fallback,
+        outcome = await self.engine_call(
+            "finalize",
+            finalize_context_engine_turn(
+                engine=self.engine,
+                session_id=self.params.session_id,
+                session_key=self.params.session_key,
+                session_file=self.session_file,
+                messages_snapshot=snapshot or [],
+                pre_prompt_message_count=self.pre_prompt_count,
+                prompt_error=self.fsm.outcome is not None and self.fsm.outcome.prompt_error,
+                aborted=self.fsm.outcome is not None and self.fsm.outcome.aborted,
+                yield_aborted=self.fsm.outcome is not None and self.fsm.outcome.yield_aborted,
+                token_budget=self.params.context_token_budget,
+                runtime_context=self.runtime_context(usage=codex.usage),
+                run_maintenance=False,  # the turn machine decides; see stage_maintain
+                snapshot_is_fallback=fallback,
+            ),
         )
+        if outcome is None:
+            self.fire(TurnTrigger.FINALIZE_FAILED)
+            return
         self.log.info(
             "codex context engine finalize " + ("completed" if outcome.succeeded else "failed"),
             path=outcome.path,
@@ -867,15 +902,19 @@ class _Turn:
             self.log.info("codex context engine turn maintenance skipped", reason=reason)
             return
         codex = self.codex
-        outcome: MaintenanceOutcome = await run_context_engine_maintenance(
-            engine=self.engine,
-            reason="turn",
-            session_id=self.params.session_id,
-            session_key=self.params.session_key,
-            session_file=self.session_file,
-            runtime_context=self.runtime_context(usage=codex.usage if codex else None),
-            scheduler=self.scheduler,
+        timed: MaintenanceOutcome | None = await self.engine_call(
+            "maintain",
+            run_context_engine_maintenance(
+                engine=self.engine,
+                reason="turn",
+                session_id=self.params.session_id,
+                session_key=self.params.session_key,
+                session_file=self.session_file,
+                runtime_context=self.runtime_context(usage=codex.usage if codex else None),
+                scheduler=self.scheduler,
+            ),
         )
+        outcome = timed or MaintenanceOutcome(status="failed", reason="turn", error="timed out")
         if outcome.status == "deferred" and outcome.schedule in (
             ScheduleResult.REJECTED,
             ScheduleResult.CLOSED,
