@@ -20,13 +20,16 @@ The snowball fix (reference 4.1-4.6) is the thread decision: projected context e
 once, when the thread starts, and a resumed thread gets the raw prompt while the engine's
 projection epoch holds; per-turn projections always get a fresh thread.
 
-Cancellation: cancelling the caller's scope interrupts the Codex turn; mirroring and
-finalizing still run, shielded and bounded by ``cleanup_timeout``, maintenance is skipped as
-aborted, ``hooks.on_turn_end`` (when given) receives the result, and the cancellation then
-propagates. A cancellation after Codex finished (or the cleanup deadline) ends the stage it
-cut short (mirror, finalize, maintenance) as failed, and the result is delivered the same way.
-Two turns on one session file are serialized (``concurrency="wait"``, bounded by
-``session_wait_timeout``) or the second is refused with :class:`~codex_turn.fsm.TurnBusy`.
+Cancellation: cancelling the caller's scope interrupts the Codex turn. Once a turn ran,
+mirroring and finalizing always run to completion, shielded; only when the caller is gone do
+they get a bound (``cleanup_timeout``), after which the stage cut short ends as failed.
+Maintenance is skipped as aborted, ``on_turn_end`` (when given) receives the result, and the
+cancellation then propagates. Each engine call is bounded by ``engine_timeout``: a hung engine
+takes its stage's failure edge instead of holding the session.
+
+Concurrency: a turn holds its session's gate (``_gates``, shared with compaction). A second turn
+on the same session file waits (``concurrency="wait"``, bounded by ``session_wait_timeout``) or
+is refused with :class:`~codex_turn.fsm.TurnBusy`; deferred maintenance waits for the gate too.
 """
 
 from __future__ import annotations
