@@ -19,6 +19,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 from support.recording_engine import RecordingEngine
+from support.transcripts import transcript_texts
 
 from codex_turn import (
     AppServer,
@@ -33,7 +34,6 @@ from codex_turn import (
     TurnOutcome,
     TurnParams,
     TurnResult,
-    load_session_messages,
     read_binding,
     run_codex_turn,
 )
@@ -414,17 +414,6 @@ async def test_no_engine_and_legacy_engine_turns_are_plain_codex_turns(
 
 
 # --- cancellation, timeouts, crash, concurrency ------------------------------------------
-
-
-def transcript_texts(session_file: Any) -> list[str]:
-    texts = []
-    for message in load_session_messages(session_file):
-        content = message.get("content")
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(p.get("text", "") for p in content if isinstance(p, dict))
-    return texts
 
 
 async def test_cancelling_the_caller_interrupts_codex_and_still_mirrors_and_finalizes(

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from support.fake_appserver import CodexScript, FakeAppServer
 from support.recording_engine import RecordingEngine
+from support.transcripts import transcript_texts
 
 from codex_turn import (
     AssembleResult,
@@ -28,7 +29,7 @@ from codex_turn import (
 from codex_turn.harness.appserver import AppServerRpcError
 from codex_turn.harness.lifecycle import BackgroundMaintenance
 from codex_turn.harness.orchestrator import TURN_START_TEXT_MAX_CHARS
-from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+from codex_turn.harness.session import clear_session_cache, mirror_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -52,17 +53,6 @@ def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
         prompt=prompt,
         **overrides,
     )
-
-
-def texts(session_file: str) -> list[str]:
-    out = []
-    for message in load_session_messages(session_file):
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append(content)
-        elif isinstance(content, list):
-            out.extend(p.get("text", "") for p in content if isinstance(p, dict))
-    return out
 
 
 def bootstrap_engine(epoch: str = "e1") -> RecordingEngine:
@@ -93,7 +83,7 @@ async def test_two_turns_refused_by_codex_keep_both_prompts(session_file: str) -
     )
     for prompt in ("first prompt", "second prompt", "third prompt"):
         await run_codex_turn(params(session_file, prompt), app_server=server)
-    assert [t for t in texts(session_file) if t.endswith("prompt")] == [
+    assert [t for t in transcript_texts(session_file) if t.endswith("prompt")] == [
         "first prompt",
         "second prompt",
         "third prompt",
@@ -351,6 +341,6 @@ async def test_a_hung_engine_call_takes_its_stage_s_failure_edge(
     assert trigger in triggers
     assert result.trace[-1].dest == "DONE"
     assert result.outcome is TurnOutcome.COMPLETED
-    assert texts(session_file).count("hello there") == 1
+    assert transcript_texts(session_file).count("hello there") == 1
     if method == "assemble":
         assert server.turn_inputs()[-1] == "hello there"  # the baseline prompt
