@@ -20,6 +20,8 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     """Hand-written from the issue: where the decision must land, and whether it projects."""
     if not f.bound:
         return ThreadAction.START, True
+    if f.tools_dropped:
+        return ThreadAction.TRANSIENT, True
     if not f.tools_match or not f.engine_match:
         return ThreadAction.ROTATE, True
     if f.thread_bootstrap:

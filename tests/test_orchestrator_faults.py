@@ -521,7 +521,12 @@ def check(obs: Observed) -> None:
             assert decision.reason == "resume-failed"
     if ran:
         assert obs.binding is not None
-        assert obs.binding.thread_id == result.thread_id
+        transient = (
+            result.thread_decision is not None
+            and result.thread_decision.action is ThreadAction.TRANSIENT
+        )
+        # A transient (no-tools) thread never replaces the bound one.
+        assert (obs.binding.thread_id == result.thread_id) is not transient
 
     # What Codex was asked: the baseline prompt unless the engine's projection applied.
     for call in [*starts, *resumes]:

@@ -344,3 +344,33 @@ async def test_a_hung_engine_call_takes_its_stage_s_failure_edge(
     assert transcript_texts(session_file).count("hello there") == 1
     if method == "assemble":
         assert server.turn_inputs()[-1] == "hello there"  # the baseline prompt
+
+
+async def test_a_turn_without_tools_gets_a_transient_thread_and_keeps_the_binding(
+    session_file: str,
+) -> None:
+    # B16 (OpenClaw 2.11): a no-tools turn after tooled ones must not rotate the binding away.
+    from codex_turn import DynamicTool
+
+    async def lookup(_: dict[str, Any]) -> str:
+        return "found"
+
+    tools = [DynamicTool("lookup", "Look something up.", {"type": "object"}, lookup)]
+    server = FakeAppServer()
+    tooled = await run_codex_turn(
+        params(session_file, "with tools"), app_server=server, tools=tools
+    )
+    bare = await run_codex_turn(params(session_file, "heartbeat"), app_server=server)
+    assert bare.thread_decision is not None
+    assert bare.thread_decision.action.value == "transient"
+    assert bare.thread_id != tooled.thread_id
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.thread_id == tooled.thread_id  # kept
+    assert server.forgotten == [bare.thread_id]
+    again = await run_codex_turn(
+        params(session_file, "tools again"), app_server=server, tools=tools
+    )
+    assert again.thread_id == tooled.thread_id
+    assert again.thread_decision is not None
+    assert again.thread_decision.action.value == "resume"

@@ -7,6 +7,8 @@ thread therefore grows the request quadratically (OpenClaw #93762: ~96% wasted i
 made once per turn from facts, and it lives here as an ordered table of rules:
 
 * no binding: start a thread (and project the engine's context into its first turn);
+* a turn that declares no dynamic tools while the bound thread has some (a heartbeat, say):
+  a *transient* thread for this turn only; the binding keeps the tooled thread (OpenClaw);
 * a binding built with other dynamic tools, or for another engine or engine policy
   (including "no engine" versus "engine"): rotate to a fresh thread (#81223);
 * an engine projecting with mode ``thread_bootstrap``: project once per *epoch*. While the
@@ -36,6 +38,7 @@ class ThreadAction(enum.Enum):
     START = "start"
     RESUME = "resume"
     ROTATE = "rotate"  # start a fresh thread and replace the binding
+    TRANSIENT = "transient"  # start a fresh thread for this turn only; keep the binding
 
 
 @attrs.frozen
@@ -44,6 +47,7 @@ class ThreadFacts:
 
     bound: bool = False  # a binding with a thread id exists
     tools_match: bool = True  # dynamic-tools fingerprint compatible with the binding's
+    tools_dropped: bool = False  # this turn has no tools, the bound thread has some
     engine_match: bool = True  # same engine id and policy (or no engine on both sides)
     thread_bootstrap: bool = False  # the engine asked for thread_bootstrap projection
     epoch_match: bool = False  # ... and the bound thread carries the same epoch
@@ -76,6 +80,7 @@ A = ThreadAction
 
 THREAD_RULES: tuple[ThreadRule, ...] = (
     ThreadRule(A.START, True, "missing-thread-binding", unless=("bound",)),
+    ThreadRule(A.TRANSIENT, True, "no-tools-transient-thread", when=("tools_dropped",)),
     ThreadRule(A.ROTATE, True, "dynamic-tools-changed", unless=("tools_match",)),
     ThreadRule(A.ROTATE, True, "context-engine-policy-changed", unless=("engine_match",)),
     ThreadRule(

@@ -138,6 +138,7 @@ _T = TypeVar("_T")
 #: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 _YIELD_TOOL: Final = "sessions_yield"
+_NO_TOOLS: Final = dynamic_tools_fingerprint(())
 
 
 @attrs.frozen(kw_only=True)
@@ -494,6 +495,9 @@ class _Turn:
             bound=binding is not None,
             tools_match=binding is None
             or fingerprints_compatible(binding.dynamic_tools_fingerprint, self.tools_fingerprint()),
+            tools_dropped=binding is not None
+            and binding.dynamic_tools_fingerprint not in (None, "", _NO_TOOLS)
+            and self.tools_fingerprint() == _NO_TOOLS,
             engine_match=engine_match,
             thread_bootstrap=epoch is not None,
             epoch_match=epoch is not None
@@ -642,11 +646,13 @@ class _Turn:
                 self.start_error = format_error(error)
                 self.fire(TurnTrigger.THREAD_START_FAILED)
                 return
-            # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
-            # context (stage_run_turn): recorded earlier, a failed turn/start would make the
-            # next turn resume a thread that never received it (OpenClaw #88355).
-            self.pending_projection = self.current_projection()
-            await self.save_binding(result, resumed=False, projection=None)
+            # A transient thread serves this turn only: the binding keeps the tooled thread.
+            if decision.action is not ThreadAction.TRANSIENT:
+                # A bootstrap epoch is recorded only once Codex accepted the turn that carries
+                # its context (stage_run_turn): recorded earlier, a failed turn/start would make
+                # the next turn resume a thread that never received it (OpenClaw #88355).
+                self.pending_projection = self.current_projection()
+                await self.save_binding(result, resumed=False, projection=None)
             if retired is not None:
                 # The old thread runs no more turns: release what the client keeps for it.
                 self.app_server.forget_thread(retired)
@@ -762,6 +768,8 @@ class _Turn:
             return
         finally:
             self.live_handle = None
+            if self.decision is not None and self.decision.action is ThreadAction.TRANSIENT:
+                self.app_server.forget_thread(self.thread_id)  # it runs no other turn
         self.log = self.log.bind(turn_id=self.codex.turn_id)
         status = self.codex.outcome
         if status is CodexTurnStatus.COMPLETED:
