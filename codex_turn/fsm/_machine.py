@@ -214,7 +214,7 @@ class Model:
                 raise IllegalTransition(source, name, why="guards are closed")
             self.trace.append(TraceEntry(source, name, self.state_name, time.monotonic_ns()))
             self._on_fired(name)
-            if self.state_name in self.machine.final_states:
+            if self.is_terminal:
                 self._detach()
         finally:
             self._lock.release()

@@ -961,6 +961,16 @@ def _warn_once(view: _View, event: str, **fields: Any) -> None:
         _log.warning(event, path=view.state.path, **fields)
 
 
+def _refresh_or_raise(state: _FileState) -> _View:
+    """:func:`_refresh`, with a read failure mapped once to :class:`SessionError` (and the
+    cache dropped, so the next read starts clean). Caller holds ``state.lock``."""
+    try:
+        return _refresh(state)
+    except OSError as error:
+        _reset_state(state)
+        raise SessionError(f"cannot read session transcript {state.path}: {error}") from error
+
+
 def load_session_context(path: str | os.PathLike[str]) -> SessionContext:
     """The context at the transcript's last line, as OpenClaw's Codex history reader builds it.
 
@@ -970,11 +980,7 @@ def load_session_context(path: str | os.PathLike[str]) -> SessionContext:
     """
     state = _state_for(_cache_key(path))
     with state.lock:
-        try:
-            view = _refresh(state)
-        except OSError as error:
-            _reset_state(state)
-            raise SessionError(f"cannot read session transcript {state.path}: {error}") from error
+        view = _refresh_or_raise(state)
         if not view.exists:
             return SessionContext([])
         problem = _header_problem(view)
@@ -1015,11 +1021,7 @@ def read_session(path: str | os.PathLike[str]) -> SessionTranscript:
     """
     state = _state_for(_cache_key(path))
     with state.lock:
-        try:
-            view = _refresh(state)
-        except OSError as error:
-            _reset_state(state)
-            raise SessionError(f"cannot read session transcript {state.path}: {error}") from error
+        view = _refresh_or_raise(state)
         fold = state.fold
         objects = [*fold.objects, view.tentative] if view.tentative else list(fold.objects)
         first = objects[0] if objects else None
