@@ -36,7 +36,7 @@ from codex_turn.harness.appserver import (
     AppServerProcess,
     bundled_codex_path,
 )
-from codex_turn.harness.offline_model import OfflineModel
+from codex_turn.testing import OfflineModel
 
 
 def _summary(samples: list[float]) -> str:

@@ -74,7 +74,7 @@ from codex_turn.harness.engine import (
     IngestParams,
     IngestResult,
 )
-from codex_turn.harness.offline_model import OfflineModel
+from codex_turn.testing import OfflineModel
 
 INSTRUCTIONS = "You are a benchmark assistant."
 SCOPE = "codex-app-server:bench-thread"

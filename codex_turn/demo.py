@@ -33,7 +33,7 @@ from codex_turn.harness.engine import (
     MaintainParams,
     MaintenanceResult,
 )
-from codex_turn.harness.offline_model import OfflineModel, Reply
+from codex_turn.testing import OfflineModel, Reply
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
 
 __all__ = ["DemoMemoryEngine", "run_demo"]

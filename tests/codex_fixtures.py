@@ -14,7 +14,7 @@ Fixtures
     A :class:`CodexSchema` that validates client messages (requests, notifications, responses
     to server requests) against that schema: ``codex_schema.validate_sent(messages)``.
 ``offline_model`` (function)
-    A started :class:`~codex_turn.harness.offline_model.OfflineModel` (closed afterwards).
+    A started :class:`~codex_turn.testing.OfflineModel` (closed afterwards).
 ``workspace`` (function)
     An empty directory to use as the thread ``cwd``.
 ``make_appserver_config`` (function)
@@ -46,7 +46,7 @@ import jsonschema
 import pytest
 
 from codex_turn.harness.appserver import AppServer, AppServerConfig
-from codex_turn.harness.offline_model import OfflineModel
+from codex_turn.testing import OfflineModel
 
 __all__ = ["CodexSchema"]
 

@@ -36,8 +36,10 @@ from codex_turn.fsm import (
 )
 
 TURN_FLAG_COMBOS = [
-    dict(zip(("engine", "session_file", "maintains", "background"), bits, strict=True))
-    for bits in itertools.product((False, True), repeat=4)
+    dict(
+        zip(("engine", "session_file", "maintains", "background", "bootstraps"), bits, strict=True)
+    )
+    for bits in itertools.product((False, True), repeat=5)
 ]
 COMPACTION_FLAG_COMBOS = [
     {"owns": owns, "binding": binding}
@@ -51,6 +53,7 @@ def turn_facts(flags: dict[str, bool]) -> TurnFacts:
         had_session_file=flags["session_file"],
         engine_maintains=flags["maintains"],
         background_maintenance=flags["background"],
+        engine_bootstraps=flags.get("bootstraps", True),
     )
 
 
@@ -70,22 +73,28 @@ def _fire_one(model: Any, trigger: str) -> tuple[str | None, str | None]:
 
 
 def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES) -> list[str]:
-    """Every state x trigger x guard facts x recorded outcome against the oracle."""
+    """Every state x trigger x guard facts x recorded outcome x "a resume was already
+    refused" against the oracle."""
     problems: list[str] = []
-    for state, flags, outcome, trigger in itertools.product(
-        states, TURN_FLAG_COMBOS, TURN_OUTCOMES, TURN_TRIGGERS
+    for state, flags, outcome, resume_failed, trigger in itertools.product(
+        states, TURN_FLAG_COMBOS, TURN_OUTCOMES, (False, True), TURN_TRIGGERS
     ):
+        if resume_failed and state != "STARTING_THREAD":
+            continue  # the fact is read by the starting_thread edges only
         model = model_cls.begin(
             turn_facts(flags),
             state=TurnState[state],
             outcome=TurnOutcome(outcome) if outcome else None,
         )
-        expected = turn_oracle(state, trigger, outcome=outcome, **flags)
+        model.resume_failed = resume_failed
+        expected = turn_oracle(
+            state, trigger, outcome=outcome, resume_failed=resume_failed, **flags
+        )
         if model.allows(trigger) != (expected is not None):
             problems.append(f"{state} allows({trigger}) disagrees with the oracle ({flags})")
         trace_before = len(model.trace)
         dest, error = _fire_one(model, trigger)
-        label = f"{state} --{trigger}--> ? with {flags} outcome={outcome}"
+        label = f"{state} --{trigger}--> ? with {flags} outcome={outcome} rf={resume_failed}"
         if error:
             problems.append(f"{label}: {error}")
         elif expected is None and dest is not None:
@@ -138,8 +147,11 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
         if state in TURN_TERMINAL:
             yield path, state, outcome
             return
+        resume_failed = "thread_resume_failed" in path
         for trigger in TURN_TRIGGERS:
-            dest = turn_oracle(state, trigger, outcome=outcome, **flags)
+            dest = turn_oracle(
+                state, trigger, outcome=outcome, resume_failed=resume_failed, **flags
+            )
             if dest is None:
                 continue
             if dest == INTERNAL:

@@ -20,6 +20,7 @@ TURN_STATES = (
     "PROJECTING",
     "BUILDING_PROMPT",
     "STARTING_THREAD",
+    "REPROJECTING",
     "RUNNING_TURN",
     "MIRRORING",
     "FINALIZING",
@@ -45,6 +46,8 @@ TURN_TRIGGERS = (
     "thread_resumed",
     "thread_rotated",
     "thread_start_failed",
+    "thread_resume_failed",
+    "reprojected",
     "cancelled",
     "native_compaction_started",
     "native_compaction_completed",
@@ -60,6 +63,7 @@ TURN_TRIGGERS = (
     "maintenance_ran",
     "maintenance_failed",
     "maintenance_deferred",
+    "maintenance_dropped",
     "no_such_trigger",  # unknown triggers are illegal everywhere
 )
 TURN_OUTCOMES = (None, "completed", "failed", "aborted", "yield_aborted", "timed_out")
@@ -83,8 +87,12 @@ def turn_oracle(
     maintains: bool,
     background: bool,
     outcome: str | None,
+    bootstraps: bool = True,
+    resume_failed: bool = False,
 ) -> str | None:
-    can_bootstrap = engine and session_file
+    # ``bootstraps``: the engine has bootstrap() or maintain(); ``resume_failed``: this turn's
+    # resume was already refused once (a second refusal is not a step back but illegal).
+    can_bootstrap = engine and session_file and bootstraps
     if (
         state
         in (
@@ -94,6 +102,7 @@ def turn_oracle(
             "PROJECTING",
             "BUILDING_PROMPT",
             "STARTING_THREAD",
+            "REPROJECTING",
         )
         and trigger == "cancelled"
     ):
@@ -123,7 +132,11 @@ def turn_oracle(
     if state == "STARTING_THREAD":
         if trigger in ("thread_started", "thread_resumed", "thread_rotated"):
             return "RUNNING_TURN"
+        if trigger == "thread_resume_failed":
+            return None if resume_failed else "REPROJECTING"
         return "FAILED" if trigger == "thread_start_failed" else None
+    if state == "REPROJECTING":
+        return "STARTING_THREAD" if trigger == "reprojected" else None
     if state == "RUNNING_TURN":
         if trigger in ("native_compaction_started", "native_compaction_completed"):
             return INTERNAL
@@ -140,7 +153,7 @@ def turn_oracle(
     if state == "MAINTAINING":
         if trigger in ("maintenance_ran", "maintenance_failed"):
             return None if background else "DONE"
-        if trigger == "maintenance_deferred":
+        if trigger in ("maintenance_deferred", "maintenance_dropped"):
             return "DONE" if background else None
         return None
     return None  # DONE, FAILED: nothing happens after a terminal state

@@ -39,7 +39,10 @@ from hypothesis.stateful import (
 from codex_turn.fsm import IllegalTransition
 
 turn_flags = st.fixed_dictionaries(
-    {name: st.booleans() for name in ("engine", "session_file", "maintains", "background")}
+    {
+        name: st.booleans()
+        for name in ("engine", "session_file", "maintains", "background", "bootstraps")
+    }
 )
 compaction_flags = st.fixed_dictionaries({"owns": st.booleans(), "binding": st.booleans()})
 
@@ -47,11 +50,12 @@ MAX_LIVE = 4
 DEPTHS = st.sampled_from(range(14))
 
 _ALL_FLAGS = [
-    {"engine": e, "session_file": f, "maintains": m, "background": b}
+    {"engine": e, "session_file": f, "maintains": m, "background": b, "bootstraps": s}
     for e in (False, True)
     for f in (False, True)
     for m in (False, True)
     for b in (False, True)
+    for s in (False, True)
 ]
 
 
@@ -73,6 +77,7 @@ class Shadow:
     state: str = "IDLE"
     outcome: str | None = None
     retired: bool = False
+    resume_failed: bool = False  # this run's resume was refused once (no second step back)
 
 
 def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
@@ -92,7 +97,13 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
             return [
                 trigger
                 for trigger in TURN_TRIGGERS
-                if turn_oracle(shadow.state, trigger, outcome=shadow.outcome, **shadow.flags)
+                if turn_oracle(
+                    shadow.state,
+                    trigger,
+                    outcome=shadow.outcome,
+                    resume_failed=shadow.resume_failed,
+                    **shadow.flags,
+                )
                 is not None
             ]
 
@@ -106,8 +117,16 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                 onward = [t for t in legal if t != "cancelled"] or legal
                 pool = legal if data.draw(st.sampled_from(range(10))) == 0 else onward
                 trigger = data.draw(st.sampled_from(pool), label="legal trigger")
-                expected = turn_oracle(turn.state, trigger, outcome=turn.outcome, **turn.flags)
+                expected = turn_oracle(
+                    turn.state,
+                    trigger,
+                    outcome=turn.outcome,
+                    resume_failed=turn.resume_failed,
+                    **turn.flags,
+                )
                 turn.model.fire(trigger)
+                if trigger == "thread_resume_failed":
+                    turn.resume_failed = True
                 if expected != INTERNAL:
                     turn.state = str(expected)
                 turn.outcome = TERMINAL_OUTCOMES.get(
@@ -207,6 +226,15 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                 if triggers & {"bootstrapped", "bootstrap_failed"}:
                     assert shadow.flags["session_file"]
                     assert shadow.flags["engine"]
+                    assert shadow.flags["bootstraps"]
+
+        @invariant()
+        def a_refused_resume_steps_back_at_most_once(self) -> None:
+            for shadow in self.shadows:
+                triggers = [entry.trigger for entry in shadow.model.trace]
+                assert triggers.count("thread_resume_failed") <= 1, triggers
+                if "reprojected" in triggers:
+                    assert triggers.index("thread_resume_failed") < triggers.index("reprojected")
 
         def teardown(self) -> None:
             for shadow in self.shadows:

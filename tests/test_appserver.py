@@ -23,7 +23,7 @@ from codex_turn.harness.appserver import (
     DynamicTool,
     Notification,
 )
-from codex_turn.harness.offline_model import OfflineModel, RecordedRequest, Reply
+from codex_turn.testing import OfflineModel, RecordedRequest, Reply
 
 pytestmark = pytest.mark.anyio
 

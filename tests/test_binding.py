@@ -11,21 +11,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 from structlog.testing import capture_logs
 
+from codex_turn.harness._fs import session_path
 from codex_turn.harness.binding import (
+    BINDING_SUFFIX,
     BindingError,
     ContextEngineBinding,
     ProjectionBinding,
     ThreadBinding,
     binding_path,
+    binding_to_json,
     clear_binding,
     context_engine_policy_fingerprint,
     read_binding,
     write_binding,
 )
-from codex_turn.harness.session import mirror_turn, reset_session
+from codex_turn.harness.session import mirror_turn, read_session, reset_session
 
 ROOT = Path(__file__).parent.parent
 WRITER = Path(__file__).parent / "support" / "session_binding_writer.py"
@@ -327,3 +331,102 @@ def test_the_thread_decision_round_trips_and_a_malformed_one_is_dropped(tmp_path
     assert again is not None
     assert again.thread_decision is None
     assert again.thread_id == "t-1"
+
+
+def test_the_runtime_policy_round_trips_and_old_sidecars_read_without_it(tmp_path: Path) -> None:
+    session_file = tmp_path / "s.jsonl"
+    written = write_binding(
+        session_file,
+        ThreadBinding(
+            thread_id="t",
+            model="gpt-5.5",
+            approval_policy="on-request",
+            sandbox="workspace-write",
+            approvals_reviewer="auto_review",
+            service_tier="fast",
+        ),
+    )
+    raw = json.loads(Path(binding_path(session_file)).read_text())
+    assert list(raw)[4:9] == [
+        "model",
+        "approvalPolicy",
+        "sandbox",
+        "approvalsReviewer",
+        "serviceTier",
+    ]
+    assert (raw["approvalPolicy"], raw["sandbox"], raw["approvalsReviewer"]) == (
+        "on-request",
+        "workspace-write",
+        "auto_review",
+    )
+    assert raw["serviceTier"] == "fast"
+    loaded = read_binding(session_file)
+    assert loaded == written
+    assert loaded is not None
+    assert (
+        loaded.approval_policy,
+        loaded.sandbox,
+        loaded.approvals_reviewer,
+        loaded.service_tier,
+    ) == ("on-request", "workspace-write", "auto_review", "fast")
+    # A sidecar written before the policy was recorded (earliest era: model only).
+    Path(binding_path(session_file)).write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "sessionFile": str(session_file),
+                "threadId": "old",
+                "cwd": "/w",
+                "model": "gpt-5",
+                "createdAt": "2026-01-01T00:00:00.000Z",
+                "updatedAt": "2026-01-01T00:00:00.000Z",
+            }
+        )
+    )
+    with capture_logs() as logs:
+        old = read_binding(session_file)
+    assert logs == []
+    assert old is not None
+    assert (old.thread_id, old.model) == ("old", "gpt-5")
+    assert (old.approval_policy, old.sandbox, old.approvals_reviewer, old.service_tier) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    rewritten = json.loads(binding_to_json(old))
+    assert not {"approvalPolicy", "sandbox", "approvalsReviewer", "serviceTier"} & set(rewritten)
+
+
+def test_one_session_path_keys_the_sidecar_the_lock_and_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    via_link, via_real = link / "s.jsonl", real / "s.jsonl"
+    canonical = os.path.join(os.path.realpath(real), "s.jsonl")
+    assert session_path(via_link) == session_path(via_real) == canonical
+    monkeypatch.chdir(real)
+    assert session_path("s.jsonl") == canonical
+    # A missing directory cannot be resolved: the absolute, normalised path stands in.
+    assert session_path(tmp_path / "none" / ".." / "none" / "s.jsonl") == str(
+        tmp_path / "none" / "s.jsonl"
+    )
+    assert binding_path(via_link) == binding_path(via_real) == canonical + BINDING_SUFFIX
+    written = write_binding(via_link, ThreadBinding(thread_id="t"))
+    assert written.session_file == str(via_link)  # the caller's path is what is recorded
+    assert read_binding(via_real) == attrs.evolve(written, session_file=str(via_real))
+    result = mirror_turn(
+        via_link,
+        [{"role": "user", "content": "hi"}],
+        scope="codex-app-server:t",
+        identities=["turn-1:prompt"],
+        session_id="s",
+        cwd="/",
+    )
+    assert result.path == canonical
+    assert read_session(via_link).path == read_session(via_real).path == canonical
+    assert clear_binding(via_real) is True
+    assert not Path(binding_path(via_link)).exists()

@@ -29,7 +29,7 @@ from codex_turn.harness.binding import (
 )
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 from codex_turn.harness.engine import CompactDetails, CompactResult
-from codex_turn.harness.offline_model import OfflineModel, Reply
+from codex_turn.testing import OfflineModel, Reply
 
 ConfigFactory = Callable[..., AppServerConfig]
 DEV = "DEV_INSTR_MARKER_c0mp: keep answers short."

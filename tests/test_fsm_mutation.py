@@ -31,7 +31,7 @@ S = TurnState
 # know that the checks fail, not the smallest counterexample.
 _DETECT_ONLY = settings(
     derandomize=True,
-    max_examples=200,
+    max_examples=400,
     stateful_step_count=30,
     database=None,
     deadline=None,
@@ -105,6 +105,12 @@ TURN_MUTANTS = {
     "maintain_after_failure": _edit(
         S.FINALIZING, Edge("finalized", S.MAINTAINING), drop="finalized"
     ),
+    # A dropped guard: a refused resume steps back again and again (the turn never ends).
+    "resume_retries_forever": _edit(
+        S.STARTING_THREAD,
+        Edge("thread_resume_failed", S.REPROJECTING),
+        drop="thread_resume_failed",
+    ),
 }
 
 
@@ -126,7 +132,13 @@ def test_the_exhaustive_check_rejects_behavioural_turn_mutants(name: str) -> Non
 
 
 @pytest.mark.parametrize(
-    "name", ["mirror_skips_finalize", "unguarded_bootstrap", "maintain_after_failure"]
+    "name",
+    [
+        "mirror_skips_finalize",
+        "unguarded_bootstrap",
+        "maintain_after_failure",
+        "resume_retries_forever",
+    ],
 )
 def test_the_stateful_machine_rejects_behavioural_turn_mutants(name: str) -> None:
     machine = make_turn_ordering_machine(_mutant_turn_model(TURN_MUTANTS[name]))

@@ -20,9 +20,18 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     """Hand-written from the issue: where the decision must land, and whether it projects."""
     if not f.bound:
         return ThreadAction.START, True
+    if f.resume_failed:  # the bound thread is gone: a fresh one, with the context
+        return ThreadAction.ROTATE, True
     if f.tools_dropped:
         return ThreadAction.TRANSIENT, True
-    if not f.tools_match or not f.engine_match:
+    if not f.tools_match:
+        return ThreadAction.ROTATE, True
+    # Never trade the conversation for a policy: without context to project, a fresh thread
+    # would run without it, so the bound thread is resumed with the raw prompt.
+    policy_rotation = not f.engine_match or (f.thread_bootstrap and not f.epoch_match)
+    if policy_rotation and not f.has_context:
+        return ThreadAction.RESUME, False
+    if not f.engine_match:
         return ThreadAction.ROTATE, True
     if f.thread_bootstrap:
         return (ThreadAction.RESUME, False) if f.epoch_match else (ThreadAction.ROTATE, True)
@@ -66,3 +75,27 @@ def test_a_changed_projection_fingerprint_inside_an_epoch_does_not_rotate() -> N
     assert "fingerprint" not in FIELDS
     same_epoch = ThreadFacts(bound=True, thread_bootstrap=True, epoch_match=True)
     assert decide_thread(same_epoch).action is ThreadAction.RESUME
+
+
+def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None:
+    # Issue 10: a policy or epoch change with nothing to project resumes the bound thread
+    # (raw prompt) and leaves the binding's engine record alone, so a later turn with context
+    # still rotates and projects.
+    for facts in ALL_FACTS:
+        decision = decide_thread(facts)
+        if facts.bound and not facts.has_context and facts.tools_match and not (
+            facts.resume_failed or facts.tools_dropped
+        ):
+            assert decision.action is ThreadAction.RESUME, facts
+        if decision.action is ThreadAction.RESUME and not decision.rebind_engine:
+            assert not facts.has_context
+            assert decision.reason == "context-unavailable-keep-thread"
+
+
+def test_a_refused_resume_rotates_with_the_projected_context() -> None:
+    decision = decide_thread(ThreadFacts(bound=True, resume_failed=True, has_context=True))
+    assert (decision.action, decision.project, decision.reason) == (
+        ThreadAction.ROTATE,
+        True,
+        "resume-failed",
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from codex_turn.harness.offline_model import OfflineModel, Reply
+from codex_turn.testing import OfflineModel, Reply
 
 
 def post(model: OfflineModel, body: dict[str, Any], *, kind: str = "turn") -> tuple[int, str]:

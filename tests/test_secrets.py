@@ -333,6 +333,8 @@ def test_projected_tool_results_keep_counters_and_mask_the_new_keys() -> None:
             "note": 'sent {"apiKey": "[redacted]"}',
         },
         indent=2,
+        sort_keys=True,  # canonical JSON: key order never changes the bytes (issue 10)
+        ensure_ascii=False,
     )
 
 

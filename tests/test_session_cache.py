@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.session_turns import expected_messages, turn_messages
 
-from codex_turn.harness import session as session_mod
 from codex_turn.harness.session import (
     SessionContext,
     build_session_context,
@@ -25,6 +24,7 @@ from codex_turn.harness.session import (
     mirror_turn,
     parse_session_bytes,
 )
+from codex_turn.harness.session import _format as format_mod
 
 HEADER = {
     "type": "session",
@@ -77,7 +77,7 @@ class _Counters:
         self.bytes_read = 0
         self.full_builds = 0
         real_pread = os.pread
-        real_build = session_mod._context_from_path
+        real_build = format_mod._context_from_path
 
         def pread(fd: int, length: int, offset: int) -> bytes:
             data = real_pread(fd, length, offset)
@@ -89,7 +89,7 @@ class _Counters:
             return real_build(path)
 
         monkeypatch.setattr(os, "pread", pread)
-        monkeypatch.setattr(session_mod, "_context_from_path", build)
+        monkeypatch.setattr(format_mod, "_context_from_path", build)
 
     def reset(self) -> None:
         self.bytes_read = self.full_builds = 0

@@ -27,6 +27,8 @@ from codex_turn.harness.session import (
     read_session,
     session_write_lock,
 )
+from codex_turn.harness.session import _format as format_mod
+from codex_turn.harness.session import _mirror as mirror_mod
 
 SESSION_ID = "019d5c1e-0000-7000-8000-000000000001"
 
@@ -460,7 +462,7 @@ def test_a_live_holder_times_out_with_a_typed_error(tmp_path: Path) -> None:
     lock = _lock_file(path)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": session_mod._utc_now_iso()}))
+        lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": format_mod._utc_now_iso()}))
         started = time.monotonic()
         with pytest.raises(SessionLockTimeout) as caught:
             _mirror(path, "t", 0, lock_timeout=0.3)
@@ -556,14 +558,14 @@ def test_a_file_created_by_a_lockless_writer_mid_mirror_is_appended_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "race.jsonl"
-    real_create = session_mod._create_exclusive
+    real_create = mirror_mod.create_exclusive
 
     def racing_create(target: str, data: bytes) -> bool:
         header = {"type": "session", "version": 3, "id": "other", "timestamp": "x", "cwd": "/"}
         Path(target).write_text(json.dumps(header) + "\n")  # pi's lockless writer wins
         return real_create(target, data)
 
-    monkeypatch.setattr(session_mod, "_create_exclusive", racing_create)
+    monkeypatch.setattr(mirror_mod, "create_exclusive", racing_create)
     result = _mirror(path, "t", 0)
     assert not result.created
     assert result.appended == 4

@@ -1,9 +1,13 @@
 """Shared machinery for the table-driven machines in this package.
 
 Theory: each machine in ``codex_turn.fsm`` is a *table*, a mapping from source state to the
-edges leaving it, declared as data in its own module. This module turns such a table into one
-process-wide ``transitions.Machine`` and gives models a single entry point, :meth:`Model.fire`,
-in the spirit of h2's ``process_input``:
+edges leaving it, declared as data in its own module. The table lookup is the runtime: one
+function, :meth:`TableMachine.select`, finds the edge a trigger takes (the first whose guards
+hold) and both :meth:`Model.fire` and :meth:`Model.allows` ask it, so a guard is evaluated by
+one piece of code only. ``transitions`` holds the states and the table's transitions (its
+``GraphMachine`` renders the diagrams from them) and is driven only through its public API
+(``set_state``); no private hook of it is overridden. Models get a single entry point,
+:meth:`Model.fire`, in the spirit of h2's ``process_input``:
 
 * an unknown trigger, a trigger with no edge from the current state, and a trigger whose every
   edge is closed by its guards all raise :class:`IllegalTransition`, and the state is
@@ -30,7 +34,6 @@ from typing import Any, ClassVar, NamedTuple, Self
 
 import attrs
 from transitions import Machine
-from transitions.core import Event, MachineError
 
 from codex_turn.fsm.errors import IllegalTransition, TurnBusy
 
@@ -86,17 +89,8 @@ def table_to_transitions(table: Table) -> list[dict[str, Any]]:
     return rows
 
 
-class _TypedEvent(Event):
-    def _is_valid_source(self, state: Any) -> bool:
-        if state.name not in self.transitions:
-            raise IllegalTransition(state.name, self.name)
-        return True
-
-
 class TableMachine(Machine):
     """A ``transitions.Machine`` built from a table, shared by every model of one kind."""
-
-    event_cls = _TypedEvent
 
     def __init__(
         self,
@@ -114,6 +108,13 @@ class TableMachine(Machine):
             )
         self.table = table
         self.state_enum = states
+        # The edges by (source name, trigger), in declaration order: select()'s lookup.
+        self.edges: dict[tuple[str, str], tuple[Edge, ...]] = {}
+        for source, source_edges in table.items():
+            for edge in source_edges:
+                key = (source.name, edge.trigger)
+                self.edges[key] = (*self.edges.get(key, ()), edge)
+        self.triggers = frozenset(edge.trigger for edges in table.values() for edge in edges)
         self.final_states = frozenset(state.name for state in final)
         # Live models by identity. ``transitions`` keeps a list (O(n) removal); the shared
         # machine never re-binds models, so a dict is all attachment needs to be.
@@ -145,12 +146,28 @@ class TableMachine(Machine):
         """Detach ``model``; O(1), and a no-op for a model that is not attached."""
         self.live.pop(id(model), None)
 
-    def fire(self, model: Any, trigger: str) -> bool:
-        event = self.events.get(trigger)
-        if event is None:
-            raise IllegalTransition(getattr(model, STATE_ATTRIBUTE), trigger, why="unknown trigger")
-        result: bool = event.trigger(model)
-        return result
+    def select(self, model: Any, trigger: str) -> Edge:
+        """The edge ``trigger`` takes from ``model``'s state: the first whose guards hold.
+
+        Raises :class:`IllegalTransition` (state unchanged) for an unknown trigger, a trigger
+        with no edge from this state, and a trigger whose every edge is closed by its guards.
+        """
+        source: str = getattr(model, STATE_ATTRIBUTE)
+        edges = self.edges.get((source, trigger))
+        if edges is None:
+            why = "no edge from this state" if trigger in self.triggers else "unknown trigger"
+            raise IllegalTransition(source, trigger, why=why)
+        for edge in edges:
+            if all(getattr(model, guard) for guard in edge.when) and not any(
+                getattr(model, guard) for guard in edge.unless
+            ):
+                return edge
+        raise IllegalTransition(source, trigger, why="guards are closed")
+
+    def take(self, model: Any, edge: Edge) -> None:
+        """Move ``model`` along ``edge`` (an internal edge leaves the state as it is)."""
+        if edge.dest is not None:
+            self.set_state(edge.dest.name, model=model)
 
 
 @attrs.define(eq=False, slots=False)
@@ -204,14 +221,7 @@ class Model:
             if not self._attached:
                 # Finished models are detached; nothing may follow a final state.
                 raise IllegalTransition(source, name, why="the run has ended")
-            try:
-                accepted = self.machine.fire(self, name)
-            except IllegalTransition:
-                raise
-            except MachineError as error:  # pragma: no cover - defensive: map foreign errors once
-                raise IllegalTransition(source, name, why=str(error)) from error
-            if not accepted:
-                raise IllegalTransition(source, name, why="guards are closed")
+            self.machine.take(self, self.machine.select(self, name))
             self.trace.append(TraceEntry(source, name, self.state_name, time.monotonic_ns()))
             self._on_fired(name)
             if self.is_terminal:
@@ -226,12 +236,11 @@ class Model:
         """
         if not self._attached:
             return False
-        return any(
-            edge.trigger == trigger
-            and all(getattr(self, guard) for guard in edge.when)
-            and not any(getattr(self, guard) for guard in edge.unless)
-            for edge in self.machine.table[self.state]
-        )
+        try:
+            self.machine.select(self, str(trigger))
+        except IllegalTransition:
+            return False
+        return True
 
     def _on_fired(self, trigger: str) -> None:
         """Hook for subclasses: record facts that a trigger establishes (outcomes, counts)."""

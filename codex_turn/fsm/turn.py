@@ -23,16 +23,26 @@ context engine is a plugin and must never be able to break a turn:
 * assembling without an active engine is skipped straight to building_prompt (the turn is
   plain Codex); a failed assemble also skips projection and keeps the baseline prompt.
 * projecting falls back to the baseline prompt on failure.
-* starting_thread starts, resumes or rotates the Codex thread; failing to start one is the
-  only in-flight failure that is terminal (``failed``), because nothing reached Codex and
-  there is nothing to mirror. ``cancelled`` ends any pre-Codex stage the same way.
-* running_turn ends in exactly one of five outcomes; Codex's own in-turn compactions are
-  internal transitions, counted but not leaving the state.
+* starting_thread starts, resumes or rotates the Codex thread, as the thread table
+  (``codex_turn.fsm.thread``) decides; failing to start one is the only in-flight failure that
+  is terminal (``failed``), because nothing reached Codex and there is nothing to mirror.
+  ``cancelled`` ends any pre-Codex stage the same way.
+* A resume that Codex refuses goes to reprojecting (once per turn: the guard
+  ``may_retry_resume``): the thread table then rotates to a fresh thread, which has no native
+  history and therefore gets the projected context; reprojecting rebuilds the prompt for it and
+  returns to starting_thread. A step back made visible, never a loop inside a stage.
+* running_turn ends in exactly one of five outcomes; how Codex's own turn status maps to them
+  is :data:`RUN_END_TRIGGERS`. Codex's in-turn compactions are internal transitions, counted
+  but not leaving the state.
 * Once running_turn was reached, mirroring and finalizing always follow (an engine must see
   every turn that ran, OpenClaw bug #121515); a failed mirror finalizes from the fallback
   snapshot.
 * After finalizing the table, not the orchestrator, chooses between maintaining and skipping;
-  a skip records one :class:`SkipReason`. Maintenance never fails a turn.
+  a skip records one :class:`SkipReason`. Whether maintenance runs inline or is deferred to a
+  scheduler is a fact fixed when the turn begins (:meth:`TurnFacts.gather`); a scheduler that
+  drops the request ends the turn with ``maintenance_dropped``. Maintenance never fails a turn.
+* A cleanup stage cut short (the caller left and the cleanup bound expired) ends with the
+  trigger :data:`CUT_SHORT_TRIGGERS` names for its state, the first the table allows.
 
 Guards are tried in declaration order; the first edge whose guards hold wins. A trigger
 whose edges are all closed is illegal like any other (see ``_machine``).
@@ -50,14 +60,19 @@ import attrs
 from codex_turn.fsm._machine import Edge, Model, TableMachine
 
 __all__ = [
+    "CUT_SHORT_TRIGGERS",
+    "RUN_END_TRIGGERS",
     "TURN_TABLE",
+    "RunEnd",
     "SkipReason",
     "TurnFacts",
     "TurnModel",
     "TurnOutcome",
     "TurnState",
     "TurnTrigger",
+    "bootstrap_skip_reason",
     "maintenance_skip_reason",
+    "run_end_trigger",
 ]
 
 
@@ -69,6 +84,7 @@ class TurnState(enum.Enum):
     PROJECTING = "projecting"
     BUILDING_PROMPT = "building_prompt"
     STARTING_THREAD = "starting_thread"
+    REPROJECTING = "reprojecting"
     RUNNING_TURN = "running_turn"
     MIRRORING = "mirroring"
     FINALIZING = "finalizing"
@@ -94,6 +110,8 @@ class TurnTrigger(enum.StrEnum):
     THREAD_RESUMED = "thread_resumed"
     THREAD_ROTATED = "thread_rotated"
     THREAD_START_FAILED = "thread_start_failed"
+    THREAD_RESUME_FAILED = "thread_resume_failed"
+    REPROJECTED = "reprojected"
     CANCELLED = "cancelled"
     NATIVE_COMPACTION_STARTED = "native_compaction_started"
     NATIVE_COMPACTION_COMPLETED = "native_compaction_completed"
@@ -109,6 +127,7 @@ class TurnTrigger(enum.StrEnum):
     MAINTENANCE_RAN = "maintenance_ran"
     MAINTENANCE_FAILED = "maintenance_failed"
     MAINTENANCE_DEFERRED = "maintenance_deferred"
+    MAINTENANCE_DROPPED = "maintenance_dropped"
 
 
 class TurnOutcome(enum.Enum):
@@ -147,6 +166,36 @@ class SkipReason(enum.Enum):
     FINALIZE_FAILED = "finalize_failed"
 
 
+class RunEnd(enum.Enum):
+    """How the Codex turn itself ended, as the app-server reported it (the harness's words for
+    Codex's turn status; the values equal the client's ``CodexTurnStatus`` values)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    TIMED_OUT = "timed_out"
+
+
+#: The running_turn exit for each way the Codex turn can end, and whether the model asked to
+#: yield (``sessions_yield``): an interrupt after a yield request is the yield, anything else
+#: keeps its own meaning (a turn that completed although a yield was asked did complete).
+RUN_END_TRIGGERS: dict[tuple[RunEnd, bool], TurnTrigger] = {
+    (RunEnd.COMPLETED, False): TurnTrigger.TURN_COMPLETED,
+    (RunEnd.COMPLETED, True): TurnTrigger.TURN_COMPLETED,
+    (RunEnd.FAILED, False): TurnTrigger.TURN_FAILED,
+    (RunEnd.FAILED, True): TurnTrigger.TURN_FAILED,
+    (RunEnd.TIMED_OUT, False): TurnTrigger.TURN_TIMED_OUT,
+    (RunEnd.TIMED_OUT, True): TurnTrigger.TURN_TIMED_OUT,
+    (RunEnd.INTERRUPTED, False): TurnTrigger.TURN_ABORTED,
+    (RunEnd.INTERRUPTED, True): TurnTrigger.TURN_YIELD_ABORTED,
+}
+
+
+def run_end_trigger(end: RunEnd | str, *, yield_requested: bool) -> TurnTrigger:
+    """The running_turn exit for a Codex turn that ended as ``end`` (:data:`RUN_END_TRIGGERS`)."""
+    return RUN_END_TRIGGERS[(RunEnd(end), yield_requested)]
+
+
 # Which outcome each terminal-for-the-stage trigger establishes.
 OUTCOME_OF_TRIGGER: dict[str, TurnOutcome] = {
     TurnTrigger.TURN_COMPLETED: TurnOutcome.COMPLETED,
@@ -166,7 +215,51 @@ class TurnFacts:
     engine_active: bool = False  # a non-legacy engine is configured
     had_session_file: bool = False  # the transcript existed before this turn wrote anything
     engine_maintains: bool = False  # the engine implements maintain()
-    background_maintenance: bool = False  # turn_maintenance_mode == "background"
+    background_maintenance: bool = False  # maintenance is deferred to a scheduler
+    engine_bootstraps: bool = True  # the engine implements bootstrap() or maintain()
+
+    @classmethod
+    def gather(
+        cls,
+        *,
+        engine_active: bool,
+        had_session_file: bool,
+        has_bootstrap: bool,
+        has_maintain: bool,
+        maintenance_mode: str,
+        has_scheduler: bool,
+    ) -> TurnFacts:
+        """The facts of a turn from what the runner observed (the one place they are derived).
+
+        Deferring needs somewhere to run: an engine in background mode without a scheduler
+        maintains inline.
+        """
+        return cls(
+            engine_active=engine_active,
+            had_session_file=had_session_file,
+            engine_maintains=engine_active and has_maintain,
+            background_maintenance=engine_active
+            and maintenance_mode == "background"
+            and has_scheduler,
+            engine_bootstraps=engine_active and (has_bootstrap or has_maintain),
+        )
+
+
+def bootstrap_skip_reason(
+    *, engine_active: bool, had_session_file: bool, has_bootstrap: bool, has_maintain: bool
+) -> str | None:
+    """Why bootstrap must not run, or ``None`` when it may (the guard ``may_bootstrap``).
+
+    A brand-new session (no file before this turn) has nothing to reconcile; an engine with
+    neither ``bootstrap`` nor ``maintain`` has nothing to call.
+    """
+    if not engine_active:
+        return "no_engine"
+    if not had_session_file:
+        return "no_session_file"
+    if not (has_bootstrap or has_maintain):
+        return "no_bootstrap_or_maintain"
+    return None
 
 
 def maintenance_skip_reason(
@@ -238,12 +331,19 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.PROMPT_BUILT, S.STARTING_THREAD),
         _CANCEL,
     ),
-    # State: starting_thread (the only terminal failure: nothing reached Codex)
+    # State: starting_thread (the only terminal failure: nothing reached Codex; a refused
+    # resume steps back once, to rebuild the prompt for a fresh thread)
     S.STARTING_THREAD: (
         Edge(T.THREAD_STARTED, S.RUNNING_TURN),
         Edge(T.THREAD_RESUMED, S.RUNNING_TURN),
         Edge(T.THREAD_ROTATED, S.RUNNING_TURN),
+        Edge(T.THREAD_RESUME_FAILED, S.REPROJECTING, when=("may_retry_resume",)),
         Edge(T.THREAD_START_FAILED, S.FAILED),
+        _CANCEL,
+    ),
+    # State: reprojecting (the fresh thread gets the projected context, not the raw prompt)
+    S.REPROJECTING: (
+        Edge(T.REPROJECTED, S.STARTING_THREAD),
         _CANCEL,
     ),
     # State: running_turn (native compactions are internal; five ways out, all to mirroring)
@@ -267,15 +367,25 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.FINALIZED, S.DONE, unless=("maintenance_allowed",)),
         Edge(T.FINALIZE_FAILED, S.DONE),
     ),
-    # State: maintaining (never fails the turn; background mode defers it)
+    # State: maintaining (never fails the turn; background mode defers it, and a scheduler
+    # that refuses the request drops it)
     S.MAINTAINING: (
         Edge(T.MAINTENANCE_RAN, S.DONE, unless=("background_maintenance",)),
         Edge(T.MAINTENANCE_FAILED, S.DONE, unless=("background_maintenance",)),
         Edge(T.MAINTENANCE_DEFERRED, S.DONE, when=("background_maintenance",)),
+        Edge(T.MAINTENANCE_DROPPED, S.DONE, when=("background_maintenance",)),
     ),
     # Final states: nothing happens after them.
     S.DONE: (),
     S.FAILED: (),
+}
+
+#: What a cleanup stage cut short reports: the first of its triggers that the table allows
+#: (a cut foreground maintenance failed; a cut deferral is still a deferral).
+CUT_SHORT_TRIGGERS: dict[TurnState, tuple[TurnTrigger, ...]] = {
+    S.MIRRORING: (T.MIRROR_FAILED,),
+    S.FINALIZING: (T.FINALIZE_FAILED,),
+    S.MAINTAINING: (T.MAINTENANCE_FAILED, T.MAINTENANCE_DEFERRED),
 }
 
 TURN_MACHINE = TableMachine(
@@ -301,6 +411,8 @@ class TurnModel(Model):
     outcome: TurnOutcome | None = attrs.field(init=False, default=None)
     skip_reason: SkipReason | None = attrs.field(init=False, default=None)
     native_compactions: int = attrs.field(init=False, default=0)
+    #: Codex refused this turn's resume (the thread table then rotates).
+    resume_failed: bool = attrs.field(init=False, default=False)
 
     @classmethod
     def begin(
@@ -323,7 +435,12 @@ class TurnModel(Model):
 
     @property
     def may_bootstrap(self) -> bool:
-        return self.facts.engine_active and self.facts.had_session_file
+        facts = self.facts
+        return facts.engine_active and facts.had_session_file and facts.engine_bootstraps
+
+    @property
+    def may_retry_resume(self) -> bool:
+        return not self.resume_failed
 
     def _skip_reason(self, *, finalize_failed: bool) -> SkipReason | None:
         outcome = self.outcome
@@ -345,8 +462,18 @@ class TurnModel(Model):
     def background_maintenance(self) -> bool:
         return self.facts.background_maintenance
 
+    def cut_short_trigger(self) -> TurnTrigger | None:
+        """How the current cleanup stage ends when it is cut short (:data:`CUT_SHORT_TRIGGERS`);
+        ``None`` outside the cleanup stages."""
+        for trigger in CUT_SHORT_TRIGGERS.get(self.state, ()):
+            if self.allows(trigger):
+                return trigger
+        return None
+
     def _on_fired(self, trigger: str) -> None:
-        if trigger in OUTCOME_OF_TRIGGER:
+        if trigger == TurnTrigger.THREAD_RESUME_FAILED:
+            self.resume_failed = True
+        elif trigger in OUTCOME_OF_TRIGGER:
             self.outcome = OUTCOME_OF_TRIGGER[trigger]
         elif trigger == TurnTrigger.NATIVE_COMPACTION_COMPLETED:
             self.native_compactions += 1

@@ -4,7 +4,8 @@ A turn reads the binding, talks to Codex and writes the binding back; a compacti
 binding's projection and sends ``thread/compact/start`` on the same thread. Interleaved, a turn
 could restore an epoch the compaction just cleared, and Codex would see a turn and a compaction
 on one thread at once. Both therefore hold the session's gate. Across processes the transcript
-lock (``session.py``) protects the file; the gate is for one process's tasks.
+lock (``session/_lock.py``) protects the file; the gate is for one process's tasks. Gates are
+keyed by :func:`codex_turn.harness._fs.session_path`, the key of that lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Literal
 import anyio
 
 from codex_turn.fsm import TurnBusy
+from codex_turn.harness._fs import session_path
 
 __all__ = ["hold_session", "session_lane_busy"]
 
@@ -34,8 +36,8 @@ def session_lane_busy(lane: str) -> bool:
     return _busy_lanes[lane] > 0
 
 
-def _gate_for(session_file: str) -> anyio.Lock:
-    key = os.path.realpath(session_file)
+def _gate_for(session_file: str | os.PathLike[str]) -> anyio.Lock:
+    key = session_path(session_file)
     gate = _gates.get(key)
     if gate is None:
         gate = anyio.Lock()
@@ -45,7 +47,7 @@ def _gate_for(session_file: str) -> anyio.Lock:
 
 @contextlib.asynccontextmanager
 async def hold_session(
-    session_file: str,
+    session_file: str | os.PathLike[str],
     *,
     lane: str | None = None,
     wait: Literal["wait", "reject"] = "wait",

@@ -4,37 +4,40 @@ Theory
 ------
 A transcript and a Codex thread hold two copies of one conversation. The binding records the
 pairing, in a sidecar next to the transcript, ``<session file>.codex-app-server.json`` (the
-path is a plain string append, no realpath, as in OpenClaw). It says which thread to resume
-and under which *conditions* that thread was built: model, sandbox, approval policy, the
-dynamic tools fingerprint and, for context engines, the ``contextEngine`` block (engine id,
-policy fingerprint and the projection that seeded the thread: mode, epoch, fingerprint).
-When the conditions change, the thread's context is stale and the caller rotates to a new
-thread. So a binding is only ever an *optimisation*, and that decides how it fails:
+session file's :func:`~codex_turn.harness._fs.session_path` plus the suffix: the file
+OpenClaw's plain string append names, under the key the transcript lock and the turn gates
+use). It says which thread to resume and under which *conditions* that thread was built:
+model, the runtime policy the thread was started or resumed with (approval policy, sandbox,
+approvals reviewer, service tier), the dynamic tools fingerprint and, for context engines,
+the ``contextEngine`` block (engine id, policy fingerprint and the projection that seeded the
+thread: mode, epoch, fingerprint). When the conditions change, the thread's context is stale
+and the caller rotates to a new thread. So a binding is only ever an *optimisation*, and that
+decides how it fails:
 
 * **Reading is forgiving.** A missing, unreadable, unparsable or wrong-schema sidecar means
   "no binding" (with a warning), and a field of the wrong type becomes unset. The worst
   outcome is a fresh thread, never an error surfacing in a turn.
-* **Writing is atomic.** The JSON goes to a temp file in the same directory, which is
-  fsynced and then renamed over the sidecar (``os.replace``), and the directory is fsynced.
-  A reader sees the old binding or the new one, never a torn mix; a process killed between
-  write and rename leaves the old binding intact plus a temp file, which the next write of
-  the same sidecar removes once its writer pid is dead.
+* **Writing is atomic** (:func:`codex_turn.harness._fs.atomic_write`). The JSON goes to a
+  temp file in the same directory, which is fsynced and then renamed over the sidecar
+  (``os.replace``), and the directory is fsynced. A reader sees the old binding or the new
+  one, never a torn mix; a process killed between write and rename leaves the old binding
+  intact plus a temp file, which the next write of the same sidecar removes once its writer
+  pid is dead.
 * **Clearing is an unlink.** ``/new``, ``/reset``, a fingerprint change or a failed resume
   remove the sidecar; the next turn starts a new thread.
 
 The JSON is camelCase, pretty-printed with two spaces and a trailing newline, keys in
-OpenClaw's writer order, unset optionals absent. ``sessionFile`` is always the caller's
-argument, never trusted from the file. Structured via cattrs; types via attrs.
+OpenClaw's writer order, unset optionals absent (``approvalsReviewer`` is an addition to
+OpenClaw's fields, after ``sandbox``; OpenClaw's reader ignores it, and a binding written
+without it reads as unset). ``sessionFile`` is always the caller's argument, never trusted
+from the file. Structured via cattrs; types via attrs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import threading
 from collections.abc import Callable
-from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, cast, get_args
 
@@ -44,7 +47,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
-from codex_turn.harness._fs import fsync_directory, pid_alive
+from codex_turn.harness._fs import atomic_write, atomic_write_lock, session_path
 
 __all__ = [
     "BINDING_SCHEMA_VERSION",
@@ -116,7 +119,9 @@ class ThreadBinding:
     """One sidecar: the thread that continues ``session_file`` and what it was built with.
 
     Field order is the JSON writer order. ``session_file`` is overwritten with the caller's
-    path on read and write.
+    path on read and write. ``approval_policy``, ``sandbox``, ``approvals_reviewer`` and
+    ``service_tier`` are the runtime policy the thread was started or resumed with (unset:
+    not recorded, e.g. a binding written before the field existed).
     """
 
     schema_version: int = BINDING_SCHEMA_VERSION
@@ -128,6 +133,7 @@ class ThreadBinding:
     model_provider: str | None = None
     approval_policy: str | None = None
     sandbox: str | None = None
+    approvals_reviewer: str | None = None
     service_tier: str | None = None
     dynamic_tools_fingerprint: str | None = None
     context_engine: ContextEngineBinding | None = None
@@ -169,8 +175,9 @@ for _cls in (ProjectionBinding, ContextEngineBinding, ThreadDecisionRecord, Thre
 
 
 def binding_path(session_file: str | os.PathLike[str]) -> str:
-    """``<session file>.codex-app-server.json``: a plain suffix, as OpenClaw forms it."""
-    return os.fspath(session_file) + BINDING_SUFFIX
+    """``<session_path(session file)>.codex-app-server.json``: OpenClaw's suffix, appended to
+    the session file's canonical name."""
+    return session_path(session_file) + BINDING_SUFFIX
 
 
 def context_engine_policy_fingerprint(
@@ -259,6 +266,7 @@ _STRING_FIELDS: Final = (
     "modelProvider",
     "approvalPolicy",
     "sandbox",
+    "approvalsReviewer",
     "serviceTier",
     "dynamicToolsFingerprint",
     "createdAt",
@@ -332,33 +340,6 @@ def binding_to_json(binding: ThreadBinding) -> str:
     return json.dumps(_converter.unstructure(binding), indent=2, ensure_ascii=False) + "\n"
 
 
-_write_locks: dict[str, threading.Lock] = {}
-_write_locks_guard = threading.Lock()
-
-
-def _write_lock(path: str) -> threading.Lock:
-    with _write_locks_guard:
-        return _write_locks.setdefault(path, threading.Lock())
-
-
-def _remove_orphaned_temps(path: str) -> None:
-    """Remove ``<sidecar>.<pid>.<hex>.tmp`` files left by writers that died before rename."""
-    directory, name = os.path.split(path)
-    prefix = name + "."
-    try:
-        candidates = [n for n in os.listdir(directory or ".") if n.startswith(prefix)]
-    except OSError:
-        return
-    for candidate in candidates:
-        parts = candidate[len(prefix) :].split(".")
-        if len(parts) != 3 or parts[2] != "tmp" or not parts[0].isdigit():
-            continue
-        pid = int(parts[0])
-        if pid != os.getpid() and not pid_alive(pid):
-            with suppress(OSError):
-                os.unlink(os.path.join(directory, candidate))
-
-
 def write_binding(
     session_file: str | os.PathLike[str],
     binding: ThreadBinding,
@@ -377,32 +358,10 @@ def write_binding(
         changes["updated_at"] = _now_iso()
     binding = attrs.evolve(binding, **changes)
     data = binding_to_json(binding).encode("utf-8")
-    directory = os.path.dirname(os.path.abspath(path))
-    with _write_lock(os.path.abspath(path)):
-        try:
-            os.makedirs(directory, exist_ok=True)
-            _remove_orphaned_temps(path)
-            temp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-            fd = os.open(temp, flags, 0o600)
-            try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(temp, path)
-            except BaseException:
-                with suppress(OSError):
-                    os.unlink(temp)
-                raise
-            fsync_directory(directory)
-        except OSError as error:
-            raise BindingError(
-                f"failed to write codex app-server binding {path}: {error}"
-            ) from error
+    try:
+        atomic_write(path, data)
+    except OSError as error:
+        raise BindingError(f"failed to write codex app-server binding {path}: {error}") from error
     return binding
 
 
@@ -412,7 +371,7 @@ def clear_binding(session_file: str | os.PathLike[str]) -> bool:
     Raises :class:`BindingError` when it exists but cannot be removed.
     """
     path = binding_path(session_file)
-    with _write_lock(os.path.abspath(path)):
+    with atomic_write_lock(path):
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -42,9 +42,11 @@ Rules, in the order they apply
    sees exactly what it would have seen.
 
 Determinism is a contract, not an accident: nothing here reads a clock, an id generator, a
-random source, a set, or anything ordered by ``hash()``; dicts are walked in insertion order,
-which is part of the input. Lengths are counted in code points. Whitespace trimming uses
-JavaScript's ``trim()`` character set, so trimming decisions match OpenClaw's.
+random source, a set, or anything ordered by ``hash()``. Key order is *not* part of the input:
+messages and parts are read by key, and every JSON text rendered is canonical (keys sorted at
+every depth, :func:`~codex_turn.projection.payload.render_json`), so the same history with its
+mappings reordered projects to the same bytes. Lengths are counted in code points. Whitespace
+trimming uses JavaScript's ``trim()`` character set, so trimming decisions match OpenClaw's.
 
 The *thread-bootstrap* variant (:func:`project_thread_bootstrap_assembly`) renders tool payload
 shapes instead of placeholders (:mod:`.payload`): ``inputShape`` with leaf types and redacted
@@ -105,7 +107,7 @@ _JS_WHITESPACE: Final = (
     "\u2028\u2029\u202f\u205f\u3000\ufeff"
 )
 
-# Metadata a preserved tool call keeps; the order is the rendering order.
+# Metadata a preserved tool call keeps (rendered, like all JSON here, with sorted keys).
 _TOOL_CALL_METADATA: Final = ("type", "name", "id", "callId", "toolCallId", "toolUseId")
 # Where a tool-result block names its call (pi / OpenClaw first, then Anthropic, then others).
 _TOOL_RESULT_ID_KEYS: Final = ("toolUseId", "tool_use_id", "toolCallId")

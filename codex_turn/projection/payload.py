@@ -18,6 +18,13 @@ Both are pure functions of their input. Secrets are masked by the one pure redac
 ``codex_turn._secrets.redact_secrets``, never by the logging redactor, which also masks values
 registered per task: a projection must not depend on who calls it (byte stability).
 Self-references, possible in Python dicts though not in JSON, render as ``"[Circular]"``.
+
+Key order is not part of the input. Codex's prompt cache keys on bytes, and the same logical
+tool call can reach us with its keys in any order, so :func:`render_json` writes canonical JSON:
+keys sorted in code-point order at every depth, two-space indent, the fixed separators ``","``
+and ``": "``, non-ASCII kept as is. Two keys can collide once redacted
+(two different pasted tokens both become ``[redacted]``; ``1`` and ``"1"`` both become ``"1"``);
+the entry kept is then chosen from the entries themselves, never from which came first.
 """
 
 from __future__ import annotations
@@ -61,7 +68,11 @@ def _shape(value: object, stack: tuple[int, ...], depth: int) -> Any:
         inner = (*stack, id(value))
         if isinstance(value, Mapping):
             # Keys are structure, but a key can itself be a pasted secret: redact it too.
-            return {redact_secrets(str(k)): _shape(v, inner, depth + 1) for k, v in value.items()}
+            out: dict[str, Any] = {}
+            origins: dict[str, object] = {}
+            for k, v in value.items():
+                _put(out, origins, redact_secrets(str(k)), k, _shape(v, inner, depth + 1))
+            return out
         return [_shape(v, inner, depth + 1) for v in value]
     return _leaf_type(value)
 
@@ -95,15 +106,49 @@ def _redact(value: object, stack: tuple[int, ...], depth: int) -> Any:
                     "data": "[image omitted]",
                 }
             out: dict[str, Any] = {}
+            origins: dict[str, object] = {}
             for k, v in value.items():
                 key = redact_secrets(str(k))
                 secret = is_secret_key(key) and isinstance(v, str | int | float)
-                out[key] = REDACTED if secret else _redact(v, inner, depth + 1)
+                _put(out, origins, key, k, REDACTED if secret else _redact(v, inner, depth + 1))
             return out
         return [_redact(v, inner, depth + 1) for v in value]
     return _leaf_type(value)
 
 
+def _put(
+    out: dict[str, Any], origins: dict[str, object], key: str, origin: object, shown: Any
+) -> None:
+    """``out[key] = shown``, unless ``key`` is taken by an entry that wins over this one.
+
+    Distinct keys can redact to the same text; the winner is the greatest by original key text,
+    key type and rendering, so it does not depend on the mapping's order. (The original key is
+    only compared, never shown.)
+    """
+    if key in out:
+        previous = origins[key]
+        if _rank(origin, shown) <= _rank(previous, out[key]):
+            return
+    out[key] = shown
+    origins[key] = origin
+
+
+def _rank(origin: object, shown: Any) -> tuple[str, str, str]:
+    return (str(origin), type(origin).__qualname__, render_json(shown))
+
+
 def render_json(value: Any) -> str:
-    """Indented JSON in insertion order (deterministic for equal inputs)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=_leaf_type)
+    """Canonical indented JSON: keys sorted at every depth, fixed separators, non-ASCII kept.
+
+    Equal values give equal text whatever the order of their keys (the prompt cache keys on
+    these bytes). ``value`` has string keys only (:func:`input_shape` and
+    :func:`redacted_payload` outputs do).
+    """
+    return json.dumps(
+        value,
+        indent=2,
+        separators=(",", ": "),
+        sort_keys=True,
+        ensure_ascii=False,
+        default=_leaf_type,
+    )

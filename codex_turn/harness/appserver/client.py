@@ -83,11 +83,14 @@ from .process import AppServerProcess, LineTransport
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
+    ApprovalsReviewer,
+    AskForApproval,
     ClientInfo,
     ImageInput,
     InitializeCapabilities,
     InitializeParams,
     InitializeResult,
+    SandboxMode,
     TextInput,
     ThreadCompactStartParams,
     ThreadResult,
@@ -546,12 +549,17 @@ class AppServerClient:
         model_provider: str | None = None,
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
         personality: str | None = "none",
-        approval_policy: str | None = None,
-        sandbox: str | None = None,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
         config: Mapping[str, Any] | None = None,
         ephemeral: bool | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
+        """Start a thread. The runtime policy (``approval_policy``, ``sandbox``,
+        ``approvals_reviewer``, ``service_tier``) is sent only when given; the result reports
+        the effective values."""
         registry = as_registry(tools)
         params = ThreadStartParams(
             cwd=cwd,
@@ -563,6 +571,8 @@ class AppServerClient:
             dynamic_tools=registry.specs() if registry else None,
             approval_policy=approval_policy,
             sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
             config=config,
             ephemeral=ephemeral,
         )
@@ -586,11 +596,22 @@ class AppServerClient:
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
         personality: str | None = "none",
         exclude_turns: bool = True,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
         """Resume (load) a thread. ``developer_instructions`` is required on purpose: Codex
         keeps only what is re-sent here across a later compaction. ``tools`` are bound
-        locally only: Codex froze the thread's tool set at thread/start."""
+        locally only: Codex froze the thread's tool set at thread/start.
+
+        The runtime policy is sent only when given. Codex 0.163 applies it when the resume
+        loads the thread; a thread this process has loaded already keeps its current policy
+        (the result reports the effective values either way). A resume that loads the thread
+        without it does not restore all of it: the sandbox comes from the process's config
+        and the service tier is dropped (approval policy and reviewer survive), so re-send
+        it."""
         params = ThreadResumeParams(
             thread_id=thread_id,
             developer_instructions=developer_instructions,
@@ -600,6 +621,10 @@ class AppServerClient:
             cwd=cwd,
             model=model,
             model_provider=model_provider,
+            approval_policy=approval_policy,
+            sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
         )
         raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
         result = structure(raw, ThreadResult)

@@ -25,6 +25,8 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 __all__ = [
+    "ApprovalsReviewer",
+    "AskForApproval",
     "ClientInfo",
     "DynamicToolSpec",
     "ImageInput",
@@ -32,6 +34,7 @@ __all__ = [
     "InitializeParams",
     "InitializeResult",
     "LocalImageInput",
+    "SandboxMode",
     "TextInput",
     "ThreadCompactStartParams",
     "ThreadInfo",
@@ -133,6 +136,27 @@ class DynamicToolSpec:
 
 # --- threads ----------------------------------------------------------------------------
 
+# The runtime policy of a thread, as the binary's generated schema spells it. Codex keeps it
+# per loaded thread, but a ``thread/resume`` that loads a thread without it does not restore
+# all of it (0.163: the sandbox falls back to the config's, the service tier is dropped).
+
+AskForApproval = Literal["untrusted", "on-request", "never"] | Mapping[str, Any]
+"""``approvalPolicy``: when Codex asks before acting; a mapping is the schema's granular
+form, ``{"granular": {"sandbox_approval": ..., "rules": ..., "mcp_elicitations": ...}}``."""
+
+SandboxMode = Literal["read-only", "workspace-write", "danger-full-access"]
+"""``sandbox`` as sent in ``thread/start``/``thread/resume`` (the response carries the
+resulting policy object instead, see :attr:`ThreadResult.sandbox_mode`)."""
+
+ApprovalsReviewer = Literal["user", "auto_review", "guardian_subagent"]
+"""``approvalsReviewer``: who reviews approval requests (Codex's default is ``user``)."""
+
+_SANDBOX_MODES: Mapping[str, SandboxMode] = {
+    "readOnly": "read-only",
+    "workspaceWrite": "workspace-write",
+    "dangerFullAccess": "danger-full-access",
+}
+
 
 @attrs.frozen(kw_only=True)
 class ThreadStartParams:
@@ -143,8 +167,10 @@ class ThreadStartParams:
     base_instructions: str | None = None
     personality: str | None = "none"
     dynamic_tools: list[DynamicToolSpec] | None = None
-    approval_policy: str | None = None
-    sandbox: str | None = None
+    approval_policy: AskForApproval | None = None
+    sandbox: SandboxMode | None = None
+    approvals_reviewer: ApprovalsReviewer | None = None
+    service_tier: str | None = None
     config: Mapping[str, Any] | None = None
     ephemeral: bool | None = None
 
@@ -159,8 +185,10 @@ class ThreadResumeParams:
     cwd: str | None = None
     model: str | None = None
     model_provider: str | None = None
-    approval_policy: str | None = None
-    sandbox: str | None = None
+    approval_policy: AskForApproval | None = None
+    sandbox: SandboxMode | None = None
+    approvals_reviewer: ApprovalsReviewer | None = None
+    service_tier: str | None = None
     config: Mapping[str, Any] | None = None
 
 
@@ -176,7 +204,12 @@ class ThreadInfo:
 
 @attrs.frozen(kw_only=True)
 class ThreadResult:
-    """The result of ``thread/start`` and ``thread/resume`` (same shape for what we use)."""
+    """The result of ``thread/start`` and ``thread/resume`` (same shape for what we use).
+
+    The runtime policy fields are the *effective* values Codex reports for the thread (``None``
+    when the response lacks them): ``approval_policy`` is the wire value (a mode string or the
+    granular mapping), ``sandbox`` the resulting policy object (``{"type": "readOnly", ...}``;
+    :attr:`sandbox_mode` maps it back to the :data:`SandboxMode` that selects it)."""
 
     thread: ThreadInfo
     model: str | None = None
@@ -184,10 +217,19 @@ class ThreadResult:
     cwd: str | None = None
     approval_policy: Any = None
     sandbox: Any = None
+    approvals_reviewer: str | None = None
+    service_tier: str | None = None
 
     @property
     def thread_id(self) -> str:
         return self.thread.id
+
+    @property
+    def sandbox_mode(self) -> SandboxMode | None:
+        """The sandbox mode the effective policy corresponds to (``None`` for an external
+        sandbox, or when the response carried no policy)."""
+        kind = self.sandbox.get("type") if isinstance(self.sandbox, Mapping) else None
+        return _SANDBOX_MODES.get(kind) if isinstance(kind, str) else None
 
 
 # --- turns ------------------------------------------------------------------------------

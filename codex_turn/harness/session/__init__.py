@@ -1,0 +1,86 @@
+"""The mirrored session transcript: an OpenClaw/pi JSONL v3 file, read exactly as pi reads it
+and appended to exactly as OpenClaw appends, but crash-safe, idempotent and incremental.
+
+Layout
+------
+One private module per concern; this package re-exports the public names of each.
+
+* ``_format.py``: the transcript format itself: parsing lines into a fold, header
+  validation, the in-memory v1/v2 -> v3 migration and pi's ``buildSessionContext``. Pure:
+  no I/O, no locks, no state.
+* ``_lock.py``: OpenClaw's write lock: the in-process re-entrant lock per transcript, the
+  ``<name>.lock`` file other processes honour, stale-lock recovery and
+  :class:`SessionLockTimeout`.
+* ``_cache.py``: the per-transcript incremental read cache and the readers on it
+  (:func:`load_session_context`, :func:`load_session_messages`, :func:`read_session`).
+* ``_mirror.py``: :func:`mirror_turn` (one idempotent append per turn under the write lock)
+  and :func:`reset_session`.
+
+The dependency order is ``_format`` <- ``_lock`` <- ``_cache`` <- ``_mirror``; nothing
+imports upwards. Every module keys a transcript by one name,
+:func:`codex_turn.harness._fs.session_path`, as do the binding and the in-process turn gates.
+
+Everything here is synchronous file I/O. An async caller runs it in a worker thread
+(``anyio.to_thread.run_sync``); the locks are thread locks for exactly that reason, and must
+never be awaited from the event loop thread.
+"""
+
+from __future__ import annotations
+
+from codex_turn.harness.session._cache import (
+    SessionTranscript,
+    clear_session_cache,
+    load_session_context,
+    load_session_messages,
+    read_session,
+)
+from codex_turn.harness.session._format import (
+    CURRENT_SESSION_VERSION,
+    MessageHistory,
+    ModelRef,
+    ParsedSession,
+    SessionContext,
+    SessionError,
+    SessionFormatError,
+    build_session_context,
+    migrate_session_entries,
+    parse_session_bytes,
+)
+from codex_turn.harness.session._lock import (
+    DEFAULT_LOCK_TIMEOUT,
+    LOCK_STALE_SECONDS,
+    SessionLockTimeout,
+    session_write_lock,
+)
+from codex_turn.harness.session._mirror import (
+    MirrorInputError,
+    MirrorResult,
+    mirror_turn,
+    reset_session,
+)
+
+__all__ = [
+    "CURRENT_SESSION_VERSION",
+    "DEFAULT_LOCK_TIMEOUT",
+    "LOCK_STALE_SECONDS",
+    "MessageHistory",
+    "MirrorInputError",
+    "MirrorResult",
+    "ModelRef",
+    "ParsedSession",
+    "SessionContext",
+    "SessionError",
+    "SessionFormatError",
+    "SessionLockTimeout",
+    "SessionTranscript",
+    "build_session_context",
+    "clear_session_cache",
+    "load_session_context",
+    "load_session_messages",
+    "migrate_session_entries",
+    "mirror_turn",
+    "parse_session_bytes",
+    "read_session",
+    "reset_session",
+    "session_write_lock",
+]
