@@ -67,7 +67,7 @@ from codex_turn.harness.hooks import (
     PromptBuildResult,
     TurnHooks,
 )
-from codex_turn.harness.lifecycle import BackgroundMaintenance
+from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import (
     MaintenanceReport,
     TurnParams,

@@ -33,8 +33,8 @@ from codex_turn.harness.engine import (
     MaintainParams,
     MaintenanceResult,
 )
-from codex_turn.testing import OfflineModel, Reply
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
+from codex_turn.testing import OfflineModel, Reply
 
 __all__ = ["DemoMemoryEngine", "run_demo"]
 

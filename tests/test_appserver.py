@@ -200,6 +200,76 @@ async def test_control_without_resent_instructions_compaction_loses_them(
     assert dev_count(last) == 0
 
 
+@pytest.mark.codex
+async def test_resume_re_sends_a_different_runtime_policy_and_codex_applies_it(
+    make_appserver_config: ConfigFactory,
+    offline_model: OfflineModel,
+    codex_schema: CodexSchema,
+    workspace: Path,
+) -> None:
+    first = make_appserver_config()
+    async with AppServer.start(first, record_sent=True) as server:
+        thread = await server.start_thread(
+            cwd=str(workspace),
+            developer_instructions=DEV,
+            approval_policy="never",
+            sandbox="read-only",
+            approvals_reviewer="user",
+        )
+        tid = thread.thread_id
+        assert (thread.approval_policy, thread.sandbox_mode, thread.approvals_reviewer) == (
+            "never",
+            "read-only",
+            "user",
+        )
+        assert thread.sandbox == {"type": "readOnly", "networkAccess": False}
+        assert thread.service_tier is None
+        assert (await server.run_turn(tid, "first turn")).outcome is CodexTurnStatus.COMPLETED
+    started = codex_schema.validate_sent(server.sent, server.server_requests)
+    start = next(m for m in server.sent if m.get("method") == "thread/start")
+    assert start["params"]["approvalPolicy"] == "never"
+    assert start["params"]["sandbox"] == "read-only"
+    assert start["params"]["approvalsReviewer"] == "user"
+    assert "serviceTier" not in start["params"]  # None is not sent
+
+    # A new process loads the thread with a different policy: Codex applies what is re-sent.
+    second = make_appserver_config(codex_home=first.codex_home)
+    async with AppServer.start(second, record_sent=True) as server:
+        resumed = await server.resume_thread(
+            tid,
+            developer_instructions=DEV,
+            cwd=str(workspace),
+            approval_policy="on-request",
+            sandbox="workspace-write",
+            approvals_reviewer="auto_review",
+            service_tier="flex",
+        )
+        # Resuming the thread that is now loaded reports the effective policy (raw response,
+        # validated against the binary's own response schema).
+        raw = await server.request("thread/resume", {"threadId": tid, "excludeTurns": True})
+        result = await server.run_turn(tid, "second turn")
+    counts = codex_schema.validate_sent(server.sent, server.server_requests)
+    assert counts["thread/resume"] == 2
+    resume = next(m for m in server.sent if m.get("method") == "thread/resume")
+    assert {k: resume["params"][k] for k in ("approvalPolicy", "sandbox")} == {
+        "approvalPolicy": "on-request",
+        "sandbox": "workspace-write",
+    }
+    assert resume["params"]["approvalsReviewer"] == "auto_review"
+    assert resume["params"]["serviceTier"] == "flex"
+    assert resumed.thread_id == tid
+    assert (resumed.approval_policy, resumed.sandbox_mode) == ("on-request", "workspace-write")
+    assert resumed.sandbox["type"] == "workspaceWrite"
+    assert (resumed.approvals_reviewer, resumed.service_tier) == ("auto_review", "flex")
+    codex_schema.validator("ThreadResumeResponse").validate(raw)
+    assert (raw["approvalPolicy"], raw["sandbox"]["type"]) == ("on-request", "workspaceWrite")
+    assert (raw["approvalsReviewer"], raw["serviceTier"]) == ("auto_review", "flex")
+    assert result.outcome is CodexTurnStatus.COMPLETED
+    assert result.final_text == "ECHO: second turn"
+    assert started["thread/start"] == 1
+    assert offline_model.proxy_attempts == []
+
+
 # --- dynamic tools ----------------------------------------------------------------------
 
 

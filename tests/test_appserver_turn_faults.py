@@ -6,6 +6,10 @@
 * A timed-out turn stays ``TIMED_OUT`` when its interrupt times out or hits a dead process (B15).
 * Per-thread state is released by ``forget_thread`` and the manager's memo is an LRU (B11).
 * The timing defaults have one source (D8).
+* A turn's lifecycle is one :class:`CodexTurnPhase`, moved only by its table: an interrupt is
+  queued until ``turn/started`` and sent once; a given-up turn is not waited for twice.
+* The runtime policy is sent on ``thread/start``/``thread/resume`` under the schema's names,
+  and re-sent when the manager re-resumes a thread after a restart.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerConfig,
     AppServerTimeout,
+    CodexTurnPhase,
     CodexTurnStatus,
     DynamicTool,
     Notification,
     TurnHandle,
+    TurnProjector,
 )
+from codex_turn.harness.appserver.client import _TURN_TABLE, _TurnInput
 from codex_turn.harness.compaction import CompactSessionParams
 
 pytestmark = pytest.mark.anyio
@@ -409,3 +416,206 @@ def test_timing_defaults_have_one_source(tmp_path: Path) -> None:
     assert _default(AppServerClient, "interrupt_grace") == INTERRUPT_GRACE_S
     assert _default(TurnHandle, "interrupt_grace") == INTERRUPT_GRACE_S
     assert AppServerConfig(codex_home=tmp_path).interrupt_grace == INTERRUPT_GRACE_S
+
+
+# --- the turn phase -------------------------------------------------------------------------
+
+P = CodexTurnPhase
+
+
+def test_turn_table_covers_every_phase_and_only_an_interrupted_turn_is_abandoned() -> None:
+    assert set(_TURN_TABLE) == set(P)
+    for phase in set(P) - {P.COMPLETED}:
+        assert _TURN_TABLE[phase][_TurnInput.COMPLETED] is P.COMPLETED
+    assert set(_TURN_TABLE[P.COMPLETED].values()) == {P.COMPLETED}  # terminal
+    # Giving up always interrupts first: never from a phase without an interrupt decision.
+    assert _TurnInput.ABANDON not in _TURN_TABLE[P.STARTING]
+    assert _TurnInput.ABANDON not in _TURN_TABLE[P.RUNNING]
+    # The interrupt is decided once.
+    deciding = [phase for phase in P if _TurnInput.INTERRUPT in _TURN_TABLE[phase]]
+    assert deciding == [P.STARTING, P.RUNNING]
+
+
+class _NoClient:
+    closed_error: AppServerClosed | None = None
+
+    async def interrupt_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        timeout: float = INTERRUPT_GRACE_S,  # noqa: ASYNC109
+    ) -> None:
+        raise AssertionError("no interrupt expected")
+
+
+class _NoStream:
+    async def receive(self) -> Notification:
+        raise AssertionError("no receive expected")
+
+
+def test_an_input_the_table_does_not_list_raises_and_changes_nothing() -> None:
+    projector = TurnProjector(thread_id="t", prompt="p", turn_id="u")
+    handle = TurnHandle(_NoClient(), "t", "u", _NoStream(), projector)
+    assert handle.phase is P.STARTING
+    for event in (_TurnInput.ABANDON, _TurnInput.GRACE_PASSED):
+        with pytest.raises(RuntimeError, match="not allowed in phase STARTING"):
+            handle._fire(event)
+        assert handle.phase is P.STARTING
+    assert "phase=STARTING" in repr(handle)
+
+
+def answer_turn_start(fake: FakeCodex, turn_id: str = "turn-1") -> None:
+    """Codex answers turn/start (the turn is not active yet: no turn/started)."""
+    fake.handlers["turn/start"] = lambda request: fake.reply(
+        request, {"turn": {"id": turn_id, "status": "inProgress", "items": []}}
+    )
+
+
+async def test_a_turn_moves_from_starting_through_running_to_completed(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    answer_turn_start(fake)
+    async with client.turn(tid, "hi") as handle:
+        assert handle.phase is P.STARTING
+        fake.notify("turn/started", threadId=tid, turn={"id": "turn-1"})
+        assert (await handle.__anext__()).method == "turn/started"
+        assert handle.phase is P.RUNNING
+        fake.complete_turn(tid, "turn-1")
+        result = await handle.collect()
+        assert handle.phase is P.COMPLETED
+    assert result.outcome is CodexTurnStatus.COMPLETED
+    assert fake.requests("turn/interrupt") == []
+
+
+async def test_an_interrupt_before_turn_started_is_queued_and_sent_once(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    answer_turn_start(fake)
+    acknowledge_interrupts(fake)
+    async with client.turn(tid, "stop soon") as handle:
+        async with anyio.create_task_group() as tg:
+            # Short sleeps, not let_the_client_run: the queue waits only GRACE for turn/started
+            # (wait_all_tasks_blocked can outlast that on asyncio).
+            tg.start_soon(handle.interrupt)
+            await anyio.sleep(0.02)
+            assert handle.phase is P.INTERRUPT_QUEUED
+            tg.start_soon(handle.interrupt)  # joins the queued one, sends nothing itself
+            await anyio.sleep(0.02)
+            assert fake.requests("turn/interrupt") == []  # Codex would refuse it now
+            fake.notify("turn/started", threadId=tid, turn={"id": "turn-1"})
+        assert len(fake.requests("turn/interrupt")) == 1
+        result = await handle.collect()
+        assert handle.phase is P.COMPLETED
+        await handle.interrupt()  # over: nothing more is sent
+    assert result.outcome is CodexTurnStatus.INTERRUPTED
+    assert fake.interrupted == ["turn-1"]
+    assert len(fake.requests("turn/interrupt")) == 1
+
+
+async def test_a_timed_out_turn_is_abandoned_and_leaving_it_does_not_wait_again(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1")
+    fake.handlers["turn/interrupt"] = lambda request: fake.reply(request, {})  # never ends it
+    async with client.turn(tid, "hang") as handle:
+        result = await handle.collect(idle_timeout=0.1)
+        assert handle.phase is P.ABANDONED
+        left = anyio.current_time()
+    assert anyio.current_time() - left < GRACE / 2  # no second grace on the way out
+    assert result.outcome is CodexTurnStatus.TIMED_OUT
+    assert len(fake.requests("turn/interrupt")) == 1
+
+
+# --- the runtime policy ---------------------------------------------------------------------
+
+POLICY_WIRE = ("approvalPolicy", "sandbox", "approvalsReviewer", "serviceTier")
+
+
+async def test_runtime_policy_is_sent_under_the_schema_names_only_when_given(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    await client.resume_thread(tid, developer_instructions=None)
+    await client.start_thread(
+        approval_policy="never",
+        sandbox="read-only",
+        approvals_reviewer="user",
+        service_tier="flex",
+    )
+    await client.resume_thread(
+        tid,
+        developer_instructions=None,
+        approval_policy={
+            "granular": {"sandbox_approval": True, "rules": False, "mcp_elicitations": False}
+        },
+        sandbox="workspace-write",
+        approvals_reviewer="auto_review",
+        service_tier="flex",
+    )
+    plain_start, start = (m["params"] for m in fake.requests("thread/start"))
+    plain_resume, resume = (m["params"] for m in fake.requests("thread/resume"))
+    for params in (plain_start, plain_resume):
+        assert not set(POLICY_WIRE) & set(params)
+    assert {k: start[k] for k in POLICY_WIRE} == {
+        "approvalPolicy": "never",
+        "sandbox": "read-only",
+        "approvalsReviewer": "user",
+        "serviceTier": "flex",
+    }
+    assert {k: resume[k] for k in POLICY_WIRE} == {
+        "approvalPolicy": {
+            "granular": {"sandbox_approval": True, "rules": False, "mcp_elicitations": False}
+        },
+        "sandbox": "workspace-write",
+        "approvalsReviewer": "auto_review",
+        "serviceTier": "flex",
+    }
+
+
+async def test_auto_resume_after_a_restart_re_sends_the_runtime_policy(
+    config: AppServerConfig,
+) -> None:
+    fakes: list[FakeCodex] = []
+
+    async def factory(_: AppServerConfig) -> FakeCodex:
+        fakes.append(FakeCodex())
+        return fakes[-1]
+
+    async with AppServer.start(config, transport_factory=factory) as server:
+        tid = (
+            await server.start_thread(
+                developer_instructions="dev", sandbox="workspace-write", approval_policy="never"
+            )
+        ).thread_id
+        await server.resume_thread(
+            tid,
+            developer_instructions="dev",
+            sandbox="danger-full-access",
+            approvals_reviewer="user",
+            service_tier="flex",
+        )  # what a later auto-resume re-sends: the last resume's policy
+        fakes[0].die()
+        with anyio.fail_after(3):
+            while not server.current or not server.current.closed:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+        def whole_turn(request: Message) -> None:
+            fakes[1].start_turn(request, "turn-1")
+            fakes[1].complete_turn(tid, "turn-1")
+
+        await server.client()
+        fakes[1].handlers["turn/start"] = whole_turn
+        result = await server.run_turn(tid, "after the crash")
+    assert result.outcome is CodexTurnStatus.COMPLETED
+    (resume,) = fakes[1].requests("thread/resume")
+    assert resume["params"]["developerInstructions"] == "dev"
+    assert {k: resume["params"].get(k) for k in POLICY_WIRE} == {
+        "approvalPolicy": None,
+        "sandbox": "danger-full-access",
+        "approvalsReviewer": "user",
+        "serviceTier": "flex",
+    }

@@ -83,8 +83,11 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
     # still rotates and projects.
     for facts in ALL_FACTS:
         decision = decide_thread(facts)
-        if facts.bound and not facts.has_context and facts.tools_match and not (
-            facts.resume_failed or facts.tools_dropped
+        if (
+            facts.bound
+            and not facts.has_context
+            and facts.tools_match
+            and not (facts.resume_failed or facts.tools_dropped)
         ):
             assert decision.action is ThreadAction.RESUME, facts
         if decision.action is ThreadAction.RESUME and not decision.rebind_engine:

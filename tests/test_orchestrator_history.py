@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from codex_turn.harness.orchestrator import _StrippedHistories
 from codex_turn.harness.session import (
     MessageHistory,
     clear_session_cache,
     load_session_messages,
     mirror_turn,
 )
+from codex_turn.harness.stages import StrippedHistories as _StrippedHistories
 
 HIDDEN = {
     "role": "custom",

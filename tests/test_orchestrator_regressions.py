@@ -27,7 +27,7 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.harness.appserver import AppServerRpcError
-from codex_turn.harness.lifecycle import BackgroundMaintenance
+from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import TURN_START_TEXT_MAX_CHARS
 from codex_turn.harness.session import clear_session_cache, mirror_turn
 
@@ -94,7 +94,7 @@ async def test_an_unreadable_transcript_is_a_history_read_failure_not_an_empty_h
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # B2: the read failure was swallowed into [] and finalize handed the engine nothing.
-    import codex_turn.harness.orchestrator as orchestrator
+    import codex_turn.harness.stages as orchestrator  # where the stages read the transcript
     from codex_turn.harness.session import SessionError
 
     mirror_turn(

@@ -41,8 +41,8 @@ context engine is a plugin and must never be able to break a turn:
   a skip records one :class:`SkipReason`. Whether maintenance runs inline or is deferred to a
   scheduler is a fact fixed when the turn begins (:meth:`TurnFacts.gather`); a scheduler that
   drops the request ends the turn with ``maintenance_dropped``. Maintenance never fails a turn.
-* A cleanup stage cut short (the caller left and the cleanup bound expired) ends with the
-  trigger :data:`CUT_SHORT_TRIGGERS` names for its state, the first the table allows.
+* A stage cut short (the caller left; for mirroring and finalizing, once the cleanup bound
+  expired too) ends with the trigger :data:`CUT_SHORT_TRIGGERS` names for its state.
 
 Guards are tried in declaration order; the first edge whose guards hold wins. A trigger
 whose edges are all closed is illegal like any other (see ``_machine``).
@@ -380,9 +380,19 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
     S.FAILED: (),
 }
 
-#: What a cleanup stage cut short reports: the first of its triggers that the table allows
-#: (a cut foreground maintenance failed; a cut deferral is still a deferral).
+#: What a stage cut short by the caller's cancellation (or, for the cleanup stages, by the
+#: cleanup deadline once the caller is gone) reports: the first of its triggers that the table
+#: allows. Before Codex the turn is cancelled; a cut foreground maintenance failed; a cut
+#: deferral is still a deferral. running_turn is absent: an interrupted Codex turn is an
+#: ending of its own (:data:`RUN_END_TRIGGERS`).
 CUT_SHORT_TRIGGERS: dict[TurnState, tuple[TurnTrigger, ...]] = {
+    S.READING_HISTORY: (T.CANCELLED,),
+    S.BOOTSTRAPPING: (T.CANCELLED,),
+    S.ASSEMBLING: (T.CANCELLED,),
+    S.PROJECTING: (T.CANCELLED,),
+    S.BUILDING_PROMPT: (T.CANCELLED,),
+    S.STARTING_THREAD: (T.CANCELLED,),
+    S.REPROJECTING: (T.CANCELLED,),
     S.MIRRORING: (T.MIRROR_FAILED,),
     S.FINALIZING: (T.FINALIZE_FAILED,),
     S.MAINTAINING: (T.MAINTENANCE_FAILED, T.MAINTENANCE_DEFERRED),

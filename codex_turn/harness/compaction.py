@@ -78,7 +78,7 @@ from codex_turn.harness.engine import (
 from codex_turn.harness.lifecycle import (
     MaintenanceOutcome,
     TranscriptRewriter,
-    build_runtime_context,
+    harness_runtime_context,
     run_context_engine_maintenance,
 )
 
@@ -174,21 +174,19 @@ class CompactSessionParams:
     transcript_rewriter: TranscriptRewriter | None = None
 
     def runtime_context(self) -> RuntimeContext:
-        """The runtime context the engine's ``compact`` and ``maintain`` both receive."""
-        facts: dict[str, Any] = {
-            "sessionKey": self.session_key,
-            "authProfileId": self.auth_profile_id,
-            "provider": self.provider,
-            "model": self.model,
-        }
-        facts.update(self.attempt)
-        return build_runtime_context(
-            attempt=facts,
+        """The runtime context the engine's ``compact`` and ``maintain`` both receive (the
+        same builder as a turn's: :func:`~codex_turn.harness.lifecycle.harness_runtime_context`)."""
+        return harness_runtime_context(
+            session_key=self.session_key,
+            model=self.model,
+            auth_profile_id=self.auth_profile_id,
             workspace_dir=self.workspace_dir,
-            agent_dir=self.agent_dir,
             token_budget=self.token_budget,
+            provider=self.provider,
+            agent_dir=self.agent_dir,
             current_token_count=self.current_token_count,
             prompt_cache=self.prompt_cache,
+            attempt=self.attempt,
         )
 
 

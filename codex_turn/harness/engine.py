@@ -59,6 +59,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
+from codex_turn._log import mask_session_key
 from codex_turn.errors import CodexTurnError
 
 __all__ = [
@@ -403,6 +404,45 @@ def engine_capabilities(engine: object) -> EngineCapabilities:
     return EngineCapabilities(
         **{name: optional_method(engine, name) is not None for name in _OPTIONAL_METHODS}
     )
+
+
+@attrs.frozen
+class EngineHandle:
+    """An active engine, validated once per turn: its info and capabilities, read once.
+
+    The orchestrator and compaction hold one of these instead of a bare ``object`` that each
+    step would re-validate; ``None`` in their place means "no engine" (none, or the legacy
+    engine).
+    """
+
+    engine: Any
+    info: ContextEngineInfo
+    capabilities: EngineCapabilities
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @classmethod
+    def of(cls, engine: object | None) -> EngineHandle | None:
+        """The handle of an active engine, ``None`` for no engine or the legacy engine.
+
+        Raises :class:`InvalidEngineResult` when the engine's ``info`` is invalid.
+        """
+        if not is_active_engine(engine):
+            return None
+        return cls(engine, engine_info(engine), engine_capabilities(engine))
+
+    @classmethod
+    def unchecked(cls, engine: object) -> EngineHandle:
+        """A handle for an engine whose ``info`` is invalid: foreground defaults, real id."""
+        info = ContextEngineInfo(id=engine_id(engine), name=engine_id(engine))
+        return cls(engine, info, engine_capabilities(engine))
+
+
+def engine_log_fields(engine: object, session_key: str | None, **extra: Any) -> dict[str, Any]:
+    """The fields every engine log line carries: the engine's id and the masked session key."""
+    return {"engine": engine_id(engine), "session_key": mask_session_key(session_key), **extra}
 
 
 def engine_info(engine: object) -> ContextEngineInfo:

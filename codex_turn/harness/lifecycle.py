@@ -37,44 +37,31 @@ No engine
 "skipped" outcome without touching the engine, so Codex sees exactly what it would without this
 library.
 
-Background maintenance
-----------------------
-An engine with ``info.turn_maintenance_mode == "background"`` asks not to be awaited after a
-turn. :class:`BackgroundMaintenance` runs those maintenance calls in an anyio task group: one
-run per session key at a time, requests that arrive meanwhile coalesced into one rerun with
-the newest parameters, a bound on the number of sessions queued, a timeout per run, and
-cancellation of everything on :meth:`BackgroundMaintenance.aclose`. A runner owns one scheduler
-for its lifetime::
-
-    async with BackgroundMaintenance() as maintenance:      # owns its task group
-        while (turn := await next_turn()) is not None:
-            ...
-            await finalize_context_engine_turn(..., scheduler=maintenance)
-        await maintenance.drain()        # optional: let queued maintenance finish first
-    # leaving the block cancels what is still queued or running
-
-or hands it a task group it already has: ``BackgroundMaintenance(task_group=tg)``, then
-``await maintenance.aclose()`` before the group ends. Without a scheduler, background
-maintenance runs inline (and says so at debug level): deferring needs somewhere to run.
+Decisions
+---------
+None here. Whether a stage runs is the turn machine's (``codex_turn.fsm.turn``): the guards
+``may_bootstrap`` and ``maintenance_allowed`` and the fact ``background_maintenance``. The
+public helpers below are harness-neutral entry points for other runners; where they skip,
+they ask the same functions the guards read (:func:`~codex_turn.fsm.turn.bootstrap_skip_reason`,
+:func:`~codex_turn.fsm.turn.maintenance_skip_reason`), so there is one decider. Maintenance
+and its scheduler live in :mod:`codex_turn.harness.maintenance` (re-exported here).
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Final, Literal, Self
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
 
-import anyio
-import anyio.abc
-import anyio.lowlevel
 import attrs
 
-from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.fsm.turn import SkipReason, TurnTrigger, maintenance_skip_reason
-from codex_turn.harness._gates import session_lane_busy
+from codex_turn._log import format_error, get_logger
+from codex_turn.fsm.turn import (
+    SkipReason,
+    TurnTrigger,
+    bootstrap_skip_reason,
+    maintenance_skip_reason,
+)
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AgentMessage,
@@ -85,16 +72,22 @@ from codex_turn.harness.engine import (
     IngestBatchParams,
     IngestParams,
     InvalidEngineResult,
-    MaintainParams,
-    MaintenanceResult,
     RuntimeContext,
-    TranscriptRewriteRequest,
     coerce_result,
     engine_id,
-    engine_info,
+    engine_log_fields,
     ensure_assemble_result,
     is_active_engine,
     optional_method,
+)
+from codex_turn.harness.maintenance import (
+    BackgroundMaintenance,
+    MaintenanceOutcome,
+    MaintenanceReason,
+    ScheduleResult,
+    TranscriptRewriter,
+    call_maintenance,
+    run_context_engine_maintenance,
 )
 from codex_turn.harness.usage import Usage
 
@@ -114,8 +107,10 @@ __all__ = [
     "bootstrap_context_engine",
     "build_runtime_context",
     "build_runtime_context_from_usage",
+    "call_bootstrap",
     "dispose_context_engine",
     "finalize_context_engine_turn",
+    "harness_runtime_context",
     "run_context_engine_maintenance",
     "strip_runtime_context_messages",
 ]
@@ -130,37 +125,9 @@ ASSEMBLE_FAILED_WARNING: Final = "context engine assemble failed; using Codex ba
 _BOOTSTRAP_FAILED: Final = "context engine bootstrap failed"
 _AFTER_TURN_FAILED: Final = "context engine afterTurn failed"
 _INGEST_FAILED: Final = "context engine ingest failed"
-_MAINTAIN_FAILED: Final = "context engine maintain failed"
-_MAINTENANCE_CHANGED: Final = "context engine maintenance changed transcript"
-
-MaintenanceReason = Literal["bootstrap", "turn", "compaction"]
-#: ``runtime_context["rewriteTranscriptEntries"]``: rewrites transcript entries for the engine.
-TranscriptRewriter = Callable[[TranscriptRewriteRequest], Awaitable[MaintenanceResult]]
 
 
 # --- Outcomes -------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class MaintenanceOutcome:
-    """What one maintenance request did. Maintenance never raises to the runner."""
-
-    status: Literal["ran", "failed", "deferred", "skipped"]
-    reason: MaintenanceReason
-    result: MaintenanceResult | None = None
-    #: Redacted error text when ``status == "failed"``.
-    error: str | None = None
-    #: For ``deferred``: how the scheduler took the request.
-    schedule: ScheduleResult | None = None
-
-    @property
-    def trigger(self) -> TurnTrigger | None:
-        """The turn machine's trigger for this outcome (``None`` when nothing was attempted)."""
-        return {
-            "ran": TurnTrigger.MAINTENANCE_RAN,
-            "failed": TurnTrigger.MAINTENANCE_FAILED,
-            "deferred": TurnTrigger.MAINTENANCE_DEFERRED,
-        }.get(self.status)
 
 
 @attrs.frozen
@@ -247,10 +214,6 @@ def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> RuntimeC
     return RuntimeContextFree(kept)
 
 
-def _fields(engine: object, session_key: str | None, **extra: Any) -> dict[str, Any]:
-    return {"engine": engine_id(engine), "session_key": mask_session_key(session_key), **extra}
-
-
 # --- Runtime context ------------------------------------------------------------------------
 
 
@@ -323,313 +286,56 @@ def build_runtime_context_from_usage(
     )
 
 
-# --- Maintenance ----------------------------------------------------------------------------
-
-
-async def run_context_engine_maintenance(
+def harness_runtime_context(
     *,
-    engine: object | None,
-    reason: MaintenanceReason,
-    session_id: str,
     session_key: str | None,
-    session_file: str,
-    runtime_context: RuntimeContext | None = None,
-    transcript_rewriter: TranscriptRewriter | None = None,
-    scheduler: BackgroundMaintenance | None = None,
-    background: bool = False,
-) -> MaintenanceOutcome:
-    """Run (or schedule) ``engine.maintain`` once; never raises an engine error.
+    model: str | None,
+    auth_profile_id: str | None,
+    workspace_dir: str | None,
+    token_budget: float | None,
+    sandbox_session_key: str | None = None,
+    provider: str | None = None,
+    agent_dir: str | None = None,
+    usage: Usage | None = None,
+    current_token_count: float | None = None,
+    prompt_cache: Mapping[str, Any] | None = None,
+    attempt: Mapping[str, Any] | None = None,
+) -> RuntimeContext:
+    """The runtime context of this harness, for turns and compactions alike (one builder).
 
-    A ``reason="turn"`` request for an engine in background mode is handed to ``scheduler``
-    and returns ``deferred``. ``background=True`` marks the call as the deferred run itself
-    (the scheduler passes it): the engine then sees ``allowDeferredCompactionExecution``.
-    ``transcript_rewriter`` becomes ``runtime_context["rewriteTranscriptEntries"]``.
+    The harness's own facts (``provider`` "codex" unless given, ``agentHarnessId``
+    "codex-app-server", the session and sandbox keys, model, auth profile) come first and the
+    host's ``attempt`` facts override them. ``usage`` (the last model call's) sets
+    ``currentTokenCount`` and, unless ``prompt_cache`` is given, ``promptCache.lastCallUsage``
+    from Codex's cached-input counts; without usage ``promptCache`` is omitted, never zeroed.
     """
-    maintain = optional_method(engine, "maintain") if is_active_engine(engine) else None
-    if maintain is None:
-        return MaintenanceOutcome(status="skipped", reason=reason)
-    wants_background = _turn_maintenance_mode(engine) == "background"
-    if reason == "turn" and wants_background and not background:
-        if scheduler is not None:
-            scheduled = scheduler.schedule(
-                engine=engine,
-                session_id=session_id,
-                session_key=session_key,
-                session_file=session_file,
-                runtime_context=runtime_context,
-                transcript_rewriter=transcript_rewriter,
-            )
-            return MaintenanceOutcome(status="deferred", reason=reason, schedule=scheduled)
-        _log.debug(
-            "context engine background maintenance has no scheduler; running inline",
-            **_fields(engine, session_key, reason=reason),
-        )
-
-    context: RuntimeContext = dict(runtime_context or {})
-    if transcript_rewriter is not None:
-        context["rewriteTranscriptEntries"] = transcript_rewriter
-    if background:
-        context["allowDeferredCompactionExecution"] = True
-    params = MaintainParams(
-        session_id=session_id,
-        session_key=session_key,
-        session_file=session_file,
-        runtime_context=context,
+    facts: dict[str, Any] = {
+        "sessionKey": session_key,
+        "sandboxSessionKey": sandbox_session_key,
+        "provider": provider or "codex",
+        "model": model,
+        "authProfileId": auth_profile_id,
+        "agentHarnessId": "codex-app-server",
+        **(attempt or {}),
+    }
+    if prompt_cache is None and usage is not None:
+        prompt_cache = {
+            "lastCallUsage": {
+                "input": usage.input,
+                "output": usage.output,
+                "cacheRead": usage.cache_read,
+                "cacheWrite": usage.cache_write,
+                "total": usage.total_tokens,
+            }
+        }
+    return build_runtime_context(
+        attempt=facts,
+        workspace_dir=workspace_dir,
+        agent_dir=agent_dir,
+        token_budget=token_budget,
+        current_token_count=usage.prompt_tokens if usage is not None else current_token_count,
+        prompt_cache=prompt_cache,
     )
-    try:
-        raw = await maintain(params)
-        result = (
-            None
-            if raw is None
-            else coerce_result(
-                raw, MaintenanceResult, engine_id=engine_id(engine), method="maintain"
-            )
-        )
-    except Exception as err:
-        error = format_error(err)
-        _log.warning(_MAINTAIN_FAILED, **_fields(engine, session_key, reason=reason, error=error))
-        return MaintenanceOutcome(status="failed", reason=reason, error=error)
-    if result is not None and result.changed:
-        _log.info(
-            _MAINTENANCE_CHANGED,
-            **_fields(
-                engine,
-                session_key,
-                reason=reason,
-                rewritten_entries=result.rewritten_entries,
-                bytes_freed=result.bytes_freed,
-            ),
-        )
-    return MaintenanceOutcome(status="ran", reason=reason, result=result)
-
-
-def _turn_maintenance_mode(engine: object) -> str:
-    # engine_info, not getattr: an engine may describe itself with a camelCase mapping.
-    try:
-        return engine_info(engine).turn_maintenance_mode
-    except InvalidEngineResult:
-        return "foreground"
-
-
-class ScheduleResult(enum.Enum):
-    """How :meth:`BackgroundMaintenance.schedule` took a request."""
-
-    STARTED = "started"  # a run for this session was started
-    COALESCED = "coalesced"  # merged into the pending rerun of a session already scheduled
-    REJECTED = "rejected"  # too many sessions queued; dropped (and logged)
-    CLOSED = "closed"  # the scheduler is closed; dropped
-
-
-@attrs.define
-class _Request:
-    engine: object
-    session_id: str
-    session_key: str | None
-    session_file: str
-    runtime_context: RuntimeContext | None
-    transcript_rewriter: TranscriptRewriter | None
-
-
-@attrs.define(eq=False)
-class _Slot:
-    """One session's work: the newest pending request, and the scope of its worker."""
-
-    pending: _Request | None
-    scope: anyio.CancelScope | None = None
-
-
-class BackgroundMaintenance:
-    """Deferred turn maintenance: per session one run at a time, reruns coalesced, bounded.
-
-    * ``schedule`` never blocks. The first request for a session starts a worker; requests
-      that arrive before the worker took the previous one replace it (the newest runtime
-      context wins), so any number of requests during a run cause at most one rerun.
-    * ``max_sessions`` bounds how many sessions may have work queued or running; beyond it a
-      request is rejected and logged (the next turn asks again).
-    * ``run_timeout`` bounds each run (``None``: no bound); a timed-out run is logged as a
-      failed maintenance.
-    * ``is_session_busy(key)`` (default: a turn or compaction of that session is running in
-      this process) is polled every ``poll_interval`` seconds before a
-      run starts, so maintenance waits for the session's lane to be idle (OpenClaw polls
-      every 100 ms).
-    * ``aclose`` cancels every queued and running run and refuses new ones; ``drain`` waits
-      for the queue to empty.
-
-    Use it as an async context manager (it then owns its task group), or pass a caller's
-    ``task_group`` and call :meth:`aclose` before that group ends. See the module docstring.
-    """
-
-    def __init__(
-        self,
-        *,
-        task_group: anyio.abc.TaskGroup | None = None,
-        max_sessions: int = 64,
-        run_timeout: float | None = 300.0,
-        is_session_busy: Callable[[str], bool] | None = None,
-        poll_interval: float = 0.1,
-    ) -> None:
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
-        self._task_group = task_group
-        self._exit_stack: contextlib.AsyncExitStack | None = None
-        self._max_sessions = max_sessions
-        self._run_timeout = run_timeout
-        # By default a run waits until no turn or compaction of its session is in progress
-        # in this process (OpenClaw waits for the session lane to be idle).
-        self._is_session_busy = (
-            is_session_busy if is_session_busy is not None else session_lane_busy
-        )
-        self._poll_interval = poll_interval
-        self._slots: dict[str, _Slot] = {}
-        self._idle: anyio.Event | None = None
-        self._closed = False
-        #: Counters for diagnostics and tests.
-        self.runs = 0
-        self.coalesced = 0
-        self.rejected = 0
-
-    async def __aenter__(self) -> Self:
-        if self._task_group is None:
-            stack = contextlib.AsyncExitStack()
-            self._task_group = await stack.enter_async_context(anyio.create_task_group())
-            self._exit_stack = stack
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        try:
-            await self.aclose()
-        finally:
-            if self._exit_stack is not None:
-                stack, self._exit_stack = self._exit_stack, None
-                return await stack.__aexit__(exc_type, exc, tb)  # noqa: B012
-        return None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def pending_sessions(self) -> int:
-        """Sessions with maintenance queued or running."""
-        return len(self._slots)
-
-    def schedule(
-        self,
-        *,
-        engine: object,
-        session_id: str,
-        session_key: str | None,
-        session_file: str,
-        runtime_context: RuntimeContext | None = None,
-        transcript_rewriter: TranscriptRewriter | None = None,
-    ) -> ScheduleResult:
-        """Queue turn maintenance for this session (see the class docstring)."""
-        if self._closed:
-            return ScheduleResult.CLOSED
-        if self._task_group is None:
-            raise RuntimeError(
-                "BackgroundMaintenance is not running: use `async with` or pass task_group="
-            )
-        request = _Request(
-            engine, session_id, session_key, session_file, runtime_context, transcript_rewriter
-        )
-        key = session_key or session_id
-        slot = self._slots.get(key)
-        if slot is not None:
-            if slot.pending is not None:
-                self.coalesced += 1
-            slot.pending = request
-            return ScheduleResult.COALESCED
-        if len(self._slots) >= self._max_sessions:
-            self.rejected += 1
-            _log.warning(
-                "context engine background maintenance rejected; too many sessions queued",
-                **_fields(engine, session_key, max_sessions=self._max_sessions),
-            )
-            return ScheduleResult.REJECTED
-        slot = _Slot(pending=request)
-        self._slots[key] = slot
-        if self._idle is None or self._idle.is_set():
-            self._idle = anyio.Event()
-        self._task_group.start_soon(self._worker, key, slot)
-        return ScheduleResult.STARTED
-
-    async def _worker(self, key: str, slot: _Slot) -> None:
-        try:
-            with anyio.CancelScope() as scope:
-                slot.scope = scope
-                while not self._closed and slot.pending is not None:
-                    if self._is_session_busy is not None:
-                        # The host's lane state is a plain predicate, so poll it (as OpenClaw
-                        # does) rather than demand an event from every host.
-                        while self._is_session_busy(key):  # noqa: ASYNC110
-                            await anyio.sleep(self._poll_interval)
-                    # Taken only now: requests that arrived while waiting are coalesced.
-                    request = self._take(slot)
-                    if request is None:
-                        break
-                    await self._run(request)
-        except Exception as err:
-            # Only host callbacks (is_session_busy) can get here; never crash the task group.
-            _log.warning(
-                "context engine background maintenance stopped",
-                session_key=mask_session_key(key),
-                error=format_error(err),
-            )
-        finally:
-            if self._slots.get(key) is slot:
-                del self._slots[key]
-            if not self._slots and self._idle is not None:
-                self._idle.set()
-
-    def _take(self, slot: _Slot) -> _Request | None:
-        """The newest pending request, unless the scheduler was closed meanwhile."""
-        request, slot.pending = slot.pending, None
-        return None if self._closed else request
-
-    async def _run(self, request: _Request) -> None:
-        self.runs += 1
-        with anyio.move_on_after(self._run_timeout) as timeout:
-            await run_context_engine_maintenance(
-                engine=request.engine,
-                reason="turn",
-                session_id=request.session_id,
-                session_key=request.session_key,
-                session_file=request.session_file,
-                runtime_context=request.runtime_context,
-                transcript_rewriter=request.transcript_rewriter,
-                background=True,
-            )
-        if timeout.cancelled_caught:
-            _log.warning(
-                _MAINTAIN_FAILED,
-                **_fields(
-                    request.engine,
-                    request.session_key,
-                    reason="turn",
-                    error=f"TimeoutError: background maintenance exceeded {self._run_timeout}s",
-                ),
-            )
-
-    async def drain(self) -> None:
-        """Wait until no maintenance is queued or running."""
-        while self._slots and self._idle is not None:
-            await self._idle.wait()
-
-    async def aclose(self) -> None:
-        """Cancel queued and running maintenance and refuse new requests. Idempotent."""
-        self._closed = True
-        for slot in list(self._slots.values()):
-            slot.pending = None
-            if slot.scope is not None:
-                slot.scope.cancel()
-        # Workers not started yet see ``closed`` and return; the task group, ours or the
-        # caller's, waits for every worker to unwind when it exits.
-        await anyio.lowlevel.checkpoint()
 
 
 # --- Bootstrap ------------------------------------------------------------------------------
@@ -652,13 +358,38 @@ async def bootstrap_context_engine(
     neither ``bootstrap`` nor ``maintain``. Maintenance runs even for a maintain-only engine.
     The runner re-reads history afterwards: bootstrap may have written to the transcript.
     """
-    if not is_active_engine(engine):
-        return BootstrapOutcome(status="skipped", skip_reason="no_engine")
-    if not had_session_file:
-        return BootstrapOutcome(status="skipped", skip_reason="no_session_file")
+    skip = bootstrap_skip_reason(
+        engine_active=is_active_engine(engine),
+        had_session_file=had_session_file,
+        has_bootstrap=optional_method(engine, "bootstrap") is not None,
+        has_maintain=optional_method(engine, "maintain") is not None,
+    )
+    if skip is not None:
+        return BootstrapOutcome(status="skipped", skip_reason=skip)
+    return await call_bootstrap(
+        engine=engine,
+        session_id=session_id,
+        session_key=session_key,
+        session_file=session_file,
+        runtime_context=runtime_context,
+        transcript_rewriter=transcript_rewriter,
+    )
+
+
+async def call_bootstrap(
+    *,
+    engine: object,
+    session_id: str,
+    session_key: str | None,
+    session_file: str,
+    runtime_context: RuntimeContext | None = None,
+    transcript_rewriter: TranscriptRewriter | None = None,
+) -> BootstrapOutcome:
+    """``bootstrap()`` (when the engine has it) then maintenance(reason="bootstrap"), now.
+
+    No decision here: the caller knows the engine may bootstrap (the guard ``may_bootstrap``).
+    """
     bootstrap = optional_method(engine, "bootstrap")
-    if bootstrap is None and optional_method(engine, "maintain") is None:
-        return BootstrapOutcome(status="skipped", skip_reason="no_bootstrap_or_maintain")
     result: BootstrapResult | None = None
     try:
         if bootstrap is not None:
@@ -673,9 +404,9 @@ async def bootstrap_context_engine(
                 )
     except Exception as err:
         error = format_error(err)
-        _log.warning(_BOOTSTRAP_FAILED, **_fields(engine, session_key, error=error))
+        _log.warning(_BOOTSTRAP_FAILED, **engine_log_fields(engine, session_key, error=error))
         return BootstrapOutcome(status="failed", error=error)
-    maintenance = await run_context_engine_maintenance(
+    maintenance = await call_maintenance(
         engine=engine,
         reason="bootstrap",
         session_id=session_id,
@@ -731,7 +462,7 @@ async def assemble_context_engine(
         result = ensure_assemble_result(await assemble(params), engine_id=engine_id(engine))
     except Exception as err:
         error = format_error(err)
-        _log.warning(ASSEMBLE_FAILED_WARNING, **_fields(engine, session_key, error=error))
+        _log.warning(ASSEMBLE_FAILED_WARNING, **engine_log_fields(engine, session_key, error=error))
         return AssembleOutcome(status="failed", error=error)
     return AssembleOutcome(status="assembled", result=result)
 
@@ -778,7 +509,7 @@ async def finalize_context_engine_turn(
     if snapshot_is_fallback:
         _log.info(
             "context engine finalizing from fallback snapshot (mirror failed)",
-            **_fields(engine, session_key),
+            **engine_log_fields(engine, session_key),
         )
     count = max(0, min(pre_prompt_message_count, len(messages_snapshot)))
     before: list[AgentMessage]
@@ -812,9 +543,8 @@ async def finalize_context_engine_turn(
             )
         except Exception as err:
             succeeded, failures = False, 1
-            _log.warning(
-                _AFTER_TURN_FAILED, **_fields(engine, session_key, error=format_error(err))
-            )
+            fields = engine_log_fields(engine, session_key, error=format_error(err))
+            _log.warning(_AFTER_TURN_FAILED, **fields)
     elif not new:
         path = "nothing_new"
     elif ingest_batch is not None:
@@ -832,7 +562,9 @@ async def finalize_context_engine_turn(
             succeeded, failures = False, 1
             _log.warning(
                 _INGEST_FAILED,
-                **_fields(engine, session_key, method="ingest_batch", error=format_error(err)),
+                **engine_log_fields(
+                    engine, session_key, method="ingest_batch", error=format_error(err)
+                ),
             )
     else:
         path = "ingest"
@@ -856,7 +588,7 @@ async def finalize_context_engine_turn(
                 failures += 1
                 _log.warning(
                     _INGEST_FAILED,
-                    **_fields(
+                    **engine_log_fields(
                         engine,
                         session_key,
                         method="ingest",

@@ -1,10 +1,19 @@
 """An in-process fake of the Codex app-server, scriptable per turn, for orchestrator tests.
 
-Test support, not product. :class:`FakeAppServer` implements exactly the part of
-:class:`codex_turn.harness.appserver.AppServer` that :func:`codex_turn.run_codex_turn` uses:
+Test support, not product. :class:`FakeAppServer` implements
+:class:`codex_turn.harness.appserver.AppServerPort`, the part of
+:class:`~codex_turn.harness.appserver.AppServer` that :func:`codex_turn.run_codex_turn` and
+native compaction use (mypy checks it, see the end of this module):
 
-* ``await start_thread(*, developer_instructions, cwd, model, tools, **kw) -> ThreadResult``
-* ``await resume_thread(thread_id, *, developer_instructions, cwd, model, tools, **kw)``
+* ``await start_thread(*, cwd, developer_instructions, model, tools, <policy>) -> ThreadResult``
+* ``await resume_thread(thread_id, *, developer_instructions, cwd, model, tools, <policy>)``,
+  where ``<policy>`` is ``approval_policy``, ``sandbox``, ``approvals_reviewer`` and
+  ``service_tier`` (recorded in the call's ``args``; the result reports them back, like
+  Codex's effective values);
+* ``forget_thread(thread_id)`` (noted in ``forgotten``);
+* ``await compact_thread(thread_id, *, timeout, interrupt_grace, developer_instructions,
+  cwd) -> CompactionResult``: ``compaction_result`` (a completed compaction by default), or
+  ``compact_error`` raised;
 * ``async with turn(thread_id, input, *, prompt, images, model, ...) as handle``, where
   ``handle`` is the REAL :class:`~codex_turn.harness.appserver.TurnHandle` (so ``collect``'s
   idle/turn timeouts, ``interrupt`` sent once, ``projector``, ``result`` and the
@@ -42,8 +51,8 @@ unknown thread also fails, as Codex reports a missing rollout).
 
 Scripts are consumed one per ``turn()`` from ``server.scripts`` (``default`` when empty).
 Everything is recorded in ``server.calls`` (:class:`FakeCall`: ``start_thread``,
-``resume_thread``, ``turn``, ``interrupt``), with helpers :meth:`FakeAppServer.turn_inputs`
-and :meth:`FakeAppServer.methods`.
+``resume_thread``, ``turn``, ``interrupt``, ``tool_call``, ``compact_thread``), with helpers
+:meth:`FakeAppServer.turn_inputs` and :meth:`FakeAppServer.methods`.
 
 Example::
 
@@ -59,18 +68,25 @@ import collections
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.lowlevel
 import attrs
 
 from codex_turn.harness.appserver import (
+    INTERRUPT_GRACE_S,
+    NATIVE_COMPACTION_TIMEOUT_S,
+    ApprovalsReviewer,
     AppServerClosed,
     AppServerError,
+    AppServerPort,
     AppServerRpcError,
+    AskForApproval,
+    CompactionResult,
     DynamicTool,
     Notification,
+    SandboxMode,
     ThreadResult,
     ToolRegistry,
     TurnHandle,
@@ -121,6 +137,33 @@ class CodexScript:
 class FakeCall:
     method: str
     args: dict[str, Any]
+
+
+@attrs.frozen
+class _Policy:
+    """A thread's runtime policy (``None``: never set)."""
+
+    approval_policy: AskForApproval | None = None
+    sandbox: SandboxMode | None = None
+    approvals_reviewer: ApprovalsReviewer | None = None
+    service_tier: str | None = None
+
+    def updated(self, sent: _Policy) -> _Policy:
+        return _Policy(
+            sent.approval_policy if sent.approval_policy is not None else self.approval_policy,
+            sent.sandbox if sent.sandbox is not None else self.sandbox,
+            sent.approvals_reviewer
+            if sent.approvals_reviewer is not None
+            else self.approvals_reviewer,
+            sent.service_tier if sent.service_tier is not None else self.service_tier,
+        )
+
+
+_SANDBOX_TYPES: Mapping[SandboxMode, str] = {
+    "read-only": "readOnly",
+    "workspace-write": "workspaceWrite",
+    "danger-full-access": "dangerFullAccess",
+}
 
 
 # Script steps other than notifications.
@@ -218,11 +261,14 @@ class FakeAppServer:
         self.start_error: AppServerError | None = None
         self.forgotten: list[str] = []
         self.resume_error: AppServerError | None = None
+        self.compact_error: AppServerError | None = None
+        self.compaction_result: CompactionResult | None = None
         self.closed_error: AppServerClosed | None = None
         self.cancel_caller: Callable[[], None] = _no_caller
         self.calls: list[FakeCall] = []
         self.threads: dict[str, ToolRegistry] = {}
         self._active: dict[tuple[str, str], _ScriptedStream] = {}
+        self._policies: dict[str, _Policy] = {}
         self._ids = itertools.count(1)
 
     # --- inspection ----------------------------------------------------------------------
@@ -254,10 +300,14 @@ class FakeAppServer:
         developer_instructions: str | None = None,
         model: str | None = None,
         tools: Iterable[DynamicTool] | None = None,
-        **kwargs: Any,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
     ) -> ThreadResult:
         await anyio.lowlevel.checkpoint()
         registry = ToolRegistry(tools or ())
+        policy = _Policy(approval_policy, sandbox, approvals_reviewer, service_tier)
         self.calls.append(
             FakeCall(
                 "start_thread",
@@ -266,7 +316,7 @@ class FakeAppServer:
                     "developer_instructions": developer_instructions,
                     "model": model,
                     "tools": registry.names,
-                    **kwargs,
+                    **attrs.asdict(policy),
                 },
             )
         )
@@ -275,7 +325,8 @@ class FakeAppServer:
             raise self.start_error
         thread_id = f"thread-{next(self._ids)}"
         self.threads[thread_id] = registry
-        return self._thread_result(thread_id, model)
+        self._policies[thread_id] = policy
+        return self._thread_result(thread_id, model, policy)
 
     async def resume_thread(
         self,
@@ -285,10 +336,14 @@ class FakeAppServer:
         cwd: str | None = None,
         model: str | None = None,
         tools: Iterable[DynamicTool] | None = None,
-        **kwargs: Any,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
     ) -> ThreadResult:
         await anyio.lowlevel.checkpoint()
         registry = ToolRegistry(tools or ())
+        sent = _Policy(approval_policy, sandbox, approvals_reviewer, service_tier)
         self.calls.append(
             FakeCall(
                 "resume_thread",
@@ -298,7 +353,7 @@ class FakeAppServer:
                     "developer_instructions": developer_instructions,
                     "model": model,
                     "tools": registry.names,
-                    **kwargs,
+                    **attrs.asdict(sent),
                 },
             )
         )
@@ -309,7 +364,46 @@ class FakeAppServer:
             raise AppServerRpcError(-32600, f"no rollout found for thread id {thread_id}")
         # Codex froze the tool set at thread/start; the tools are bound locally only.
         self.threads[thread_id] = registry
-        return self._thread_result(thread_id, model)
+        # What was sent replaces the thread's policy; what was not keeps it.
+        policy = self._policies[thread_id].updated(sent)
+        self._policies[thread_id] = policy
+        return self._thread_result(thread_id, model, policy)
+
+    async def compact_thread(
+        self,
+        thread_id: str,
+        *,
+        timeout: float = NATIVE_COMPACTION_TIMEOUT_S,  # noqa: ASYNC109
+        interrupt_grace: float = INTERRUPT_GRACE_S,
+        developer_instructions: str | None = None,
+        cwd: str | None = None,
+    ) -> CompactionResult:
+        await anyio.lowlevel.checkpoint()
+        self.calls.append(
+            FakeCall(
+                "compact_thread",
+                {
+                    "thread_id": thread_id,
+                    "timeout": timeout,
+                    "interrupt_grace": interrupt_grace,
+                    "developer_instructions": developer_instructions,
+                    "cwd": cwd,
+                },
+            )
+        )
+        self._restart_if_dead()
+        if self.compact_error is not None:
+            raise self.compact_error
+        if thread_id not in self.threads:
+            raise AppServerRpcError(-32600, f"no rollout found for thread id {thread_id}")
+        if self.compaction_result is not None:
+            return self.compaction_result
+        return CompactionResult(
+            status="completed",
+            thread_id=thread_id,
+            turn_id=f"turn-{next(self._ids)}",
+            signal="item/completed",
+        )
 
     @contextlib.asynccontextmanager
     async def turn(
@@ -357,13 +451,11 @@ class FakeAppServer:
             model=model or self.model,
             turn_id=turn_id,
         )
-        handle = TurnHandle(self, thread_id, turn_id, stream, projector)  # type: ignore[arg-type]
+        handle = TurnHandle(self, thread_id, turn_id, stream, projector)
         try:
             yield handle
         finally:
-            if not projector.done and not self.closed:
-                with anyio.CancelScope(shield=True):
-                    await handle._abandon()
+            await handle.aclose()  # like AppServerClient.turn: interrupt a turn left running
             self._active.pop((thread_id, turn_id), None)
 
     # --- what TurnHandle needs from its client ----------------------------------------------
@@ -380,11 +472,15 @@ class FakeAppServer:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _thread_result(self, thread_id: str, model: str | None) -> ThreadResult:
+    def _thread_result(self, thread_id: str, model: str | None, policy: _Policy) -> ThreadResult:
         return ThreadResult(
             thread=ThreadInfo(id=thread_id, model=model or self.model),
             model=model or self.model,
             model_provider=self.provider,
+            approval_policy=policy.approval_policy,
+            sandbox=None if policy.sandbox is None else {"type": _SANDBOX_TYPES[policy.sandbox]},
+            approvals_reviewer=policy.approvals_reviewer,
+            service_tier=policy.service_tier,
         )
 
     def _restart_if_dead(self) -> None:
@@ -513,3 +609,9 @@ def _steps(script: CodexScript, thread_id: str, turn_id: str) -> list[Step]:
     else:  # cancel
         steps += [*partial(), _CancelCaller(), _Hang()]
     return steps
+
+
+if TYPE_CHECKING:  # mypy proves the fake implements the port the orchestrator uses
+
+    def _implements_port(server: FakeAppServer) -> AppServerPort:
+        return server

@@ -10,7 +10,9 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
 * :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
   server requests: dynamic tools, approvals, user input);
 * :mod:`.projector`: a turn's notifications folded into a :class:`CodexTurnResult`;
-* :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash.
+* :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash;
+* :mod:`.port`: :class:`AppServerPort`, the part of :class:`AppServer` the orchestrator and
+  compaction use (the tests' in-process fake implements it too).
 
 Usage sketch::
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 from .client import (
     ApprovalPolicy,
     AppServerClient,
+    CodexTurnPhase,
     CompactionResult,
     TurnHandle,
     UserInputHandler,
@@ -43,13 +46,17 @@ from .errors import (
     AppServerTimeout,
 )
 from .manager import AppServer
+from .port import AppServerPort, TurnHandlePort
 from .process import AppServerProcess, LineTransport
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector, Usage
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .types import (
+    ApprovalsReviewer,
+    AskForApproval,
     DynamicToolSpec,
     ImageInput,
     LocalImageInput,
+    SandboxMode,
     TextInput,
     ThreadResult,
     UserInput,
@@ -64,11 +71,15 @@ __all__ = [
     "AppServerClosed",
     "AppServerConfig",
     "AppServerError",
+    "AppServerPort",
     "AppServerProcess",
     "AppServerRpcError",
     "AppServerStartError",
     "AppServerTimeout",
     "ApprovalPolicy",
+    "ApprovalsReviewer",
+    "AskForApproval",
+    "CodexTurnPhase",
     "CodexTurnResult",
     "CodexTurnStatus",
     "CompactionResult",
@@ -79,11 +90,13 @@ __all__ = [
     "LocalImageInput",
     "ModelProviderConfig",
     "Notification",
+    "SandboxMode",
     "TextInput",
     "ThreadResult",
     "ToolRegistry",
     "ToolResult",
     "TurnHandle",
+    "TurnHandlePort",
     "TurnProjector",
     "Usage",
     "UserInput",

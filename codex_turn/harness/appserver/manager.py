@@ -10,9 +10,11 @@ client" plus two policies:
   call fails with :class:`AppServerClosed`; the *next* call spawns a fresh process on the same
   CODEX_HOME (already initialised, so that is safe) and counts a restart.
 * **Thread memory.** Threads started or resumed through the manager remember their resume
-  parameters (developer instructions, cwd, model, Python tools). A thread that was loaded in
-  a previous process is re-resumed automatically before its next turn or compaction, with its
-  developer instructions re-sent, so a crash costs one turn, not the thread. The memory is
+  parameters (developer instructions, cwd, model, Python tools, runtime policy). A thread that
+  was loaded in a previous process is re-resumed automatically before its next turn or
+  compaction, with its developer instructions and runtime policy (approval policy, sandbox,
+  approvals reviewer, service tier: whatever was last sent) re-sent, so a crash costs one
+  turn, not the thread, nor its policy. The memory is
   an LRU of ``max_threads`` threads (default
   :data:`~.defaults.MAX_REMEMBERED_THREADS`, 256): a per-turn engine rotates to a fresh
   thread every turn, and a tool closure can keep a whole turn alive. A thread that is done
@@ -31,7 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -53,14 +55,29 @@ from .client import (
 from .config import AppServerConfig
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed
+from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
 from .tools import DynamicTool, ToolRegistry, as_registry
-from .types import ThreadResult, UserInput
+from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
 
 __all__ = ["AppServer"]
 
 log = get_logger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class _RuntimePolicy:
+    """What a resume must re-send for the thread to keep running as it was (see
+    :meth:`AppServerClient.resume_thread`); ``None`` fields are not sent."""
+
+    approval_policy: AskForApproval | None = None
+    sandbox: SandboxMode | None = None
+    approvals_reviewer: ApprovalsReviewer | None = None
+    service_tier: str | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=False)
 
 
 @attrs.define
@@ -70,6 +87,7 @@ class _ThreadMemo:
     model: str | None
     tools: ToolRegistry | None
     generation: int
+    policy: _RuntimePolicy = _RuntimePolicy()
 
 
 class AppServer:
@@ -203,20 +221,35 @@ class AppServer:
         developer_instructions: str | None = None,
         model: str | None = None,
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
         **kwargs: Any,
     ) -> ThreadResult:
+        """Start a thread (see :meth:`AppServerClient.start_thread`; ``kwargs`` go there).
+
+        The runtime policy given here is remembered with the thread and re-sent when the
+        thread is auto-resumed in a new process."""
         client = await self.client()
         registry = as_registry(tools)
+        policy = _RuntimePolicy(
+            approval_policy=approval_policy,
+            sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
+        )
         result = await client.start_thread(
             cwd=cwd,
             developer_instructions=developer_instructions,
             model=model,
             tools=registry,
+            **policy.kwargs(),
             **kwargs,
         )
         self._remember(
             result.thread_id,
-            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation),
+            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation, policy),
         )
         return result
 
@@ -228,20 +261,36 @@ class AppServer:
         cwd: str | None = None,
         model: str | None = None,
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
         **kwargs: Any,
     ) -> ThreadResult:
+        """Resume a thread (see :meth:`AppServerClient.resume_thread`; ``kwargs`` go there).
+
+        The runtime policy is sent only when given (Codex applies it when this resume loads
+        the thread); what was sent is remembered for a later auto-resume."""
         client = await self.client()
         registry = as_registry(tools)
+        policy = _RuntimePolicy(
+            approval_policy=approval_policy,
+            sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
+        )
         result = await client.resume_thread(
             thread_id,
             developer_instructions=developer_instructions,
             cwd=cwd,
             model=model,
             tools=registry,
+            **policy.kwargs(),
             **kwargs,
         )
         self._remember(
-            thread_id, _ThreadMemo(developer_instructions, cwd, model, registry, self.generation)
+            thread_id,
+            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation, policy),
         )
         return result
 
@@ -258,6 +307,7 @@ class AppServer:
                 cwd=memo.cwd,
                 model=memo.model,
                 tools=memo.tools,
+                **memo.policy.kwargs(),
             )
         return client
 
@@ -285,10 +335,28 @@ class AppServer:
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, thread_id: str, input: str | Sequence[UserInput], **kwargs: Any
+        self,
+        thread_id: str,
+        input: str | Sequence[UserInput],
+        *,
+        prompt: str | None = None,
+        images: Sequence[str] = (),
+        provider: str | None = None,
+        model: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> AsyncIterator[TurnHandle]:
+        """A turn of ``thread_id`` (see :meth:`AppServerClient.turn`), after re-resuming the
+        thread when the process was restarted since it was loaded."""
         client = await self._client_for(thread_id)
-        async with client.turn(thread_id, input, **kwargs) as handle:
+        async with client.turn(
+            thread_id,
+            input,
+            prompt=prompt,
+            images=images,
+            provider=provider,
+            model=model,
+            timeout=timeout,
+        ) as handle:
             yield handle
 
     async def interrupt_turn(
@@ -323,8 +391,12 @@ class AppServer:
             client = await self._client_for(thread_id)
             if not client.is_loaded(thread_id):
                 log.info("appserver.compaction_resume", thread_id=thread_id)
+                memo = self._threads.get(thread_id)
                 await self.resume_thread(
-                    thread_id, developer_instructions=developer_instructions, cwd=cwd
+                    thread_id,
+                    developer_instructions=developer_instructions,
+                    cwd=cwd,
+                    **(memo.policy.kwargs() if memo is not None else {}),
                 )
             return await client.compact_thread(
                 thread_id, timeout=timeout, interrupt_grace=interrupt_grace
@@ -340,3 +412,9 @@ class AppServer:
         """Any other method, raw JSON in and out."""
         client = await self.client()
         return await client.request(method, params, timeout=timeout)
+
+
+if TYPE_CHECKING:  # mypy proves that AppServer implements the port the orchestrator uses
+
+    def _implements_port(server: AppServer) -> AppServerPort:
+        return server

@@ -1,0 +1,121 @@
+"""The app-server as the turn orchestrator and compaction see it: :class:`AppServerPort`.
+
+Exactly the surface :func:`codex_turn.run_codex_turn` and
+:func:`codex_turn.harness.compaction.compact_session` use, typed, and nothing else: start,
+resume and forget a thread, run a turn through a :class:`TurnHandlePort`, and compact a
+thread natively. :class:`~.manager.AppServer` implements it; so does the tests' in-process
+fake (``tests/support/fake_appserver.py``), and mypy checks both statically. A method the
+orchestrator starts to use belongs here first, so that the fake cannot lag behind.
+
+The runtime policy keywords (``approval_policy``, ``sandbox``, ``approvals_reviewer``,
+``service_tier``) are sent only when not ``None``, as ``approvalPolicy``, ``sandbox``,
+``approvalsReviewer`` and ``serviceTier``; a resume that loads a thread should re-send them
+(see :meth:`~.client.AppServerClient.resume_thread`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from .client import CompactionResult
+from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
+from .projector import CodexTurnResult, Notification, TurnProjector
+from .tools import DynamicTool
+from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
+
+__all__ = ["AppServerPort", "TurnHandlePort"]
+
+
+class TurnHandlePort(Protocol):
+    """One running turn, as :meth:`AppServerPort.turn` yields it
+    (:class:`~.client.TurnHandle` implements it)."""
+
+    @property
+    def projector(self) -> TurnProjector:
+        """The turn's fold of notifications so far (a partial result can be built from it)."""
+        ...
+
+    @property
+    def result(self) -> CodexTurnResult | None:
+        """The turn's result once :meth:`collect` (or the iteration) reached its end."""
+        ...
+
+    async def interrupt(self) -> None:
+        """Send ``turn/interrupt`` once, after the turn's ``turn/started``."""
+        ...
+
+    async def collect(
+        self,
+        *,
+        on_event: Callable[[Notification], Awaitable[None]] | None = None,
+        idle_timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> CodexTurnResult:
+        """Consume the turn to its end; a timeout interrupts it (``TIMED_OUT``)."""
+        ...
+
+
+class AppServerPort(Protocol):
+    """What the orchestrator and compaction need from an app-server (see the module doc)."""
+
+    async def start_thread(
+        self,
+        *,
+        cwd: str | None = None,
+        developer_instructions: str | None = None,
+        model: str | None = None,
+        tools: Iterable[DynamicTool] | None = None,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
+    ) -> ThreadResult:
+        """``thread/start``, with ``tools`` bound to the new thread."""
+        ...
+
+    async def resume_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: Iterable[DynamicTool] | None = None,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
+    ) -> ThreadResult:
+        """``thread/resume`` (turns excluded); the developer instructions are always sent."""
+        ...
+
+    def forget_thread(self, thread_id: str) -> None:
+        """Release what is kept locally for a thread that runs no more turns (idempotent)."""
+        ...
+
+    def turn(
+        self,
+        thread_id: str,
+        input: str | Sequence[UserInput],
+        *,
+        prompt: str | None = None,
+        images: Sequence[str] = (),
+        model: str | None = None,
+    ) -> AbstractAsyncContextManager[TurnHandlePort]:
+        """``async with port.turn(...) as handle``: ``turn/start``; leaving the block before
+        ``turn/completed`` interrupts the turn and waits briefly for its end."""
+        ...
+
+    async def compact_thread(
+        self,
+        thread_id: str,
+        *,
+        timeout: float = NATIVE_COMPACTION_TIMEOUT_S,  # noqa: ASYNC109
+        interrupt_grace: float = INTERRUPT_GRACE_S,
+        developer_instructions: str | None = None,
+        cwd: str | None = None,
+    ) -> CompactionResult:
+        """Native compaction (``thread/compact/start``) to its end, serialised per thread."""
+        ...
