@@ -19,6 +19,7 @@ from codex_turn.fsm import (
     TurnState,
     TurnTrigger,
 )
+from codex_turn.harness._gates import SessionBusy
 from codex_turn.harness.appserver import (
     AppServer,
     AppServerClosed,
@@ -133,6 +134,7 @@ __all__ = [
     "ProjectionError",
     "PromptBuildContext",
     "PromptBuildResult",
+    "SessionBusy",
     "SessionError",
     "SessionFormatError",
     "SessionLockTimeout",

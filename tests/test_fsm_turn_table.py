@@ -12,7 +12,7 @@ from fsm_checks import (
     legal_turn_paths,
     turn_facts,
 )
-from fsm_oracle import TURN_STATES, TURN_TRIGGERS
+from fsm_oracle import TURN_STATES, TURN_TRIGGERS, turn_oracle
 from transitions.core import MachineError
 
 from codex_turn.fsm import (
@@ -216,3 +216,77 @@ def test_finalize_failure_skips_maintenance_with_its_own_reason() -> None:
     turn = TurnModel.begin(facts, state=TurnState.FINALIZING, outcome=TurnOutcome.COMPLETED)
     turn.fire(TurnTrigger.FINALIZE_FAILED)
     assert turn.skip_reason is SkipReason.FINALIZE_FAILED
+
+
+# --- the non-edge decision tables (issue 10): hand-written expectations ---------------------
+
+_RUN_END_ORACLE = {
+    ("completed", False): "turn_completed",
+    ("completed", True): "turn_completed",
+    ("failed", False): "turn_failed",
+    ("failed", True): "turn_failed",
+    ("timed_out", False): "turn_timed_out",
+    ("timed_out", True): "turn_timed_out",
+    ("interrupted", False): "turn_aborted",
+    ("interrupted", True): "turn_yield_aborted",
+}
+
+
+def test_codex_status_mapping_matches_the_oracle_and_is_legal() -> None:
+    from codex_turn.fsm.turn import RUN_END_TRIGGERS, RunEnd, run_end_trigger
+
+    table = {
+        (end.value, yielded): trigger.value for (end, yielded), trigger in RUN_END_TRIGGERS.items()
+    }
+    assert table == _RUN_END_ORACLE
+    for (end, yielded), expected in _RUN_END_ORACLE.items():
+        trigger = run_end_trigger(end, yield_requested=yielded)
+        assert trigger == expected
+        assert (
+            turn_oracle(
+                "RUNNING_TURN",
+                trigger,
+                engine=True,
+                session_file=True,
+                maintains=True,
+                background=False,
+                outcome=None,
+            )
+            == "MIRRORING"
+        )
+    assert {end.value for end in RunEnd} == {end for end, _ in _RUN_END_ORACLE}
+
+
+def _cut_short_oracle(state: str, background: bool) -> str | None:
+    if state in (
+        "READING_HISTORY",
+        "BOOTSTRAPPING",
+        "ASSEMBLING",
+        "PROJECTING",
+        "BUILDING_PROMPT",
+        "STARTING_THREAD",
+        "REPROJECTING",
+    ):
+        return "cancelled"
+    if state == "MIRRORING":
+        return "mirror_failed"
+    if state == "FINALIZING":
+        return "finalize_failed"
+    if state == "MAINTAINING":
+        return "maintenance_deferred" if background else "maintenance_failed"
+    return None  # idle, running_turn (its own ending) and the final states
+
+
+@pytest.mark.parametrize("flags", TURN_FLAG_COMBOS, ids=str)
+def test_a_stage_cut_short_ends_as_the_oracle_says(flags: dict[str, bool]) -> None:
+    for state in TurnState:
+        turn = TurnModel.begin(turn_facts(flags), state=state, outcome=TurnOutcome.COMPLETED)
+        trigger = turn.cut_short_trigger()
+        expected = _cut_short_oracle(state.name, flags["background"])
+        assert (trigger.value if trigger else None) == expected, state
+        if trigger is not None:
+            dest = turn_oracle(state.name, trigger, outcome="completed", **flags)
+            assert dest is not None, (state, trigger)
+            turn.fire(trigger)
+            assert turn.state.name == dest
+        turn.close()

@@ -28,8 +28,8 @@ from codex_turn import (
     ContextProjection,
     LegacyContextEngine,
     PromptBuildResult,
+    SessionBusy,
     SkipReason,
-    TurnBusy,
     TurnHooks,
     TurnOutcome,
     TurnParams,
@@ -509,7 +509,7 @@ async def test_concurrent_turns_on_one_session_are_serialized_or_refused(
         await anyio.sleep(0.2)
         tg.start_soon(turn, "second")
         await anyio.sleep(0.2)
-        with pytest.raises(TurnBusy):
+        with pytest.raises(SessionBusy):  # session contention, not an FSM re-entrancy
             await run_codex_turn(params(prompt="third", concurrency="reject"), app_server=appserver)
     first, second = results["first"], results["second"]
     assert first.outcome is second.outcome is TurnOutcome.COMPLETED

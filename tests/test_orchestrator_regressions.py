@@ -94,7 +94,7 @@ async def test_an_unreadable_transcript_is_a_history_read_failure_not_an_empty_h
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # B2: the read failure was swallowed into [] and finalize handed the engine nothing.
-    import codex_turn.harness.stages as orchestrator  # where the stages read the transcript
+    import codex_turn.harness.turn_context as orchestrator  # where the stages read the transcript
     from codex_turn.harness.session import SessionError
 
     mirror_turn(

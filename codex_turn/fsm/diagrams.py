@@ -22,7 +22,7 @@ from transitions.extensions import GraphMachine
 
 from codex_turn.fsm._machine import Table, TableMachine, table_to_transitions
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
-from codex_turn.fsm.turn import TURN_MACHINE
+from codex_turn.fsm.turn import CUT_SHORT_TRIGGERS, RUN_END_TRIGGERS, TURN_MACHINE
 
 __all__ = ["DIAGRAMS", "render_mermaid", "render_svg", "write_diagrams"]
 
@@ -55,8 +55,28 @@ def _graph(
     return machine.get_graph()
 
 
+def _turn_notes() -> str:
+    """The turn machine's decision tables that are not edges, as Mermaid notes: how Codex's
+    turn status maps to a running_turn exit, and how a stage cut short ends. Generated from
+    :data:`RUN_END_TRIGGERS` and :data:`CUT_SHORT_TRIGGERS`, like the edges."""
+    run_end = [
+        f"    {end.value}{' + yield' if yielded else ''} -> {trigger.value}"
+        for (end, yielded), trigger in RUN_END_TRIGGERS.items()
+    ]
+    lines = ["  note right of RUNNING_TURN", "    Codex turn status -> exit", *run_end]
+    lines.append("  end note")
+    for state, triggers in CUT_SHORT_TRIGGERS.items():
+        first = " else ".join(trigger.value for trigger in triggers)
+        lines += [f"  note left of {state.name}", f"    cut short -> {first}", "  end note"]
+    return "\n".join(lines) + "\n"
+
+
+_NOTES = {"turn": _turn_notes}
+
+
 def render_mermaid(name: str) -> str:
-    """The Mermaid ``stateDiagram-v2`` source of machine ``name``, newline-terminated."""
+    """The Mermaid ``stateDiagram-v2`` source of machine ``name``, newline-terminated, with
+    the machine's non-edge decision tables as notes."""
     machine = DIAGRAMS[name]
     source: str = _graph(
         "mermaid",
@@ -65,7 +85,9 @@ def render_mermaid(name: str) -> str:
         machine.table,
         machine.initial_state_enum(),
     ).source
-    return source if source.endswith("\n") else source + "\n"
+    source = source if source.endswith("\n") else source + "\n"
+    notes = _NOTES.get(name)
+    return source + notes() if notes is not None else source
 
 
 def render_svg(name: str) -> bytes | None:

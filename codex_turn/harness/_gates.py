@@ -19,10 +19,17 @@ from typing import Literal
 
 import anyio
 
-from codex_turn.fsm import TurnBusy
+from codex_turn.errors import CodexTurnError
 from codex_turn.harness._fs import session_path
 
-__all__ = ["hold_session", "session_lane_busy"]
+__all__ = ["SessionBusy", "hold_session", "session_lane_busy"]
+
+
+class SessionBusy(CodexTurnError):
+    """Another turn or compaction holds this session (``concurrency="reject"``, or the wait
+    for it timed out). Not an FSM re-entrancy (that is :class:`~codex_turn.fsm.TurnBusy`):
+    the turn that raised it never started."""
+
 
 # Held by whoever waits for or holds a gate; dropped when nobody does.
 _gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
@@ -53,16 +60,16 @@ async def hold_session(
     wait: Literal["wait", "reject"] = "wait",
     wait_timeout: float = 30.0,
 ) -> AsyncIterator[None]:
-    """Hold the session's gate. ``reject``: raise :class:`TurnBusy` at once if it is held;
-    ``wait``: wait up to ``wait_timeout`` seconds, then raise :class:`TurnBusy`. ``lane``
+    """Hold the session's gate. ``reject``: raise :class:`SessionBusy` at once if it is held;
+    ``wait``: wait up to ``wait_timeout`` seconds, then raise :class:`SessionBusy`. ``lane``
     (the session key, else the id) is reported busy meanwhile (:func:`session_lane_busy`)."""
     gate = _gate_for(session_file)
     if wait == "reject" and gate.locked():
-        raise TurnBusy("another turn or compaction is running on this session")
+        raise SessionBusy("another turn or compaction is running on this session")
     with anyio.move_on_after(wait_timeout) as waiting:
         await gate.acquire()
     if waiting.cancelled_caught:
-        raise TurnBusy("timed out waiting for the previous turn or compaction on this session")
+        raise SessionBusy("timed out waiting for the previous turn or compaction on this session")
     if lane is not None:
         _busy_lanes[lane] += 1
     try:

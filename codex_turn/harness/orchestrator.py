@@ -30,7 +30,7 @@ edge instead of holding the session.
 
 Concurrency: a turn holds its session's gate (``_gates``, shared with compaction). A second turn
 on the same session file waits (``concurrency="wait"``, bounded by ``session_wait_timeout``) or
-is refused with :class:`~codex_turn.harness.SessionBusy`; deferred maintenance waits too.
+is refused with :class:`~codex_turn.SessionBusy`; deferred maintenance waits too.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import anyio
 
 from codex_turn._log import format_error, get_logger, mask_session_key, sensitive
 from codex_turn.fsm import TurnFacts, TurnModel, TurnOutcome, TurnState, TurnTrigger
-from codex_turn.harness import stages
+from codex_turn.harness import stages, turn_context
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServer, DynamicTool
 from codex_turn.harness.engine import EngineHandle, InvalidEngineResult, engine_id
@@ -189,7 +189,7 @@ async def run_codex_turn(
     """Run one turn of a Codex session through the turn machine (see the module docstring).
 
     Returns the :class:`TurnResult` for every outcome that reached a decision, including
-    failed, aborted and timed-out turns. Raises :class:`~codex_turn.harness.SessionBusy`
+    failed, aborted and timed-out turns. Raises :class:`~codex_turn.SessionBusy`
     when another turn holds the session file (``concurrency="reject"``, or the wait timed
     out). A cancellation of the caller propagates after the shielded cleanup; ``on_turn_end``
     sees the result in that case too.
@@ -259,10 +259,10 @@ async def _prepare(
         has_scheduler=scheduler is not None,
     )
     turn = TurnModel.begin(facts)
-    switch = stages.YieldSwitch()
+    switch = turn_context.YieldSwitch()
     dynamic_tools = list(tools)
     if params.yield_tool:
-        dynamic_tools.append(stages.yield_tool(switch))
+        dynamic_tools.append(turn_context.yield_tool(switch))
     context = TurnContext(
         params=params,
         app_server=app_server,

@@ -27,61 +27,40 @@ maintain inline, defer, or skip, as the table says.
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
-import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import anyio
 import attrs
 
 from codex_turn._log import format_error
-from codex_turn.fsm import TurnFacts, TurnOutcome, TurnTrigger
-from codex_turn.fsm.thread import ThreadAction, ThreadDecision, ThreadFacts, decide_thread
+from codex_turn.fsm import TurnTrigger
+from codex_turn.fsm.thread import ThreadAction, decide_thread
 from codex_turn.fsm.turn import RunEnd, run_end_trigger
 from codex_turn.harness.appserver import (
-    AppServer,
     AppServerClosed,
     AppServerError,
-    CodexTurnResult,
     CodexTurnStatus,
-    DynamicTool,
     Notification,
-    ThreadResult,
-    TurnProjector,
 )
-from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
-    ContextEngineBinding,
     ProjectionBinding,
     ThreadBinding,
-    ThreadDecisionRecord,
     clear_binding,
-    context_engine_policy_fingerprint,
     read_binding,
-    write_binding,
 )
-from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
+from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
     PromptBuildContext,
     PromptBuildResult,
-    TurnHooks,
-    compose_prompt,
-    join_sections,
     run_before_prompt_build,
 )
 from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
-    BackgroundMaintenance,
-    RuntimeContextFree,
     assemble_context_engine,
     call_bootstrap,
     finalize_context_engine_turn,
-    harness_runtime_context,
-    strip_runtime_context_messages,
 )
 from codex_turn.harness.maintenance import (
     MaintenanceOutcome,
@@ -89,364 +68,54 @@ from codex_turn.harness.maintenance import (
     call_maintenance,
     defer_maintenance,
 )
-from codex_turn.harness.session import MessageHistory, load_session_context, mirror_turn
-from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport, TurnParams
-from codex_turn.harness.usage import Usage
+from codex_turn.harness.session import mirror_turn
+from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport
+from codex_turn.harness.turn_context import (
+    Assembled,
+    CodexRan,
+    HistoryRead,
+    Mirrored,
+    Projected,
+    Stage,
+    ThreadReady,
+    TurnContext,
+    current_projection,
+    engine_binding,
+    engine_call,
+    log_decision,
+    partial_result,
+    plan_prompt,
+    read_history_sync,
+    runtime_context,
+    save_binding,
+    thread_facts,
+    unhooked_prompt,
+)
 from codex_turn.projection import (
-    CodexContextProjection,
-    dynamic_tools_fingerprint,
-    fingerprints_compatible,
     frame_context,
-    max_rendered_context_chars,
     project_context_engine_assembly,
     project_thread_bootstrap_assembly,
-    truncate_older,
 )
 
-__all__ = ["Stage", "TurnContext"]
+__all__ = [
+    "Stage",
+    "TurnContext",
+    "assemble",
+    "begin",
+    "bootstrap",
+    "build_prompt",
+    "finalize",
+    "maintain",
+    "mirror",
+    "project",
+    "read_history",
+    "reproject",
+    "run_turn",
+    "start_thread",
+]
 
-_T = TypeVar("_T")
-_NO_TOOLS: Final = dynamic_tools_fingerprint(())
-YIELD_TOOL: Final = "sessions_yield"
 
 T = TurnTrigger
-
-
-# --- what flows between stages --------------------------------------------------------------
-
-
-@attrs.frozen
-class HistoryRead:
-    """The mirrored history (stripped of hidden runtime context) and the thread binding."""
-
-    messages: list[AgentMessage]
-    binding: ThreadBinding | None
-
-
-@attrs.frozen
-class Assembled:
-    result: AssembleResult
-
-    @property
-    def bootstrap_epoch(self) -> str | None:
-        """The epoch of a ``thread_bootstrap`` assembly (non-blank), else ``None``."""
-        mode = self.result.context_projection
-        if mode is None or mode.mode != "thread_bootstrap" or not mode.epoch:
-            return None
-        return mode.epoch if mode.epoch.strip() else None
-
-
-@attrs.frozen
-class Projected:
-    projection: CodexContextProjection
-
-
-@attrs.frozen
-class PromptPlan:
-    """The thread decision and the final prompt and instructions it was built for."""
-
-    decision: ThreadDecision
-    prompt: str
-    instructions: str | None
-    hook_result: PromptBuildResult
-    projected: bool  # the prompt carries the engine's framed context
-
-
-@attrs.frozen
-class ThreadReady:
-    result: ThreadResult
-    binding: ThreadBinding | None
-    #: A thread_bootstrap projection to record once Codex accepted this turn's input.
-    pending_projection: ProjectionBinding | None = None
-
-    @property
-    def thread_id(self) -> str:
-        return self.result.thread_id
-
-
-@attrs.frozen
-class CodexRan:
-    codex: CodexTurnResult
-
-
-@attrs.frozen
-class Mirrored:
-    ok: bool
-
-
-@attrs.define(eq=False)
-class YieldSwitch:
-    """The ``sessions_yield`` tool's link into the running turn (an event from Codex, so it
-    is the one mutable piece: the tool sets it while the turn runs)."""
-
-    requested: bool = False
-    live_handle: Any = None
-
-
-@attrs.define(eq=False)
-class TurnContext:
-    """One turn's inputs, read-only, and one slot per stage record."""
-
-    params: TurnParams
-    app_server: AppServer
-    engine: EngineHandle | None
-    hooks: TurnHooks
-    scheduler: BackgroundMaintenance | None
-    tools: list[DynamicTool]
-    facts: TurnFacts
-    session_file: str
-    log: Any
-    #: The table's answer for the current state: does ``trigger``'s edge apply now.
-    may: Callable[[TurnTrigger], bool]
-    #: Report an in-state event (Codex's native compactions): internal edges only.
-    emit: Callable[[TurnTrigger], None]
-    #: The outcome the turn machine recorded (finalize tells the engine how the turn ended).
-    outcome: Callable[[], TurnOutcome | None]
-    #: The table's trigger for the current stage cut short by the caller (or ``None``).
-    cut_short: Callable[[], TurnTrigger | None]
-    switch: YieldSwitch = attrs.Factory(YieldSwitch)
-    # Stage records, in the order the stages set them.
-    history: HistoryRead | None = None
-    assembled: Assembled | None = None
-    projected: Projected | None = None
-    plan: PromptPlan | None = None
-    thread: ThreadReady | None = None
-    ran: CodexRan | None = None
-    mirror: Mirrored | None = None
-    maintenance: MaintenanceReport | None = None
-    #: Why no Codex thread or turn could be started.
-    start_error: str | None = None
-    #: The caller's cancellation, re-raised once the turn is delivered; and the deadline the
-    #: cleanup stages share once the caller is gone.
-    cancellation: BaseException | None = None
-    cleanup_deadline: float | None = None
-
-    @property
-    def session_key(self) -> str:
-        """The key engines are bound to: the runner's, else the session id."""
-        return self.params.session_key or self.params.session_id
-
-    @property
-    def messages(self) -> list[AgentMessage]:
-        return self.history.messages if self.history is not None else []
-
-    @property
-    def binding(self) -> ThreadBinding | None:
-        return self.history.binding if self.history is not None else None
-
-    @property
-    def pre_prompt_count(self) -> int:
-        if self.projected is not None:
-            return self.projected.projection.pre_prompt_message_count
-        return len(self.messages)
-
-    @property
-    def thread_id(self) -> str | None:
-        return self.thread.thread_id if self.thread is not None else None
-
-
-Stage = Callable[[TurnContext], Awaitable[TurnTrigger]]
-
-
-# --- shared helpers -------------------------------------------------------------------------
-
-
-def runtime_context(ctx: TurnContext, *, usage: Usage | None = None) -> dict[str, Any]:
-    params = ctx.params
-    return harness_runtime_context(
-        session_key=ctx.session_key,
-        sandbox_session_key=params.sandbox_session_key,
-        model=params.model,
-        auth_profile_id=params.auth_profile_id,
-        workspace_dir=os.fspath(params.workspace_dir),
-        token_budget=params.context_token_budget,
-        usage=usage,
-        attempt=params.runtime_attempt,
-    )
-
-
-async def engine_call(ctx: TurnContext, stage: str, call: Awaitable[_T]) -> _T | None:
-    """Await one lifecycle call of the engine, bounded by ``engine_timeout``.
-
-    ``None`` (logged) when it timed out: the stage takes its failure edge, so a hung engine
-    cannot hold the session forever.
-    """
-    limit = ctx.params.engine_timeout
-    if limit is None:
-        return await call
-    with anyio.move_on_after(limit):
-        return await call
-    ctx.log.warning("context engine call timed out", stage=stage, seconds=limit)
-    return None
-
-
-class StrippedHistories:
-    """The stripped history of each session's last read, extended by what was appended since.
-
-    A transcript read is O(new bytes) (the session cache), but stripping hidden runtime-context
-    messages is a Python pass over the whole history; doing it per read made every turn
-    O(history). Keyed by session file, bounded (least recently used dropped), thread-safe
-    (reads run in worker threads).
-    """
-
-    def __init__(self, capacity: int = 64) -> None:
-        self._capacity = capacity
-        self._lock = threading.Lock()
-        self._entries: collections.OrderedDict[str, tuple[MessageHistory, RuntimeContextFree]] = (
-            collections.OrderedDict()
-        )
-
-    def read(self, session_file: str) -> list[AgentMessage]:
-        """A fresh, stripped list of the session's messages."""
-        # load_session_context raises SessionError on a read failure (load_session_messages
-        # would return [] and hide it).
-        history = load_session_context(session_file).messages
-        if not isinstance(history, MessageHistory):
-            return strip_runtime_context_messages(history)
-        with self._lock:
-            previous = self._entries.get(session_file)
-        added = history.appended_since(previous[0]) if previous is not None else None
-        if previous is not None and added is not None:
-            stripped = RuntimeContextFree(previous[1] + strip_runtime_context_messages(added))
-        else:
-            stripped = strip_runtime_context_messages(history.to_list())
-        with self._lock:
-            self._entries[session_file] = (history, stripped)
-            self._entries.move_to_end(session_file)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-        return RuntimeContextFree(stripped)  # the caller's own copy
-
-
-stripped_histories = StrippedHistories()
-
-
-def read_history_sync(ctx: TurnContext) -> list[AgentMessage] | None:
-    """The stripped history, or ``None`` (logged) when the transcript cannot be read.
-
-    Runs in a worker thread. A read failure must stay a failure (OpenClaw's ``undefined``):
-    finalizing from an empty "history" would hand the engine nothing (#121515).
-    """
-    try:
-        return stripped_histories.read(ctx.session_file)
-    except Exception as error:
-        ctx.log.warning(
-            "failed to read mirrored session history for codex harness hooks",
-            error=format_error(error),
-        )
-        return None
-
-
-def base_instructions(params: TurnParams) -> str | None:
-    return join_sections(params.base_developer_instructions, params.extra_developer_instructions)
-
-
-def tools_fingerprint(ctx: TurnContext) -> str:
-    # From the very specs sent on thread/start, so the two can never drift apart.
-    return dynamic_tools_fingerprint(unstructure(t.spec()) for t in ctx.tools)
-
-
-def engine_binding(
-    ctx: TurnContext, projection: ProjectionBinding | None
-) -> ContextEngineBinding | None:
-    engine = ctx.engine
-    if engine is None:
-        return None
-    info = engine.info
-    params = ctx.params
-    policy = context_engine_policy_fingerprint(
-        engine_id=info.id,
-        engine_version=info.version,
-        owns_compaction=info.owns_compaction,
-        turn_maintenance_mode=info.turn_maintenance_mode,
-        citations_mode=params.citations_mode,
-        context_token_budget=params.context_token_budget,
-        projection_max_chars=max_rendered_context_chars(
-            params.context_token_budget, params.reserve_tokens
-        ),
-    )
-    return ContextEngineBinding(engine_id=info.id, policy_fingerprint=policy, projection=projection)
-
-
-def has_projected_context(ctx: TurnContext) -> bool:
-    """The projection framed assembled history (it is more than the prompt alone)."""
-    projected = ctx.projected
-    return projected is not None and projected.projection.prompt_text != ctx.params.prompt.strip()
-
-
-def thread_facts(ctx: TurnContext, *, resume_failed: bool) -> ThreadFacts:
-    binding = ctx.binding
-    wanted = engine_binding(ctx, None)
-    bound_engine = binding.context_engine if binding is not None else None
-    if wanted is None:
-        engine_match = bound_engine is None
-    else:
-        engine_match = (
-            bound_engine is not None
-            and bound_engine.engine_id == wanted.engine_id
-            and bound_engine.policy_fingerprint == wanted.policy_fingerprint
-        )
-    bound_projection = bound_engine.projection if bound_engine is not None else None
-    epoch = ctx.assembled.bootstrap_epoch if ctx.assembled is not None else None
-    fingerprint = tools_fingerprint(ctx)
-    return ThreadFacts(
-        bound=binding is not None,
-        tools_match=binding is None
-        or fingerprints_compatible(binding.dynamic_tools_fingerprint, fingerprint),
-        tools_dropped=binding is not None
-        and binding.dynamic_tools_fingerprint not in (None, "", _NO_TOOLS)
-        and fingerprint == _NO_TOOLS,
-        engine_match=engine_match,
-        thread_bootstrap=epoch is not None,
-        epoch_match=epoch is not None
-        and bound_projection is not None
-        and bound_projection.mode == "thread_bootstrap"
-        and bound_projection.epoch == epoch,
-        per_turn=ctx.assembled is not None and epoch is None,
-        has_context=has_projected_context(ctx),
-        resume_failed=resume_failed,
-    )
-
-
-def unhooked_prompt(ctx: TurnContext, decision: ThreadDecision) -> tuple[str, str | None]:
-    """The prompt and instructions ``decision`` asks for, before the hooks: the projected
-    prompt (or the raw one), and the base instructions with the engine's addition."""
-    params = ctx.params
-    base = base_instructions(params)
-    projected = ctx.projected
-    if projected is None:
-        return params.prompt, base
-    # The engine's addition goes AFTER the base instructions (OpenClaw; PI prepends).
-    instructions = join_sections(base, projected.projection.developer_instruction_addition)
-    prompt = projected.projection.prompt_text if decision.project else params.prompt.strip()
-    return prompt, instructions
-
-
-def plan_prompt(
-    ctx: TurnContext, decision: ThreadDecision, hook_result: PromptBuildResult
-) -> PromptPlan:
-    """The final prompt and instructions for ``decision``, the hooks' result composed in."""
-    prompt, instructions = compose_prompt(*unhooked_prompt(ctx, decision), hook_result)
-    if len(prompt) > TURN_START_TEXT_MAX_CHARS:
-        prompt, dropped = truncate_older(prompt, TURN_START_TEXT_MAX_CHARS)
-        ctx.log.warning("codex turn input truncated", dropped_chars=dropped)
-    return PromptPlan(
-        decision=decision,
-        prompt=prompt,
-        instructions=instructions,
-        hook_result=hook_result,
-        projected=decision.project and has_projected_context(ctx),
-    )
-
-
-def log_decision(ctx: TurnContext, plan: PromptPlan) -> None:
-    ctx.log.info(
-        "codex app-server context-engine projection decision",
-        reason=plan.decision.reason,
-        action=plan.decision.action.value,
-        projected=plan.projected,
-        truncated_chars=ctx.projected.projection.truncated_chars if ctx.projected else 0,
-    )
 
 
 # --- the stages, in table order -------------------------------------------------------------
@@ -678,7 +347,7 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
         # context (run_turn): recorded earlier, a failed turn/start would make the next turn
         # resume a thread that never received it (OpenClaw #88355).
-        pending = _current_projection(ctx)
+        pending = current_projection(ctx)
         new_binding = await save_binding(
             ctx, result, previous=None, engine_record=engine_binding(ctx, None)
         )
@@ -693,101 +362,6 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         reason=decision.reason,
     )
     return trigger
-
-
-def _current_projection(ctx: TurnContext) -> ProjectionBinding | None:
-    """The projection block this turn's assembly asks for (thread_bootstrap only)."""
-    assembled = ctx.assembled
-    epoch = assembled.bootstrap_epoch if assembled is not None else None
-    if assembled is None or epoch is None or assembled.result.context_projection is None:
-        return None
-    return ProjectionBinding(
-        mode="thread_bootstrap",
-        epoch=epoch,
-        fingerprint=assembled.result.context_projection.fingerprint,
-    )
-
-
-async def save_binding(
-    ctx: TurnContext,
-    result: ThreadResult,
-    *,
-    previous: ThreadBinding | None,
-    engine_record: ContextEngineBinding | None,
-) -> ThreadBinding | None:
-    """Write the binding for ``result``'s thread (skipped when nothing changed); the binding
-    now in force, or ``previous`` when the write failed."""
-    params = ctx.params
-    decision = ctx.plan.decision if ctx.plan is not None else None
-    bound = ctx.binding
-    fields: dict[str, Any] = {
-        "thread_id": result.thread_id,
-        "cwd": os.fspath(params.workspace_dir),
-        "auth_profile_id": params.auth_profile_id
-        or (bound.auth_profile_id if bound is not None else None),
-        "model": result.model or params.model,
-        "model_provider": result.model_provider,
-        "approval_policy": params.approval_policy,
-        "sandbox": params.sandbox,
-        "approvals_reviewer": params.approvals_reviewer,
-        "service_tier": params.service_tier,
-        "dynamic_tools_fingerprint": tools_fingerprint(ctx),
-        "context_engine": engine_record,
-        # Why this thread exists: the decision that started or rotated to it (a resume keeps
-        # the record of the thread it resumed).
-        "thread_decision": previous.thread_decision
-        if previous is not None
-        else ThreadDecisionRecord(action=decision.action.value, reason=decision.reason)
-        if decision is not None
-        else None,
-    }
-    if previous is not None:
-        fields["created_at"] = previous.created_at
-    binding = ThreadBinding(**fields)
-    if previous is not None and binding == attrs.evolve(
-        previous, session_file=binding.session_file, updated_at=binding.updated_at
-    ):
-        # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn.
-        # ``updatedAt`` therefore says when the binding last changed.
-        return previous
-    try:
-        await anyio.to_thread.run_sync(write_binding, ctx.session_file, binding)
-    except Exception as error:
-        ctx.log.warning("failed to write codex app-server binding", error=format_error(error))
-        return previous
-    return binding
-
-
-def _partial_result(
-    ctx: TurnContext, handle_box: list[Any], status: CodexTurnStatus, error: str | None
-) -> CodexTurnResult:
-    """What Codex produced before the turn was cut short: at least the user's prompt, which
-    is mirrored like any other (a crash must not lose what the user said)."""
-    if handle_box:
-        handle = handle_box[0]
-        if handle.result is not None and status is CodexTurnStatus.INTERRUPTED:
-            finished: CodexTurnResult = handle.result
-            return finished
-        built: CodexTurnResult = handle.projector.build_result(outcome=status, error=error)
-        return built
-    # turn/start itself never answered: nothing but the prompt exists, and Codex gave the
-    # turn no id. Run-unique identities keep the mirror's idempotency keys from matching an
-    # earlier such turn on this thread (which would silently drop this prompt).
-    projector = TurnProjector(
-        thread_id=ctx.thread_id or "",
-        prompt=ctx.params.prompt,
-        provider="codex",
-        model=ctx.params.model,
-        turn_id=None,
-    )
-    prompt_only: CodexTurnResult = projector.build_result(outcome=status, error=error)
-    run = f"unstarted-{uuid.uuid4().hex}"
-    return attrs.evolve(
-        prompt_only,
-        mirror_identities=[
-            f"{run}:{identity.rpartition(':')[2]}" for identity in prompt_only.mirror_identities
-        ],
-    )
 
 
 async def run_turn(ctx: TurnContext) -> TurnTrigger:
@@ -828,12 +402,12 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             end = RunEnd(codex.outcome.value)
     except cancelled as error:
         ctx.cancellation = error
-        codex = _partial_result(ctx, handle_box, CodexTurnStatus.INTERRUPTED, None)
+        codex = partial_result(ctx, handle_box, CodexTurnStatus.INTERRUPTED, None)
         end = RunEnd.INTERRUPTED
     except AppServerError as error:
         closed = isinstance(error, AppServerClosed)
         message = "codex app-server closed" if closed else format_error(error)
-        codex = _partial_result(ctx, handle_box, CodexTurnStatus.FAILED, message)
+        codex = partial_result(ctx, handle_box, CodexTurnStatus.FAILED, message)
         ctx.log.warning(
             "codex app-server closed during the turn" if closed else "codex app-server turn failed",
             error=format_error(error),
@@ -841,7 +415,7 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     except Exception as error:
         # Anything else (a protocol shape we cannot read, a failing event hook) is still a
         # turn that ran: it fails, and mirroring and finalizing follow.
-        codex = _partial_result(ctx, handle_box, CodexTurnStatus.FAILED, format_error(error))
+        codex = partial_result(ctx, handle_box, CodexTurnStatus.FAILED, format_error(error))
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
@@ -1018,20 +592,3 @@ async def maintain(ctx: TurnContext) -> TurnTrigger:
         return T.MAINTENANCE_FAILED
     ctx.maintenance = MaintenanceReport(status="ran")
     return T.MAINTENANCE_RAN
-
-
-def yield_tool(switch: YieldSwitch) -> DynamicTool:
-    async def request_yield(_arguments: dict[str, Any]) -> str:
-        switch.requested = True
-        handle = switch.live_handle
-        if handle is not None:
-            # Interrupting while this tool call is unanswered is safe (Codex ends the turn).
-            await handle.interrupt()
-        return "yielding the turn"
-
-    return DynamicTool(
-        name=YIELD_TOOL,
-        description="End this run now and yield control back to the user.",
-        input_schema={"type": "object", "properties": {}},
-        fn=request_yield,
-    )
