@@ -42,8 +42,8 @@ TURN_FLAG_COMBOS = [
     for bits in itertools.product((False, True), repeat=5)
 ]
 COMPACTION_FLAG_COMBOS = [
-    {"owns": owns, "binding": binding}
-    for owns, binding in itertools.product((False, True), repeat=2)
+    {"owns": owns, "binding": binding, "manual": manual}
+    for owns, binding, manual in itertools.product((False, True), repeat=3)
 ]
 
 
@@ -58,7 +58,9 @@ def turn_facts(flags: dict[str, bool]) -> TurnFacts:
 
 
 def compaction_facts(flags: dict[str, bool]) -> CompactionFacts:
-    return CompactionFacts(engine_owns=flags["owns"], has_binding=flags["binding"])
+    return CompactionFacts(
+        engine_owns=flags["owns"], has_binding=flags["binding"], manual=flags.get("manual", True)
+    )
 
 
 def _fire_one(model: Any, trigger: str) -> tuple[str | None, str | None]:

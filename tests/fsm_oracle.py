@@ -198,12 +198,16 @@ COMPACTION_TRIGGERS = (
 )
 
 
-def compaction_oracle(state: str, trigger: str, *, owns: bool, binding: bool) -> str | None:
+def compaction_oracle(
+    state: str, trigger: str, *, owns: bool, binding: bool, manual: bool = True
+) -> str | None:
     after_engine = "NATIVE_COMPACTING" if binding else "REPORTED"
     if state == "IDLE" and trigger == "started":
         if owns:
             return "ENGINE_COMPACTING"
-        return after_engine
+        # Without an owning engine only a manual /compact runs native compaction; a budget
+        # request is Codex's own automatic compaction's business.
+        return after_engine if manual else "REPORTED"
     if state == "ENGINE_COMPACTING":
         if trigger == "engine_compacted":
             return "COMPACTION_MAINTENANCE"

@@ -44,7 +44,9 @@ turn_flags = st.fixed_dictionaries(
         for name in ("engine", "session_file", "maintains", "background", "bootstraps")
     }
 )
-compaction_flags = st.fixed_dictionaries({"owns": st.booleans(), "binding": st.booleans()})
+compaction_flags = st.fixed_dictionaries(
+    {"owns": st.booleans(), "binding": st.booleans(), "manual": st.booleans()}
+)
 
 MAX_LIVE = 4
 DEPTHS = st.sampled_from(range(14))
@@ -285,9 +287,10 @@ def make_compaction_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachi
                 t
                 for t in illegal
                 if any(
-                    compaction_oracle(run.state, t, owns=o, binding=b) is not None
+                    compaction_oracle(run.state, t, owns=o, binding=b, manual=m) is not None
                     for o in (False, True)
                     for b in (False, True)
+                    for m in (False, True)
                 )
             ]
             choices = st.sampled_from(illegal)

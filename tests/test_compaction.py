@@ -24,6 +24,7 @@ import attrs
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from fsm_oracle import compaction_oracle
+from structlog.testing import capture_logs
 from support.recording_engine import RecordingEngine
 
 from codex_turn.harness.appserver import AppServer, AppServerClosed, AppServerConfig
@@ -37,6 +38,7 @@ from codex_turn.harness.binding import (
 )
 from codex_turn.harness.compaction import (
     AUTH_PROFILE_MISMATCH,
+    LEFT_TO_CODEX,
     NO_THREAD_BINDING,
     CompactionRun,
     CompactSessionParams,
@@ -827,3 +829,44 @@ def test_params_reject_nonsense_timeouts(tmp_path: Path) -> None:
 
 
 Factory = Callable[[str | None], contextlib.AbstractAsyncContextManager[Any]]
+
+
+# --- issue 10: budget compaction belongs to Codex unless an engine owns it ------------------
+
+
+@pytest.mark.parametrize("trigger", ["budget", "overflow", "threshold"])
+async def test_a_budget_request_without_an_owning_engine_is_left_to_codex(
+    tmp_path: Path, trigger: str
+) -> None:
+    bind(tmp_path)
+    engine = RecordingEngine(engine_id="not-owning")
+    async with fake_server(tmp_path, "item") as (server, fakes):
+        run = await compact_codex_session_traced(
+            params(tmp_path), app_server=server, engine=engine, trigger=trigger
+        )
+        assert fakes.requests("thread/compact/start") == []
+    assert run.result == CompactResult(ok=True, compacted=False, reason=LEFT_TO_CODEX)
+    assert engine.calls == []
+    assert run.triggers == ("started",)
+    for entry in run.trace:
+        assert (
+            compaction_oracle(entry.state, entry.trigger, owns=False, binding=True, manual=False)
+            == entry.dest
+        )
+
+
+async def test_a_budget_request_still_asks_an_owning_engine_first_then_native(
+    tmp_path: Path,
+) -> None:
+    bind(tmp_path)
+    engine = owning_engine()
+    async with fake_server(tmp_path, "item") as (server, fakes):
+        with capture_logs() as logs:
+            run = await compact_codex_session_traced(
+                params(tmp_path), app_server=server, engine=engine, trigger="budget"
+            )
+        assert len(fakes.requests("thread/compact/start")) == 1
+    assert engine.methods()[0] == "compact"
+    assert run.triggers == ("started", "engine_compacted", "maintenance_ran", "native_compacted")
+    events = [e["event"] for e in logs]
+    assert "codex native compaction completed alongside context-engine compaction" in events

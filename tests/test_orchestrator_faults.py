@@ -893,7 +893,11 @@ def test_no_bootstrap_for_a_new_session_although_the_turn_creates_the_file() -> 
     obs = _run(prior="none")
     assert T.BOOTSTRAP_SKIPPED in _triggers(obs)
     assert "bootstrap" not in obs.engine.methods()
-    assert os.path.basename(obs.session_file)  # the mirror created it
+    # The mirror created the file: read back from disk, it holds exactly this turn.
+    assert _texts(obs.transcript) == [
+        ("user", obs.prompt),
+        ("assistant", [{"type": "text", "text": REPLY}]),
+    ]
     assert sum(_is_prompt(m, obs.prompt) for m in obs.transcript) == 1
 
 

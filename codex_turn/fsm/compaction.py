@@ -16,8 +16,11 @@ Theory of operation:
   compaction runs as a best-effort secondary step. An engine failure still goes to native
   compaction; a native failure never turns a successful engine result into a failure (that
   is the result-building code's job, but the table guarantees native runs after either).
-* A non-owning engine, or none: native compaction only, exactly as Codex does it; without a
-  binding there is nothing to compact and the run goes straight to ``reported``.
+* A non-owning engine, or none: a *manual* request (a user's ``/compact``) runs native
+  compaction only, exactly as Codex does it. A budget request (``budget``/``overflow``/
+  ``threshold``) is left to Codex's own automatic compaction (the runtime contract: automatic
+  compaction belongs to Codex, #85958) and goes straight to ``reported``; so does any request
+  without a binding (there is nothing to compact).
 
 WARNING: ``diagrams/compaction.mmd`` is rendered from this table; a test fails when stale.
 """
@@ -63,6 +66,7 @@ class CompactionTrigger(enum.StrEnum):
 class CompactionFacts:
     engine_owns: bool = False  # an active (non-legacy) engine with info.owns_compaction
     has_binding: bool = False  # a Codex thread binding exists for the session
+    manual: bool = True  # a user's explicit /compact (else a budget-triggered request)
 
 
 S = CompactionState
@@ -75,8 +79,12 @@ COMPACTION_TABLE: dict[CompactionState, tuple[Edge, ...]] = {
     # State: idle (the ownership decision, made once)
     S.IDLE: (
         Edge(T.STARTED, S.ENGINE_COMPACTING, when=("engine_owns",)),
-        Edge(T.STARTED, S.NATIVE_COMPACTING, when=_THEN_NATIVE, unless=("engine_owns",)),
+        Edge(
+            T.STARTED, S.NATIVE_COMPACTING, when=(*_THEN_NATIVE, "manual"), unless=("engine_owns",)
+        ),
         Edge(T.STARTED, S.REPORTED, unless=("engine_owns", "has_binding")),
+        # A budget request without an owning engine: Codex compacts automatically.
+        Edge(T.STARTED, S.REPORTED, when=_THEN_NATIVE, unless=("engine_owns", "manual")),
     ),
     # State: engine_compacting (primary; failure still proceeds to native)
     S.ENGINE_COMPACTING: (
@@ -135,3 +143,7 @@ class CompactionModel(Model):
     @property
     def has_binding(self) -> bool:
         return self.facts.has_binding
+
+    @property
+    def manual(self) -> bool:
+        return self.facts.manual

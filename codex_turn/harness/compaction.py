@@ -22,8 +22,10 @@ Policy (OpenClaw PR #70809, ``maybeCompactCodexAppServerSession``; reference 2.1
   ``reason`` and ``details["contextEngineCompaction"]`` and native compaction still runs; a
   native failure never fails a successful engine compaction; when the engine returned no
   ``result`` payload, one is synthesised so the native diagnostics are not lost.
-* **A non-owning engine, or none** (``None`` or the legacy engine): native compaction only,
-  exactly as Codex does it. The engine is not called.
+* **A non-owning engine, or none** (``None`` or the legacy engine): a manual request runs
+  native compaction only, exactly as Codex does it; a budget-triggered request is left to
+  Codex's own automatic compaction (the runtime contract, #85958) and reports ``ok`` with
+  ``reason`` :data:`LEFT_TO_CODEX`, nothing compacted by this call. The engine is not called.
 * **Native compaction** reads the session's thread binding: no binding means
   ``"no codex app-server thread binding"``. A request whose ``auth_profile_id`` disagrees
   with the binding's fails closed (``"auth profile mismatch for session binding"``) before
@@ -84,6 +86,7 @@ from codex_turn.harness.lifecycle import (
 
 __all__ = [
     "AUTH_PROFILE_MISMATCH",
+    "LEFT_TO_CODEX",
     "NATIVE_BACKEND",
     "NO_THREAD_BINDING",
     "AppServerFactory",
@@ -100,6 +103,8 @@ _log = get_logger(__name__)
 NATIVE_BACKEND: Final = "codex-app-server"
 NO_THREAD_BINDING: Final = "no codex app-server thread binding"
 AUTH_PROFILE_MISMATCH: Final = "auth profile mismatch for session binding"
+#: A budget request without an owning engine: Codex's automatic compaction handles it.
+LEFT_TO_CODEX: Final = "left to codex app-server automatic compaction"
 _ENGINE_FAILED: Final = "context engine compaction failed"
 _ENGINE_FAILED_WARNING: Final = (
     "context engine compaction failed; attempting Codex native compaction"
@@ -245,7 +250,9 @@ async def compact_codex_session_traced(
         wait_timeout=params.session_wait_timeout,
     ):
         binding = await anyio.to_thread.run_sync(read_binding, params.session_file)
-        facts = CompactionFacts(engine_owns=owns, has_binding=binding is not None)
+        facts = CompactionFacts(
+            engine_owns=owns, has_binding=binding is not None, manual=trigger == "manual"
+        )
         with CompactionModel.begin(facts) as model:
             return await _Run(params, app_server, engine, trigger, owns, model).run()
 
@@ -313,6 +320,12 @@ class _Run:
         if model.state is S.NATIVE_COMPACTING:
             self.native = await self._native_compact()
             model.fire(self.native.trigger)
+            primary = self.primary
+            if primary is not None and primary.compacted and self.native.result.compacted:
+                _log.info(
+                    "codex native compaction completed alongside context-engine compaction",
+                    **self._fields(),
+                )
         assert model.state is S.REPORTED, model.state  # the table ends every path there
         return CompactionRun(
             result=self._build_result(),
@@ -497,9 +510,12 @@ class _Run:
     # -- the report ----------------------------------------------------------------------
 
     def _native_for_report(self) -> CompactResult:
-        """Native's result; a run that never reached native compaction had no binding."""
+        """Native's result; a run that never reached native compaction had no binding, or was
+        a budget request left to Codex's automatic compaction."""
         if self.native is not None:
             return self.native.result
+        if self.model.facts.has_binding and not self.model.facts.manual:
+            return CompactResult(ok=True, compacted=False, reason=LEFT_TO_CODEX)
         return CompactResult(ok=False, compacted=False, reason=NO_THREAD_BINDING)
 
     def _build_result(self) -> CompactResult:

@@ -21,7 +21,8 @@ def _stall(src: str, dst: str) -> None:
 
 def main() -> None:
     session_file = sys.argv[1]
-    binding.os.replace = _stall  # type: ignore[assignment]
+    # Stall the rename under the writer: the binding's atomic write calls os.replace.
+    vars(os)["replace"] = _stall
     binding.write_binding(
         session_file,
         binding.ThreadBinding(thread_id="thread-new", cwd="/new", model="gpt-new"),

@@ -1,0 +1,250 @@
+"""Issue 10, "fix while reshaping": each test here failed on the code before the redesign.
+
+The fast ones run against the in-process fake app-server (whose turn handle and projector are
+the product's own); the context-loss rule is proven end to end against the real binary: the
+model request of the fallback turn contains the earlier turns.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+from support.fake_appserver import FakeAppServer
+from support.recording_engine import RecordingEngine
+
+from codex_turn import (
+    AppServer,
+    AssembleResult,
+    PromptBuildContext,
+    PromptBuildResult,
+    TurnHooks,
+    TurnOutcome,
+    TurnParams,
+    read_binding,
+    run_codex_turn,
+)
+from codex_turn.fsm.thread import ThreadAction
+from codex_turn.harness import stages
+from codex_turn.harness.session import clear_session_cache
+from codex_turn.testing import OfflineModel
+
+pytestmark = pytest.mark.anyio
+
+HEADER = "OpenClaw assembled context for this turn:"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def session_file() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="codex-turn-issue10-") as directory:
+        path = os.path.join(directory, "session.jsonl")
+        yield path
+        clear_session_cache(path)
+
+
+def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
+    values: dict[str, Any] = {
+        "session_id": "s-1",
+        "session_key": "agent:main:s-1",
+        "session_file": session_file,
+        "workspace_dir": os.path.dirname(session_file),
+        "prompt": prompt,
+    }
+    values.update(overrides)
+    return TurnParams(**values)
+
+
+def memory_engine() -> RecordingEngine:
+    return RecordingEngine(
+        engine_id="memory",
+        responses={
+            "assemble": lambda p: AssembleResult(
+                messages=[*p.messages, {"role": "assistant", "content": "MEMORY-FACT-271"}],
+                estimated_tokens=1,
+                system_prompt_addition="ENGINE-ADDITION",
+            )
+        },
+    )
+
+
+def failing_assemble_engine() -> RecordingEngine:
+    def explode(_: Any) -> AssembleResult:
+        raise RuntimeError("assemble exploded")
+
+    return RecordingEngine(engine_id="memory", responses={"assemble": explode})
+
+
+# --- the context-loss fallback -------------------------------------------------------------
+
+
+async def test_a_policy_change_without_context_resumes_the_bound_thread(session_file: str) -> None:
+    server = FakeAppServer()
+    first = await run_codex_turn(params(session_file, "first"), app_server=server)
+    assert first.outcome is TurnOutcome.COMPLETED
+    # The binding predates the engine; the engine's assemble then fails: no context.
+    second = await run_codex_turn(
+        params(session_file, "second"), app_server=server, engine=failing_assemble_engine()
+    )
+    decision = second.thread_decision
+    assert decision is not None
+    assert (decision.action, decision.reason) == (
+        ThreadAction.RESUME,
+        "context-unavailable-keep-thread",
+    )
+    assert second.thread_id == first.thread_id
+    assert server.methods()[-2:] == ["resume_thread", "turn"]
+    assert server.turn_inputs()[-1] == "second"
+    # The binding keeps its (absent) engine record: a later turn with context rotates.
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.context_engine is None
+    third = await run_codex_turn(
+        params(session_file, "third"), app_server=server, engine=memory_engine()
+    )
+    assert third.thread_decision is not None
+    assert third.thread_decision.reason == "context-engine-policy-changed"
+    assert third.projected
+    assert "MEMORY-FACT-271" in server.turn_inputs()[-1]
+
+
+async def test_the_model_keeps_the_conversation_when_the_engine_fails_after_a_policy_change(
+    appserver: AppServer, offline_model: OfflineModel, tmp_path: Path, workspace: Path
+) -> None:
+    """End to end: the request of the fallback turn carries the earlier turn."""
+    session = str(tmp_path / "session.jsonl")
+    base = {"session_id": "s-1", "session_file": session, "workspace_dir": str(workspace)}
+    first = await run_codex_turn(
+        TurnParams(prompt="remember the code word PAPAYA-4417", **base), app_server=appserver
+    )
+    assert first.outcome is TurnOutcome.COMPLETED
+    second = await run_codex_turn(
+        TurnParams(prompt="what was the code word?", **base),
+        app_server=appserver,
+        engine=failing_assemble_engine(),
+    )
+    assert second.outcome is TurnOutcome.COMPLETED
+    assert second.thread_id == first.thread_id
+    request = offline_model.turn_requests()[-1]
+    assert request.last_user_text == "what was the code word?"
+    assert any("PAPAYA-4417" in text for text in request.user_messages), (
+        "the model lost the conversation"
+    )
+
+
+# --- the hooks see what the engine built; a projection failure keeps the baseline ----------
+
+
+async def test_before_prompt_build_sees_the_projected_prompt_and_the_engine_addition(
+    session_file: str,
+) -> None:
+    seen: list[PromptBuildContext] = []
+
+    async def hook(context: PromptBuildContext) -> PromptBuildResult:
+        seen.append(context)
+        return PromptBuildResult()
+
+    server = FakeAppServer()
+    result = await run_codex_turn(
+        params(session_file, "question", base_developer_instructions="BASE"),
+        app_server=server,
+        engine=memory_engine(),
+        hooks=TurnHooks(before_prompt_build=[hook]),
+    )
+    assert result.projected
+    (context,) = seen
+    assert context.prompt.startswith(HEADER)
+    assert "MEMORY-FACT-271" in context.prompt
+    assert context.developer_instructions == "BASE\n\nENGINE-ADDITION"
+    assert server.turn_inputs() == [context.prompt]
+
+
+async def test_a_projection_failure_keeps_the_baseline_prompt_and_instructions(
+    session_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(**_: Any) -> Any:
+        raise ValueError("projection exploded")
+
+    monkeypatch.setattr(stages, "project_context_engine_assembly", broken)
+    server = FakeAppServer()
+    result = await run_codex_turn(
+        params(session_file, "  question  ", base_developer_instructions="BASE"),
+        app_server=server,
+        engine=memory_engine(),
+    )
+    assert [e.trigger for e in result.trace][4] == "projection_failed"
+    assert not result.projected
+    assert server.turn_inputs() == ["  question  "]
+    (start,) = server.calls_to("start_thread")
+    assert start.args["developer_instructions"] == "BASE"
+
+
+# --- smaller contract fixes ----------------------------------------------------------------
+
+
+async def test_engines_see_the_session_id_as_key_when_the_runner_gives_none(
+    session_file: str,
+) -> None:
+    engine = memory_engine()
+    await run_codex_turn(
+        params(session_file, "hello", session_key=None), app_server=FakeAppServer(), engine=engine
+    )
+    (assemble,) = engine.calls_to("assemble")
+    assert assemble.params.session_key == "s-1"
+    (after,) = engine.calls_to("after_turn")
+    assert after.params.session_key == "s-1"
+    assert after.params.runtime_context["sessionKey"] == "s-1"
+
+
+async def test_prompt_cache_comes_from_codex_cached_input_counts(session_file: str) -> None:
+    from support.fake_appserver import CodexScript
+
+    usage = {"inputTokens": 1200, "cachedInputTokens": 1000, "outputTokens": 7}
+    engine = memory_engine()
+    await run_codex_turn(
+        params(session_file, "hello"),
+        app_server=FakeAppServer(scripts=[CodexScript(usage=usage)]),
+        engine=engine,
+    )
+    (after,) = engine.calls_to("after_turn")
+    cache = after.params.runtime_context["promptCache"]
+    assert cache["lastCallUsage"]["cacheRead"] == 1000
+    assert cache["lastCallUsage"]["input"] == 200
+    assert after.params.runtime_context["currentTokenCount"] == 1200
+
+
+async def test_the_maintenance_skip_is_logged_with_the_spec_line(session_file: str) -> None:
+    engine = RecordingEngine(engine_id="memory", omit={"maintain"})
+    with capture_logs() as logs:
+        result = await run_codex_turn(
+            params(session_file, "hello"), app_server=FakeAppServer(), engine=engine
+        )
+    assert result.maintenance.skip_reason == "no_maintain"
+    skipped = [e for e in logs if e["event"] == "codex context engine maintenance skipped"]
+    assert [e["reason"] for e in skipped] == ["no_maintain"]
+
+
+async def test_resume_resends_and_records_the_runtime_policy(session_file: str) -> None:
+    server = FakeAppServer()
+    await run_codex_turn(params(session_file, "one"), app_server=server)
+    policy = {"approval_policy": "never", "sandbox": "read-only", "service_tier": "flex"}
+    await run_codex_turn(params(session_file, "two", **policy), app_server=server)
+    (resume,) = server.calls_to("resume_thread")
+    for key, value in policy.items():
+        assert resume.args[key] == value
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert (binding.approval_policy, binding.sandbox, binding.service_tier) == (
+        "never",
+        "read-only",
+        "flex",
+    )
