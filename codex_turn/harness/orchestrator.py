@@ -45,7 +45,7 @@ from codex_turn._log import format_error, get_logger, mask_session_key, sensitiv
 from codex_turn.fsm import TurnFacts, TurnModel, TurnOutcome, TurnState, TurnTrigger
 from codex_turn.harness import stages, turn_context
 from codex_turn.harness._gates import hold_session
-from codex_turn.harness.appserver import AppServer, DynamicTool
+from codex_turn.harness.appserver import AppServerPort, DynamicTool
 from codex_turn.harness.engine import EngineHandle, InvalidEngineResult, engine_id
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.maintenance import BackgroundMaintenance
@@ -179,7 +179,7 @@ STAGES: Mapping[TurnState, Stage] = {
 async def run_codex_turn(
     params: TurnParams,
     *,
-    app_server: AppServer,
+    app_server: AppServerPort,
     engine: object | None = None,
     tools: Sequence[DynamicTool] = (),
     hooks: TurnHooks | None = None,
@@ -238,7 +238,7 @@ async def _prepare(
     params: TurnParams,
     *,
     session_file: str,
-    app_server: AppServer,
+    app_server: AppServerPort,
     engine: object | None,
     tools: Sequence[DynamicTool],
     hooks: TurnHooks,

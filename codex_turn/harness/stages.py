@@ -42,6 +42,7 @@ from codex_turn.harness.appserver import (
     AppServerError,
     CodexTurnStatus,
     Notification,
+    TurnHandlePort,
 )
 from codex_turn.harness.binding import (
     ProjectionBinding,
@@ -372,7 +373,7 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     assert thread is not None
     assert plan is not None
     params = ctx.params
-    handle_box: list[Any] = []
+    handle_box: list[TurnHandlePort] = []
     cancelled = anyio.get_cancelled_exc_class()
     end = RunEnd.FAILED
     try:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import attrs
 
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
+from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.usage import Usage
 
@@ -20,6 +21,13 @@ __all__ = ["TURN_START_TEXT_MAX_CHARS", "MaintenanceReport", "TurnParams", "Turn
 
 #: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
+
+# The runtime policy values Codex's schema accepts (checked when the params are built).
+_POLICY_VALUES: Final[dict[str, frozenset[str]]] = {
+    "approval_policy": frozenset({"untrusted", "on-request", "never"}),
+    "sandbox": frozenset(get_args(SandboxMode)),
+    "approvals_reviewer": frozenset(get_args(ApprovalsReviewer)),
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -48,9 +56,9 @@ class TurnParams:
     #: The runtime policy, sent on thread/start *and* thread/resume (and recorded in the
     #: binding), so a change takes effect on a bound thread without rotating it. ``None``:
     #: Codex's configured default.
-    approval_policy: str | None = None
-    sandbox: str | None = None
-    approvals_reviewer: str | None = None
+    approval_policy: Literal["untrusted", "on-request", "never"] | None = None
+    sandbox: SandboxMode | None = None
+    approvals_reviewer: ApprovalsReviewer | None = None
     service_tier: str | None = None
     #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
     runtime_attempt: Mapping[str, Any] = attrs.field(factory=dict)
@@ -76,6 +84,10 @@ class TurnParams:
         for name in ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TurnParams.{name} must be positive")
+        for name, allowed in _POLICY_VALUES.items():
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ValueError(f"TurnParams.{name} must be one of {sorted(allowed)}")
 
 
 @attrs.frozen(kw_only=True)

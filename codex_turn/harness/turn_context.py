@@ -24,11 +24,12 @@ from codex_turn._log import format_error
 from codex_turn.fsm import TurnFacts, TurnOutcome, TurnTrigger
 from codex_turn.fsm.thread import ThreadDecision, ThreadFacts
 from codex_turn.harness.appserver import (
-    AppServer,
+    AppServerPort,
     CodexTurnResult,
     CodexTurnStatus,
     DynamicTool,
     ThreadResult,
+    TurnHandlePort,
     TurnProjector,
 )
 from codex_turn.harness.appserver.types import unstructure
@@ -155,7 +156,7 @@ class YieldSwitch:
     is the one mutable piece: the tool sets it while the turn runs)."""
 
     requested: bool = False
-    live_handle: Any = None
+    live_handle: TurnHandlePort | None = None
 
 
 @attrs.define(eq=False)
@@ -163,7 +164,7 @@ class TurnContext:
     """One turn's inputs, read-only, and one slot per stage record."""
 
     params: TurnParams
-    app_server: AppServer
+    app_server: AppServerPort
     engine: EngineHandle | None
     hooks: TurnHooks
     scheduler: BackgroundMaintenance | None
@@ -488,7 +489,7 @@ async def save_binding(
 
 
 def partial_result(
-    ctx: TurnContext, handle_box: list[Any], status: CodexTurnStatus, error: str | None
+    ctx: TurnContext, handle_box: list[TurnHandlePort], status: CodexTurnStatus, error: str | None
 ) -> CodexTurnResult:
     """What Codex produced before the turn was cut short: at least the user's prompt, which
     is mirrored like any other (a crash must not lose what the user said)."""
