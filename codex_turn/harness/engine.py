@@ -46,6 +46,11 @@ camelCase JSON (``estimated_tokens`` <-> ``estimatedTokens``). Unstructuring omi
 still hold their default (OpenClaw's optional ``?`` fields are absent, not ``null``);
 structuring ignores unknown keys and is *strict* about primitives (``"5"`` is not an integer,
 ``True`` is not a number), because silently coercing an engine's mistake would hide it.
+
+Why one file of ~740 lines: it is the contract, and the contract is read as one text (the
+params and results, the converter that defines their JSON, the validation at the boundary,
+:class:`EngineHandle` and the loader); splitting it would scatter one vocabulary across
+modules that every engine author would have to read together anyway.
 """
 
 from __future__ import annotations

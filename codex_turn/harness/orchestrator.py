@@ -120,7 +120,8 @@ def protected(stage: Stage) -> Stage:
                 except cancelled as error:
                     # The caller left meanwhile: the work gets the cleanup bound, no more.
                     ctx.cancellation = ctx.cancellation or error
-                    ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
+                    if ctx.cleanup_deadline is None:  # one deadline for all cleanup stages
+                        ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
                     scope.deadline = min(scope.deadline, ctx.cleanup_deadline)
                     with anyio.CancelScope(shield=True):
                         await done.wait()
@@ -152,7 +153,7 @@ def unless_gone(stage: Stage) -> Stage:
 def _cut_short(ctx: TurnContext) -> TurnTrigger:
     trigger = ctx.cut_short()
     assert trigger is not None, "every sheltered state names its cut-short trigger"
-    ctx.log.warning("codex turn stage cut short", trigger=str(trigger))
+    ctx.log.info("codex turn stage cut short", trigger=str(trigger))
     return trigger
 
 
