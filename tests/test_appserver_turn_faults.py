@@ -43,7 +43,7 @@ from codex_turn.harness.appserver import (
     TurnHandle,
     TurnProjector,
 )
-from codex_turn.harness.appserver.client import _TURN_TABLE, _TurnInput
+from codex_turn.harness.appserver.turn import _TURN_TABLE, _TurnInput
 from codex_turn.harness.compaction import CompactSessionParams
 
 pytestmark = pytest.mark.anyio

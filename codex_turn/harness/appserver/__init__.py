@@ -7,8 +7,11 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
 * :mod:`.config`: CODEX_HOME, an offline-safe ``config.toml``, argv and environment;
 * :mod:`.process`: the child process as a line transport (stderr drained, graceful shutdown,
   immediate death detection);
-* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
-  server requests: dynamic tools, approvals, user input);
+* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing), with
+  its methods in :mod:`.threads` (thread start/resume), :mod:`.turn_start` (turn start and
+  interrupt) and :mod:`.native_compaction` (``thread/compact/start``);
+* :mod:`.server_requests`: what Codex asks of us (dynamic tools, approvals, user input);
+* :mod:`.turn`: :class:`TurnHandle`, one Codex turn and the theory of its phases;
 * :mod:`.projector`: a turn's notifications folded into a :class:`CodexTurnResult`;
 * :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash;
 * :mod:`.port`: :class:`AppServerPort`, the part of :class:`AppServer` the orchestrator and
@@ -27,15 +30,7 @@ Usage sketch::
 
 from __future__ import annotations
 
-from .client import (
-    ApprovalPolicy,
-    AppServerClient,
-    CodexTurnPhase,
-    CompactionResult,
-    TurnHandle,
-    UserInputHandler,
-    decline_all,
-)
+from .client import AppServerClient
 from .config import AppServerConfig, ModelProviderConfig, bundled_codex_path, render_toml
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import (
@@ -46,10 +41,13 @@ from .errors import (
     AppServerTimeout,
 )
 from .manager import AppServer
+from .native_compaction import CompactionResult
 from .port import AppServerPort, TurnHandlePort
 from .process import AppServerProcess, LineTransport
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector, Usage
+from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
+from .turn import CodexTurnPhase, TurnHandle
 from .types import (
     ApprovalsReviewer,
     AskForApproval,

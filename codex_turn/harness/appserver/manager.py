@@ -41,24 +41,17 @@ import attrs
 
 from codex_turn._log import get_logger
 
-from .client import (
-    ApprovalPolicy,
-    AppServerClient,
-    CompactionResult,
-    NotificationListener,
-    TurnHandle,
-    UserInputHandler,
-    _KeyedLocks,
-    decline_all,
-    unwrap_single_group,
-)
+from .client import AppServerClient, NotificationListener, unwrap_single_group
 from .config import AppServerConfig
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed
+from .native_compaction import CompactionResult, _KeyedLocks
 from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
+from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
 from .tools import DynamicTool, ToolRegistry, as_registry
+from .turn import TurnHandle
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
 
 __all__ = ["AppServer"]

@@ -10,7 +10,7 @@ orchestrator starts to use belongs here first, so that the fake cannot lag behin
 The runtime policy keywords (``approval_policy``, ``sandbox``, ``approvals_reviewer``,
 ``service_tier``) are sent only when not ``None``, as ``approvalPolicy``, ``sandbox``,
 ``approvalsReviewer`` and ``serviceTier``; a resume that loads a thread should re-send them
-(see :meth:`~.client.AppServerClient.resume_thread`).
+(see :meth:`~.threads._ThreadMethods.resume_thread`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from .client import CompactionResult
 from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
+from .native_compaction import CompactionResult
 from .projector import CodexTurnResult, Notification, TurnProjector
 from .tools import DynamicTool
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
@@ -30,7 +30,7 @@ __all__ = ["AppServerPort", "TurnHandlePort"]
 
 class TurnHandlePort(Protocol):
     """One running turn, as :meth:`AppServerPort.turn` yields it
-    (:class:`~.client.TurnHandle` implements it)."""
+    (:class:`~.turn.TurnHandle` implements it)."""
 
     @property
     def projector(self) -> TurnProjector:

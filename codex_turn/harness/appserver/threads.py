@@ -1,0 +1,161 @@
+"""The client's thread methods: ``thread/start``, ``thread/resume`` and each thread's local state.
+
+A mixin of :class:`~.client.AppServerClient` (typed against the connection core,
+:class:`~.client._Connection`; no state of its own). A thread's local state is its
+:class:`~.tools.ToolRegistry` (bound at start or resume, consulted by
+:func:`~.server_requests.serve_request` for ``item/tool/call``) and whether this process loaded
+it; :meth:`_ThreadMethods.forget_thread` releases both.
+
+``thread/resume`` always sends ``excludeTurns`` and the developer instructions again: Codex
+keeps only what is re-sent there across a later compaction. The runtime policy
+(``approval_policy``, ``sandbox``, ``approvals_reviewer``, ``service_tier``) is sent only when
+given; see :meth:`_ThreadMethods.resume_thread` for what a resume without it loses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from codex_turn._log import get_logger
+
+from .tools import DynamicTool, ToolRegistry, as_registry
+from .types import (
+    ApprovalsReviewer,
+    AskForApproval,
+    SandboxMode,
+    ThreadResult,
+    ThreadResumeParams,
+    ThreadStartParams,
+    structure,
+    unstructure,
+)
+
+if TYPE_CHECKING:
+    from .client import _Connection
+else:
+    _Connection = object
+
+__all__: list[str] = []
+
+log = get_logger(__name__)
+
+
+class _ThreadMethods(_Connection):
+    """``thread/start``, ``thread/resume`` and the thread's local state (see the module header)."""
+
+    def register_tools(self, thread_id: str, tools: ToolRegistry | Iterable[DynamicTool]) -> None:
+        """Bind Python tools to a thread (done by start/resume; also usable directly)."""
+        registry = as_registry(tools)
+        assert registry is not None
+        self._tools[thread_id] = registry
+
+    def is_loaded(self, thread_id: str) -> bool:
+        """Whether this process started or resumed ``thread_id``."""
+        return thread_id in self._loaded_threads
+
+    def forget_thread(self, thread_id: str) -> None:
+        """Drop this client's local state for ``thread_id``: its tool registry (and whatever
+        the tools' closures keep alive) and its loaded mark.
+
+        The thread is *not* unloaded in Codex. Call it once the thread will not run another
+        turn here (e.g. when the engine rotated to a fresh thread): a later tool call for it
+        would be answered as an unknown tool, and a later compaction would resume it first.
+        Idempotent; unknown ids are ignored."""
+        self._tools.pop(thread_id, None)
+        self._loaded_threads.discard(thread_id)
+
+    async def start_thread(
+        self,
+        *,
+        cwd: str | None = None,
+        developer_instructions: str | None = None,
+        base_instructions: str | None = None,
+        model: str | None = None,
+        model_provider: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        personality: str | None = "none",
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        ephemeral: bool | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ThreadResult:
+        """Start a thread. The runtime policy (``approval_policy``, ``sandbox``,
+        ``approvals_reviewer``, ``service_tier``) is sent only when given; the result reports
+        the effective values."""
+        registry = as_registry(tools)
+        params = ThreadStartParams(
+            cwd=cwd,
+            model=model,
+            model_provider=model_provider,
+            developer_instructions=developer_instructions,
+            base_instructions=base_instructions,
+            personality=personality,
+            dynamic_tools=registry.specs() if registry else None,
+            approval_policy=approval_policy,
+            sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
+            config=config,
+            ephemeral=ephemeral,
+        )
+        raw = await self.request("thread/start", unstructure(params), timeout=timeout)
+        result = structure(raw, ThreadResult)
+        if registry is not None:
+            self.register_tools(result.thread_id, registry)
+        self._loaded_threads.add(result.thread_id)
+        log.info("appserver.thread_started", thread_id=result.thread_id, tools=len(registry or ()))
+        return result
+
+    async def resume_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        base_instructions: str | None = None,
+        model: str | None = None,
+        model_provider: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        personality: str | None = "none",
+        exclude_turns: bool = True,
+        approval_policy: AskForApproval | None = None,
+        sandbox: SandboxMode | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ThreadResult:
+        """Resume (load) a thread. ``developer_instructions`` is required on purpose: Codex
+        keeps only what is re-sent here across a later compaction. ``tools`` are bound
+        locally only: Codex froze the thread's tool set at thread/start.
+
+        The runtime policy is sent only when given. Codex 0.163 applies it when the resume
+        loads the thread; a thread this process has loaded already keeps its current policy
+        (the result reports the effective values either way). A resume that loads the thread
+        without it does not restore all of it: the sandbox comes from the process's config
+        and the service tier is dropped (approval policy and reviewer survive), so re-send
+        it."""
+        params = ThreadResumeParams(
+            thread_id=thread_id,
+            developer_instructions=developer_instructions,
+            base_instructions=base_instructions,
+            personality=personality,
+            exclude_turns=exclude_turns,
+            cwd=cwd,
+            model=model,
+            model_provider=model_provider,
+            approval_policy=approval_policy,
+            sandbox=sandbox,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
+        )
+        raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
+        result = structure(raw, ThreadResult)
+        if tools is not None:
+            self.register_tools(result.thread_id, tools)
+        self._loaded_threads.add(result.thread_id)
+        log.info("appserver.thread_resumed", thread_id=result.thread_id)
+        return result

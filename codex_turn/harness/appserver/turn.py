@@ -1,0 +1,366 @@
+"""One Codex turn as the client follows it: :class:`TurnHandle` and its :class:`CodexTurnPhase`.
+
+:meth:`~.client.AppServerClient.turn` (:mod:`.turn_start`) opens a :class:`TurnHandle` that
+yields the turn's notifications until ``turn/completed`` and folds them through the
+:class:`~.projector.TurnProjector`. A cancelled or timed-out turn is interrupted once and each
+wait of its abandonment is bounded by the interrupt grace (:data:`~.defaults.INTERRUPT_GRACE_S`,
+or ``AppServerConfig.interrupt_grace``); ``on_event`` callbacks of :meth:`TurnHandle.collect`
+run outside the idle/turn timeouts.
+
+Theory of a turn
+----------------
+A :class:`TurnHandle` tracks one Codex turn in a single :class:`CodexTurnPhase`, changed in
+one place (:meth:`TurnHandle._fire`) by one table (:data:`_TURN_TABLE`)::
+
+    STARTING --turn/started--> RUNNING --interrupt--> INTERRUPTING --abandon--> ABANDONED
+        |                                                  ^
+        +--interrupt--> INTERRUPT_QUEUED --turn/started or grace passed--+
+    (any phase) --turn/completed--> COMPLETED
+
+Three facts used to be three flags; they are one phase because they are not independent.
+*Codex's side*: ``turn/start`` is answered before the turn is active, and Codex refuses a
+``turn/interrupt`` until ``turn/started`` (the turn then runs on), so an interrupt asked for
+while STARTING is queued until ``turn/started`` or the interrupt grace. *Ours*: the interrupt
+is decided once (a second ``turn/interrupt`` for one turn hangs inside Codex), and only the
+task that decided it sends it; giving up on a turn (a cancelled caller, a timed-out
+:meth:`TurnHandle.collect`) always interrupts first and then waits at most one grace, so
+ABANDONED comes after an interrupt decision and leaving the turn never waits twice. The two
+notifications move the phase wherever they arrive (inside :meth:`TurnHandle._absorb`); our
+decisions only in :meth:`TurnHandle.interrupt` and when giving up. An input the table does
+not list is a bug in this module and raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, Protocol, Self
+
+import anyio
+
+from codex_turn._log import format_error, get_logger
+
+from .defaults import INTERRUPT_GRACE_S
+from .errors import AppServerClosed, AppServerError, AppServerRpcError
+from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
+
+__all__ = ["CodexTurnPhase", "TurnHandle"]
+
+log = get_logger(__name__)
+
+
+class CodexTurnPhase(enum.Enum):
+    """Where one Codex turn is, as its :class:`TurnHandle` knows it (see the module header,
+    "Theory of a turn"). Changed only by :meth:`TurnHandle._fire`, by :data:`_TURN_TABLE`."""
+
+    #: ``turn/start`` answered, ``turn/started`` not seen: Codex refuses ``turn/interrupt``.
+    STARTING = "starting"
+    #: ``turn/started`` seen: the turn is active and can be interrupted.
+    RUNNING = "running"
+    #: Interrupt asked for while STARTING; its ``turn/interrupt`` waits for ``turn/started``
+    #: (at most the interrupt grace).
+    INTERRUPT_QUEUED = "interrupt_queued"
+    #: ``turn/interrupt`` sent, or being sent by the one task that asked: never a second one.
+    INTERRUPTING = "interrupting"
+    #: The caller gave up on the turn: interrupted it and waits at most one interrupt grace
+    #: for its end; leaving the turn does not wait again.
+    ABANDONED = "abandoned"
+    #: ``turn/completed`` folded (terminal).
+    COMPLETED = "completed"
+
+
+class _TurnInput(enum.Enum):
+    """What moves a :class:`CodexTurnPhase`: two notifications and three decisions of ours."""
+
+    STARTED = "turn/started"
+    COMPLETED = "turn/completed"
+    INTERRUPT = "interrupt"  # the first TurnHandle.interrupt()
+    GRACE_PASSED = "grace_passed"  # no turn/started within the grace: interrupt regardless
+    ABANDON = "abandon"  # the caller stops waiting for the turn (after interrupting it)
+
+
+_P = CodexTurnPhase
+_I = _TurnInput
+
+#: Every allowed ``(phase, input) -> phase``. Anything missing is a bug in this module (an
+#: interrupt decision taken twice, an abandonment without an interrupt) and raises.
+_TURN_TABLE: Final[Mapping[CodexTurnPhase, Mapping[_TurnInput, CodexTurnPhase]]] = {
+    # State: STARTING
+    _P.STARTING: {
+        _I.STARTED: _P.RUNNING,
+        _I.INTERRUPT: _P.INTERRUPT_QUEUED,
+        _I.COMPLETED: _P.COMPLETED,
+    },
+    # State: RUNNING
+    _P.RUNNING: {
+        _I.STARTED: _P.RUNNING,
+        _I.INTERRUPT: _P.INTERRUPTING,
+        _I.COMPLETED: _P.COMPLETED,
+    },
+    # State: INTERRUPT_QUEUED (the asking task sends it once this phase is left for INTERRUPTING)
+    _P.INTERRUPT_QUEUED: {
+        _I.STARTED: _P.INTERRUPTING,
+        _I.GRACE_PASSED: _P.INTERRUPTING,
+        _I.ABANDON: _P.ABANDONED,
+        _I.COMPLETED: _P.COMPLETED,
+    },
+    # State: INTERRUPTING
+    _P.INTERRUPTING: {
+        _I.STARTED: _P.INTERRUPTING,
+        _I.ABANDON: _P.ABANDONED,
+        _I.COMPLETED: _P.COMPLETED,
+    },
+    # State: ABANDONED
+    _P.ABANDONED: {
+        _I.STARTED: _P.ABANDONED,
+        _I.ABANDON: _P.ABANDONED,
+        _I.COMPLETED: _P.COMPLETED,
+    },
+    # State: COMPLETED (giving up on a finished turn changes nothing)
+    _P.COMPLETED: {_I.ABANDON: _P.COMPLETED},
+}
+
+
+class _TurnClient(Protocol):
+    """What a :class:`TurnHandle` needs from its client (tests' fakes provide the same)."""
+
+    @property
+    def closed_error(self) -> AppServerClosed | None: ...
+
+    async def interrupt_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        *,
+        timeout: float = INTERRUPT_GRACE_S,  # noqa: ASYNC109
+    ) -> None: ...
+
+
+class _NotificationSource(Protocol):
+    """The receive side of a turn's subscription (ends with ``EndOfStream``/``Closed...``)."""
+
+    async def receive(self) -> Notification: ...
+
+
+class TurnHandle:
+    """One running turn: ``async for n in handle`` yields its notifications and stops after
+    ``turn/completed``; :attr:`result` is then set. Obtain it from
+    :meth:`AppServerClient.turn`.
+
+    Codex answers ``turn/start`` *before* the turn is active, and refuses a ``turn/interrupt``
+    sent in that window ("no active turn to interrupt") while the turn then runs on. So
+    :meth:`interrupt` first waits (up to the interrupt grace) for the turn's ``turn/started``;
+    notifications read meanwhile are still yielded by the iteration, in order. :attr:`phase`
+    says where the turn is (:class:`CodexTurnPhase`).
+    """
+
+    def __init__(
+        self,
+        client: _TurnClient,
+        thread_id: str,
+        turn_id: str,
+        stream: _NotificationSource,
+        projector: TurnProjector,
+        *,
+        interrupt_grace: float = INTERRUPT_GRACE_S,
+        phase: CodexTurnPhase = CodexTurnPhase.STARTING,
+    ) -> None:
+        self.client = client
+        self.thread_id = thread_id
+        self.turn_id = turn_id
+        self.projector = projector
+        self.interrupt_grace = interrupt_grace
+        self.result: CodexTurnResult | None = None
+        self._stream = stream
+        self._phase = phase
+        self._replay: collections.deque[Notification] = collections.deque()
+
+    def __repr__(self) -> str:
+        return (
+            f"<TurnHandle thread_id={self.thread_id} turn_id={self.turn_id}"
+            f" phase={self._phase.name}>"
+        )
+
+    @property
+    def phase(self) -> CodexTurnPhase:
+        return self._phase
+
+    def _fire(self, event: _TurnInput) -> None:
+        """The one place the phase changes."""
+        try:
+            self._phase = _TURN_TABLE[self._phase][event]
+        except KeyError:
+            raise RuntimeError(
+                f"TurnHandle: {event.name} is not allowed in phase {self._phase.name}"
+            ) from None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Notification:
+        if self._replay:
+            return self._replay.popleft()
+        if self._phase is CodexTurnPhase.COMPLETED:
+            if self.result is None:
+                self.result = self.projector.build_result()
+            raise StopAsyncIteration
+        return await self._receive_own()
+
+    async def _receive_own(self) -> Notification:
+        """The turn's next notification, folded into the projector."""
+        while True:
+            try:
+                n = await self._stream.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise self.client.closed_error or AppServerClosed() from None
+            if self._absorb(n):
+                return n
+
+    def _absorb(self, n: Notification) -> bool:
+        """Fold one notification of the thread; whether it belonged to this turn."""
+        if not self.projector.feed(n):
+            return False
+        if n.method == "turn/started":
+            self._fire(_TurnInput.STARTED)
+        if self.projector.done:
+            self._fire(_TurnInput.COMPLETED)
+        return True
+
+    async def _await_active(self, seconds: float) -> None:
+        """Read ahead (kept for the iteration) while an interrupt is queued for
+        ``turn/started``: until it comes, the turn ends, or ``seconds`` pass."""
+        with anyio.move_on_after(seconds):
+            while self._phase is CodexTurnPhase.INTERRUPT_QUEUED:
+                self._replay.append(await self._receive_own())
+
+    def _queue_released(self) -> bool:
+        """After waiting for ``turn/started``: whether the queued interrupt is to be sent
+        (the turn is active, or the grace passed without it); False when the turn is over."""
+        if self._phase is CodexTurnPhase.INTERRUPT_QUEUED:
+            self._fire(_TurnInput.GRACE_PASSED)
+        return self._phase is not CodexTurnPhase.COMPLETED
+
+    async def interrupt(self) -> None:
+        """Send ``turn/interrupt`` once (a second one would hang inside Codex), after the
+        turn's ``turn/started`` (or the interrupt grace without it).
+
+        Only the first call decides; a call while that first interrupt is still queued waits
+        (at most the grace) like the first one does, any other call returns at once."""
+        phase = self._phase
+        if phase is CodexTurnPhase.RUNNING:
+            self._fire(_TurnInput.INTERRUPT)
+        elif phase is CodexTurnPhase.STARTING:
+            self._fire(_TurnInput.INTERRUPT)
+            await self._await_active(self.interrupt_grace)
+            if not self._queue_released():
+                return  # it ended on its own meanwhile
+        else:
+            if phase is CodexTurnPhase.INTERRUPT_QUEUED:
+                await self._await_active(self.interrupt_grace)  # the first caller sends it
+            return
+        try:
+            await self.client.interrupt_turn(
+                self.thread_id, self.turn_id, timeout=self.interrupt_grace
+            )
+        except AppServerRpcError as exc:
+            # "no active turn": it ended on its own meanwhile; its turn/completed is coming.
+            log.info("appserver.interrupt_refused", code=exc.code)
+
+    async def _drain(self, seconds: float) -> bool:
+        with anyio.move_on_after(seconds):
+            async for _ in self:
+                pass
+            return True
+        return False
+
+    async def _give_up(self) -> None:
+        """Interrupt, then stop waiting for the turn beyond one grace (ABANDONED, even when
+        the interrupt itself fails or is cancelled)."""
+        try:
+            await self.interrupt()
+        finally:
+            self._fire(_TurnInput.ABANDON)
+
+    async def _abandon(self) -> None:
+        """Interrupt and wait briefly for turn/completed (used on cancellation)."""
+        with contextlib.suppress(AppServerError):
+            await self._give_up()
+            await self._drain(self.interrupt_grace)
+
+    async def aclose(self) -> None:
+        """Leave the turn: one that is still running (and not given up on already, nor on a
+        closed client) is interrupted, shielded from cancellation, and given the interrupt
+        grace to end. Called when the :meth:`AppServerClient.turn` block is left; idempotent.
+        """
+        if self._phase in (CodexTurnPhase.COMPLETED, CodexTurnPhase.ABANDONED):
+            return
+        if self.client.closed_error is not None:
+            return
+        with anyio.CancelScope(shield=True):
+            await self._abandon()
+
+    async def collect(
+        self,
+        *,
+        on_event: Callable[[Notification], Awaitable[None]] | None = None,
+        idle_timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> CodexTurnResult:
+        """Consume the turn to its end (see :meth:`AppServerClient.run_turn`).
+
+        Only *receiving* is bounded by ``idle_timeout`` and ``timeout``: ``on_event`` runs
+        outside those scopes, so a slow callback (a compaction hook, say) is neither cancelled
+        nor counted as Codex being idle (the next wait starts after it returns; the overall
+        deadline still bounds the waits). On a timeout the turn is interrupted (once) and
+        given the interrupt grace to end; the result is ``TIMED_OUT`` even when that
+        interrupt itself fails (times out, or the process died meanwhile).
+        """
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        timed_out: str | None = None
+        while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
+            wait = min(idle_timeout or math.inf, deadline - anyio.current_time())
+            if wait <= 0:
+                timed_out = f"codex app-server turn timed out after {timeout:g}s"
+                break
+            n: Notification | None = None
+            with anyio.move_on_after(wait):
+                try:
+                    n = await self.__anext__()
+                except StopAsyncIteration:
+                    break
+            if n is None:
+                if anyio.current_time() >= deadline:
+                    timed_out = f"codex app-server turn timed out after {timeout:g}s"
+                else:
+                    timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
+                break
+            if on_event is not None:
+                await on_event(n)
+        if timed_out is not None:
+            log.warning("appserver.turn_timeout", thread_id=self.thread_id, turn_id=self.turn_id)
+            try:
+                await self._give_up()
+                await self._drain(self.interrupt_grace)
+            except AppServerError as exc:
+                # The timeout stays the story: the interrupt could not even be delivered.
+                log.warning(
+                    "appserver.turn_timeout_interrupt_failed",
+                    thread_id=self.thread_id,
+                    turn_id=self.turn_id,
+                    error=format_error(exc),
+                )
+            self.result = self.projector.build_result(
+                outcome=CodexTurnStatus.TIMED_OUT, error=timed_out
+            )
+        elif self.result is None:
+            self.result = self.projector.build_result()
+        log.info(
+            "appserver.turn_completed",
+            thread_id=self.thread_id,
+            turn_id=self.turn_id,
+            outcome=self.result.outcome.value,
+        )
+        return self.result
