@@ -25,6 +25,9 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     if f.tools_dropped:
         return ThreadAction.TRANSIENT, True
     if not f.tools_match:
+        # With an engine but nothing to project, keep the conversation for this turn.
+        if f.engine_active and not f.has_context:
+            return ThreadAction.RESUME, False
         return ThreadAction.ROTATE, True
     # Never trade the conversation for a policy: without context to project, a fresh thread
     # would run without it, so the bound thread is resumed with the raw prompt.
@@ -90,7 +93,7 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
             and not (facts.resume_failed or facts.tools_dropped)
         ):
             assert decision.action is ThreadAction.RESUME, facts
-        if decision.action is ThreadAction.RESUME and not decision.rebind_engine:
+        if decision.action is ThreadAction.RESUME and not decision.rebind:
             assert not facts.has_context
             assert decision.reason == "context-unavailable-keep-thread"
 

@@ -273,7 +273,7 @@ def _cut_short_oracle(state: str, background: bool) -> str | None:
     if state == "FINALIZING":
         return "finalize_failed"
     if state == "MAINTAINING":
-        return "maintenance_deferred" if background else "maintenance_failed"
+        return "maintenance_dropped" if background else "maintenance_failed"
     return None  # idle, running_turn (its own ending) and the final states
 
 

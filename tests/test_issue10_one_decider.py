@@ -21,6 +21,8 @@ from support.recording_engine import RecordingEngine
 from codex_turn import (
     AppServer,
     AssembleResult,
+    ContextProjection,
+    DynamicTool,
     PromptBuildContext,
     PromptBuildResult,
     TurnHooks,
@@ -31,7 +33,7 @@ from codex_turn import (
 )
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness import stages
-from codex_turn.harness.session import clear_session_cache
+from codex_turn.harness.session import clear_session_cache, mirror_turn
 from codex_turn.testing import OfflineModel
 
 pytestmark = pytest.mark.anyio
@@ -248,3 +250,163 @@ async def test_resume_resends_and_records_the_runtime_policy(session_file: str) 
         "read-only",
         "flex",
     )
+
+
+# --- found in review (each failed before its fix) ------------------------------------------
+
+
+def _seed(session_file: str, *texts: str) -> None:
+    mirror_turn(
+        session_file,
+        [{"role": "user", "content": text, "timestamp": 1} for text in texts],
+        scope="seed",
+        identities=[f"m{i}" for i in range(len(texts))],
+        session_id="s-1",
+        cwd=os.path.dirname(session_file),
+    )
+
+
+def bootstrap_engine() -> RecordingEngine:
+    return RecordingEngine(
+        engine_id="memory",
+        responses={
+            "assemble": lambda p: AssembleResult(
+                messages=[*p.messages, {"role": "assistant", "content": "MEMORY-FACT-271"}],
+                estimated_tokens=1,
+                context_projection=ContextProjection(mode="thread_bootstrap", epoch="e1"),
+            )
+        },
+    )
+
+
+async def test_a_thread_started_without_the_projection_never_claims_its_epoch(
+    session_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed(session_file, "earlier question")
+    engine = bootstrap_engine()
+    server = FakeAppServer()
+
+    def broken(**_: Any) -> Any:
+        raise ValueError("projection exploded")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stages, "project_thread_bootstrap_assembly", broken)
+        first = await run_codex_turn(params(session_file, "one"), app_server=server, engine=engine)
+    assert server.turn_inputs() == ["one"]  # the raw prompt: no context reached the thread
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.context_engine is not None
+    assert binding.context_engine.projection is None  # so no epoch is claimed
+    second = await run_codex_turn(params(session_file, "two"), app_server=server, engine=engine)
+    assert second.thread_decision is not None
+    assert second.thread_decision.reason == "thread-bootstrap-epoch-changed"
+    assert second.thread_id != first.thread_id
+    assert "MEMORY-FACT-271" in server.turn_inputs()[-1]
+
+
+def _tool(name: str) -> DynamicTool:
+    async def call(_arguments: dict[str, Any]) -> str:
+        return "ok"
+
+    return DynamicTool(
+        name=name, description="t", input_schema={"type": "object", "properties": {}}, fn=call
+    )
+
+
+async def test_a_tools_change_without_context_keeps_the_conversation_for_that_turn(
+    session_file: str,
+) -> None:
+    server = FakeAppServer()
+    first = await run_codex_turn(
+        params(session_file, "one"), app_server=server, engine=memory_engine(), tools=[_tool("a")]
+    )
+    bound = read_binding(session_file)
+    assert bound is not None
+    second = await run_codex_turn(
+        params(session_file, "two"),
+        app_server=server,
+        engine=failing_assemble_engine(),
+        tools=[_tool("a"), _tool("b")],
+    )
+    assert second.thread_decision is not None
+    assert (second.thread_decision.action, second.thread_decision.reason) == (
+        ThreadAction.RESUME,
+        "context-unavailable-keep-thread",
+    )
+    assert second.thread_id == first.thread_id
+    after = read_binding(session_file)
+    assert after is not None
+    # The tools change is not recorded: the next turn with context still rotates.
+    assert after.dynamic_tools_fingerprint == bound.dynamic_tools_fingerprint
+    third = await run_codex_turn(
+        params(session_file, "three"),
+        app_server=server,
+        engine=memory_engine(),
+        tools=[_tool("a"), _tool("b")],
+    )
+    assert third.thread_decision is not None
+    assert third.thread_decision.reason == "dynamic-tools-changed"
+    assert third.projected
+
+
+async def test_after_a_refused_resume_the_hooks_see_the_prompt_the_fresh_thread_gets(
+    session_file: str,
+) -> None:
+    from codex_turn.harness.appserver import AppServerRpcError
+
+    seen: list[str] = []
+
+    async def hook(context: PromptBuildContext) -> PromptBuildResult:
+        seen.append(context.prompt)
+        return PromptBuildResult()
+
+    engine = bootstrap_engine()
+    server = FakeAppServer()
+    await run_codex_turn(params(session_file, "one"), app_server=server, engine=engine)
+    server.resume_error = AppServerRpcError(-32600, "no rollout found")
+    result = await run_codex_turn(
+        params(session_file, "two"),
+        app_server=server,
+        engine=engine,
+        hooks=TurnHooks(before_prompt_build=[hook]),
+    )
+    assert result.thread_decision is not None
+    assert result.thread_decision.reason == "resume-failed"
+    triggers = [e.trigger for e in result.trace]
+    assert "thread_resume_failed" in triggers
+    assert "reprojected" in triggers
+    assert seen[0] == "two"  # the resume would have sent the raw prompt
+    assert seen[-1].startswith(HEADER)  # the fresh thread gets the context, and so do hooks
+    assert server.turn_inputs()[-1] == seen[-1]
+
+
+async def test_prompt_cache_is_absent_when_codex_reports_no_cached_count(
+    session_file: str,
+) -> None:
+    from support.fake_appserver import CodexScript
+
+    engine = memory_engine()
+    await run_codex_turn(
+        params(session_file, "hello"),
+        app_server=FakeAppServer(scripts=[CodexScript(usage={"inputTokens": 10})]),
+        engine=engine,
+    )
+    (after,) = engine.calls_to("after_turn")
+    assert "promptCache" not in after.params.runtime_context
+    assert after.params.runtime_context["currentTokenCount"] == 10
+
+
+async def test_a_hung_on_turn_end_cannot_hold_a_cancelled_turn(session_file: str) -> None:
+    import anyio
+    from support.fake_appserver import CodexScript
+
+    async def hang(_result: Any) -> None:
+        await anyio.sleep_forever()
+
+    server = FakeAppServer(scripts=[CodexScript(ending="cancel")])
+    with anyio.fail_after(10), anyio.CancelScope() as caller:
+        server.cancel_caller = caller.cancel
+        await run_codex_turn(
+            params(session_file, "hello", cleanup_timeout=0.2), app_server=server, on_turn_end=hang
+        )
+    assert caller.cancelled_caught

@@ -11,15 +11,17 @@ made once per turn from facts, and it lives here as an ordered table of rules:
   which has no native history and therefore gets the projected context;
 * a turn that declares no dynamic tools while the bound thread has some (a heartbeat, say):
   a *transient* thread for this turn only; the binding keeps the tooled thread (OpenClaw);
+* the conversation is never traded for a policy: when the bound thread was built with other
+  dynamic tools (while an engine serves the turn), for another engine or engine policy
+  (including "no engine" versus "engine"), or carries another thread-bootstrap epoch, but this
+  turn has *no* projected context (assemble or projection failed, or there was nothing to
+  frame), a fresh thread would run without the conversation. Resume the bound thread with the
+  raw prompt instead, and leave the binding's engine record and tools fingerprint as they are
+  (``rebind=False``), so the next turn that has context still rotates (OpenClaw's "continue
+  with the original prompt" path). For that one turn the thread keeps its old tool set;
 * a binding built with other dynamic tools: rotate to a fresh thread (Codex freezes a
-  thread's tools at thread/start and silently ignores new ones on resume);
-* the conversation is never traded for a policy: when the bound thread was built for another
-  engine or engine policy (including "no engine" versus "engine"), or carries another
-  thread-bootstrap epoch, but this turn has *no* projected context (assemble or projection
-  failed, or there was nothing to frame), a fresh thread would run without the conversation.
-  Resume the bound thread with the raw prompt instead, and keep its binding's engine record,
-  so the next turn that has context still rotates (OpenClaw's "continue with the original
-  prompt" path);
+  thread's tools at thread/start and silently ignores new ones on resume). Without an engine
+  there is never context to carry over, and the rotation is OpenClaw's (#81223);
 * a binding built for another engine or engine policy: rotate to a fresh thread (#81223);
 * an engine projecting with mode ``thread_bootstrap``: project once per *epoch*. While the
   bound thread carries the same epoch, resume it with the raw prompt; a new epoch (after an
@@ -64,6 +66,7 @@ class ThreadFacts:
     per_turn: bool = False  # the engine assembled context with per-turn projection
     has_context: bool = False  # the projection framed some assembled history
     resume_failed: bool = False  # Codex refused to resume the bound thread this turn
+    engine_active: bool = False  # a context engine serves this turn (context was wanted)
 
 
 @attrs.frozen
@@ -73,8 +76,9 @@ class ThreadRule:
     reason: str
     when: tuple[str, ...] = ()
     unless: tuple[str, ...] = ()
-    #: The binding takes this turn's engine record (else the bound thread keeps its own).
-    rebind_engine: bool = True
+    #: The binding takes this turn's engine record and tools fingerprint (else the bound
+    #: thread keeps its own, so the change still takes effect on the next turn with context).
+    rebind: bool = True
 
     def holds(self, facts: ThreadFacts) -> bool:
         return all(getattr(facts, name) for name in self.when) and not any(
@@ -87,7 +91,7 @@ class ThreadDecision:
     action: ThreadAction
     project: bool
     reason: str
-    rebind_engine: bool = True
+    rebind: bool = True
 
 
 A = ThreadAction
@@ -96,13 +100,21 @@ THREAD_RULES: tuple[ThreadRule, ...] = (
     ThreadRule(A.START, True, "missing-thread-binding", unless=("bound",)),
     ThreadRule(A.ROTATE, True, "resume-failed", when=("resume_failed",)),
     ThreadRule(A.TRANSIENT, True, "no-tools-transient-thread", when=("tools_dropped",)),
+    ThreadRule(
+        A.RESUME,
+        False,
+        "context-unavailable-keep-thread",
+        when=("engine_active",),
+        unless=("tools_match", "has_context"),
+        rebind=False,
+    ),
     ThreadRule(A.ROTATE, True, "dynamic-tools-changed", unless=("tools_match",)),
     ThreadRule(
         A.RESUME,
         False,
         "context-unavailable-keep-thread",
         unless=("engine_match", "has_context"),
-        rebind_engine=False,
+        rebind=False,
     ),
     ThreadRule(
         A.RESUME,
@@ -110,7 +122,7 @@ THREAD_RULES: tuple[ThreadRule, ...] = (
         "context-unavailable-keep-thread",
         when=("thread_bootstrap",),
         unless=("epoch_match", "has_context"),
-        rebind_engine=False,
+        rebind=False,
     ),
     ThreadRule(A.ROTATE, True, "context-engine-policy-changed", unless=("engine_match",)),
     ThreadRule(
@@ -131,5 +143,5 @@ def decide_thread(facts: ThreadFacts) -> ThreadDecision:
     """The first rule of :data:`THREAD_RULES` that holds for ``facts``."""
     for rule in THREAD_RULES:
         if rule.holds(facts):
-            return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind_engine)
+            return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind)
     raise AssertionError("THREAD_RULES ends with an unconditional rule")  # pragma: no cover

@@ -58,10 +58,12 @@ import enum
 import attrs
 
 from codex_turn.fsm._machine import Edge, Model, TableMachine
+from codex_turn.fsm.thread import ThreadAction
 
 __all__ = [
     "CUT_SHORT_TRIGGERS",
     "RUN_END_TRIGGERS",
+    "THREAD_TRIGGERS",
     "TURN_TABLE",
     "RunEnd",
     "SkipReason",
@@ -71,6 +73,7 @@ __all__ = [
     "TurnState",
     "TurnTrigger",
     "bootstrap_skip_reason",
+    "defers_maintenance",
     "maintenance_skip_reason",
     "run_end_trigger",
 ]
@@ -191,6 +194,15 @@ RUN_END_TRIGGERS: dict[tuple[RunEnd, bool], TurnTrigger] = {
 }
 
 
+#: The starting_thread exit for each thread decision that Codex carried out.
+THREAD_TRIGGERS: dict[ThreadAction, TurnTrigger] = {
+    ThreadAction.START: TurnTrigger.THREAD_STARTED,
+    ThreadAction.TRANSIENT: TurnTrigger.THREAD_STARTED,
+    ThreadAction.ROTATE: TurnTrigger.THREAD_ROTATED,
+    ThreadAction.RESUME: TurnTrigger.THREAD_RESUMED,
+}
+
+
 def run_end_trigger(end: RunEnd | str, *, yield_requested: bool) -> TurnTrigger:
     """The running_turn exit for a Codex turn that ended as ``end`` (:data:`RUN_END_TRIGGERS`)."""
     return RUN_END_TRIGGERS[(RunEnd(end), yield_requested)]
@@ -239,10 +251,18 @@ class TurnFacts:
             had_session_file=had_session_file,
             engine_maintains=engine_active and has_maintain,
             background_maintenance=engine_active
-            and maintenance_mode == "background"
-            and has_scheduler,
+            and defers_maintenance(maintenance_mode=maintenance_mode, has_scheduler=has_scheduler),
             engine_bootstraps=engine_active and (has_bootstrap or has_maintain),
         )
+
+
+def defers_maintenance(*, maintenance_mode: str, has_scheduler: bool) -> bool:
+    """Whether turn maintenance is deferred to a scheduler (the fact ``background_maintenance``).
+
+    An engine in ``background`` mode asks not to be awaited; deferring needs somewhere to run,
+    so without a scheduler its maintenance runs inline.
+    """
+    return maintenance_mode == "background" and has_scheduler
 
 
 def bootstrap_skip_reason(
@@ -382,9 +402,10 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
 
 #: What a stage cut short by the caller's cancellation (or, for the cleanup stages, by the
 #: cleanup deadline once the caller is gone) reports: the first of its triggers that the table
-#: allows. Before Codex the turn is cancelled; a cut foreground maintenance failed; a cut
-#: deferral is still a deferral. running_turn is absent: an interrupted Codex turn is an
-#: ending of its own (:data:`RUN_END_TRIGGERS`).
+#: allows. Before Codex the turn is cancelled; a cut foreground maintenance failed; a
+#: deferral that could not be handed over is dropped (deferring never blocks, so the
+#: orchestrator still defers when the caller has left). running_turn is absent: an
+#: interrupted Codex turn is an ending of its own (:data:`RUN_END_TRIGGERS`).
 CUT_SHORT_TRIGGERS: dict[TurnState, tuple[TurnTrigger, ...]] = {
     S.READING_HISTORY: (T.CANCELLED,),
     S.BOOTSTRAPPING: (T.CANCELLED,),
@@ -395,7 +416,7 @@ CUT_SHORT_TRIGGERS: dict[TurnState, tuple[TurnTrigger, ...]] = {
     S.REPROJECTING: (T.CANCELLED,),
     S.MIRRORING: (T.MIRROR_FAILED,),
     S.FINALIZING: (T.FINALIZE_FAILED,),
-    S.MAINTAINING: (T.MAINTENANCE_FAILED, T.MAINTENANCE_DEFERRED),
+    S.MAINTAINING: (T.MAINTENANCE_FAILED, T.MAINTENANCE_DROPPED),
 }
 
 TURN_MACHINE = TableMachine(

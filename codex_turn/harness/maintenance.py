@@ -39,7 +39,7 @@ import anyio.lowlevel
 import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.fsm.turn import TurnFacts, TurnTrigger
+from codex_turn.fsm.turn import TurnTrigger, defers_maintenance
 from codex_turn.harness._gates import session_lane_busy
 from codex_turn.harness.engine import (
     EngineHandle,
@@ -113,7 +113,8 @@ async def run_context_engine_maintenance(
     """Run (or schedule) ``engine.maintain`` once; never raises an engine error.
 
     A ``reason="turn"`` request for an engine in background mode is handed to ``scheduler``
-    and returns ``deferred`` (the decision is the turn machine's, :meth:`TurnFacts.gather`).
+    and returns ``deferred`` (the turn machine's rule,
+    :func:`~codex_turn.fsm.turn.defers_maintenance`).
     ``background=True`` marks the call as the deferred run itself (the scheduler passes it):
     the engine then sees ``allowDeferredCompactionExecution``. ``transcript_rewriter``
     becomes ``runtime_context["rewriteTranscriptEntries"]``.
@@ -124,14 +125,10 @@ async def run_context_engine_maintenance(
     defer = (
         reason == "turn"
         and not background
-        and TurnFacts.gather(
-            engine_active=True,
-            had_session_file=True,
-            has_bootstrap=handle.capabilities.bootstrap,
-            has_maintain=True,
+        and defers_maintenance(
             maintenance_mode=handle.info.turn_maintenance_mode,
             has_scheduler=scheduler is not None,
-        ).background_maintenance
+        )
     )
     if defer:
         assert scheduler is not None

@@ -136,10 +136,11 @@ def protected(stage: Stage) -> Stage:
 
 
 def unless_gone(stage: Stage) -> Stage:
-    """Maintenance: not started once the caller is gone, and cut if the caller leaves."""
+    """Maintenance: not started once the caller is gone, and cut if the caller leaves; a
+    deferral to the scheduler never blocks, so it is handed over all the same."""
 
     async def sheltered(ctx: TurnContext) -> TurnTrigger:
-        if ctx.cancellation is None:
+        if ctx.cancellation is None or ctx.may(T.MAINTENANCE_DEFERRED):
             try:
                 return await stage(ctx)
             except anyio.get_cancelled_exc_class() as error:
@@ -314,8 +315,13 @@ async def _drive(
             )
         if ctx.cancellation is None:
             return await _deliver(ctx, result, on_turn_end)
-        with anyio.CancelScope(shield=True):
+        # The caller is gone: the host's callback still sees the result, within the cleanup
+        # bound (a hung callback must not hold the session).
+        with anyio.CancelScope(shield=True) as delivery:
+            delivery.deadline = anyio.current_time() + ctx.params.cleanup_timeout
             await _deliver(ctx, result, on_turn_end)
+        if delivery.cancelled_caught:
+            ctx.log.warning("on_turn_end callback cut short", seconds=ctx.params.cleanup_timeout)
         raise ctx.cancellation
     finally:
         turn.close()

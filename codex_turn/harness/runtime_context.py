@@ -153,7 +153,8 @@ def harness_runtime_context(
     "codex-app-server", the session and sandbox keys, model, auth profile) come first and the
     host's ``attempt`` facts override them. ``usage`` (the last model call's) sets
     ``currentTokenCount`` and, unless ``prompt_cache`` is given, ``promptCache.lastCallUsage``
-    from Codex's cached-input counts; without usage ``promptCache`` is omitted, never zeroed.
+    from Codex's cached-input counts when Codex reported them; otherwise ``promptCache`` is
+    omitted, never zeroed.
     """
     facts: dict[str, Any] = {
         "sessionKey": session_key,
@@ -164,7 +165,7 @@ def harness_runtime_context(
         "agentHarnessId": "codex-app-server",
         **(attempt or {}),
     }
-    if prompt_cache is None and usage is not None:
+    if prompt_cache is None and usage is not None and usage.cache_reported:
         prompt_cache = {
             "lastCallUsage": {
                 "input": usage.input,

@@ -35,8 +35,8 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
-from codex_turn.fsm.thread import ThreadAction, decide_thread
-from codex_turn.fsm.turn import RunEnd, run_end_trigger
+from codex_turn.fsm.thread import ThreadAction, ThreadDecision, decide_thread
+from codex_turn.fsm.turn import THREAD_TRIGGERS, RunEnd, run_end_trigger
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -90,6 +90,7 @@ from codex_turn.harness.turn_context import (
     runtime_context,
     save_binding,
     thread_facts,
+    tools_fingerprint,
     unhooked_prompt,
 )
 from codex_turn.projection import (
@@ -242,20 +243,7 @@ async def build_prompt(ctx: TurnContext) -> TurnTrigger:
     """The thread decision (the thread table's), then before_prompt_build hooks on the prompt
     and instructions it chose (the projected prompt, with the engine's addition)."""
     decision = decide_thread(thread_facts(ctx, resume_failed=False))
-    hook_result = PromptBuildResult()
-    if ctx.hooks.before_prompt_build:
-        prompt, instructions = unhooked_prompt(ctx, decision)
-        hook_result = await run_before_prompt_build(
-            ctx.hooks.before_prompt_build,
-            PromptBuildContext(
-                session_id=ctx.params.session_id,
-                session_key=ctx.params.session_key,
-                prompt=prompt,
-                developer_instructions=instructions,
-                messages=tuple(ctx.messages),
-            ),
-        )
-    ctx.plan = plan_prompt(ctx, decision, hook_result)
+    ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     if ctx.projected is not None:
         log_decision(ctx, ctx.plan)
     return T.PROMPT_BUILT
@@ -263,12 +251,28 @@ async def build_prompt(ctx: TurnContext) -> TurnTrigger:
 
 async def reproject(ctx: TurnContext) -> TurnTrigger:
     """Codex refused the resume: the thread table rotates, and the fresh thread (no native
-    history) gets the projected context. The hooks' result is kept, not re-run."""
-    assert ctx.plan is not None
+    history) gets the projected context; the hooks run again on the prompt now sent."""
     decision = decide_thread(thread_facts(ctx, resume_failed=True))
-    ctx.plan = plan_prompt(ctx, decision, ctx.plan.hook_result)
+    ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     log_decision(ctx, ctx.plan)
     return T.REPROJECTED
+
+
+async def _run_hooks(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildResult:
+    """before_prompt_build on the prompt and instructions ``decision`` asks for."""
+    if not ctx.hooks.before_prompt_build:
+        return PromptBuildResult()
+    prompt, instructions = unhooked_prompt(ctx, decision)
+    return await run_before_prompt_build(
+        ctx.hooks.before_prompt_build,
+        PromptBuildContext(
+            session_id=ctx.params.session_id,
+            session_key=ctx.params.session_key,
+            prompt=prompt,
+            developer_instructions=instructions,
+            messages=tuple(ctx.messages),
+        ),
+    )
 
 
 async def _clear_binding_quietly(ctx: TurnContext) -> None:
@@ -294,13 +298,6 @@ def _thread_settings(ctx: TurnContext) -> dict[str, Any]:
     }
 
 
-_STARTED_TRIGGER: Final = {
-    ThreadAction.START: T.THREAD_STARTED,
-    ThreadAction.TRANSIENT: T.THREAD_STARTED,
-    ThreadAction.ROTATE: T.THREAD_ROTATED,
-}
-
-
 async def start_thread(ctx: TurnContext) -> TurnTrigger:
     plan = ctx.plan
     assert plan is not None
@@ -319,14 +316,16 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
             )
             return T.THREAD_RESUME_FAILED
         # The thread keeps the projection it carries (a matching epoch, or none); a resume
-        # that kept the thread for want of context keeps the binding's whole engine record.
+        # that kept the thread for want of context keeps the binding's engine record and
+        # tools fingerprint, so the change still takes effect on the next turn with context.
         kept = bound.context_engine
-        record = (
-            engine_binding(ctx, kept.projection if kept is not None else None)
-            if decision.rebind_engine
-            else kept
+        record, tools = kept, bound.dynamic_tools_fingerprint
+        if decision.rebind:
+            record = engine_binding(ctx, kept.projection if kept is not None else None)
+            tools = tools_fingerprint(ctx)
+        binding = await save_binding(
+            ctx, result, previous=bound, engine_record=record, tools_fingerprint=tools
         )
-        binding = await save_binding(ctx, result, previous=bound, engine_record=record)
         ctx.thread = ThreadReady(result=result, binding=binding)
         ctx.log = ctx.log.bind(thread_id=result.thread_id)
         ctx.log.info("codex app-server thread resumed", reason=decision.reason)
@@ -347,17 +346,23 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     if decision.action is not ThreadAction.TRANSIENT:
         # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
         # context (run_turn): recorded earlier, a failed turn/start would make the next turn
-        # resume a thread that never received it (OpenClaw #88355).
-        pending = current_projection(ctx)
+        # resume a thread that never received it (OpenClaw #88355). And only when this turn
+        # does carry it: a projection that failed sent the raw prompt.
+        if ctx.projected is not None and decision.project:
+            pending = current_projection(ctx)
         new_binding = await save_binding(
-            ctx, result, previous=None, engine_record=engine_binding(ctx, None)
+            ctx,
+            result,
+            previous=None,
+            engine_record=engine_binding(ctx, None),
+            tools_fingerprint=tools_fingerprint(ctx),
         )
     if retired is not None:
         # The old thread runs no more turns: release what the client keeps for it.
         ctx.app_server.forget_thread(retired)
     ctx.thread = ThreadReady(result=result, binding=new_binding, pending_projection=pending)
     ctx.log = ctx.log.bind(thread_id=result.thread_id)
-    trigger = _STARTED_TRIGGER[decision.action]
+    trigger = THREAD_TRIGGERS[decision.action]
     ctx.log.info(
         "codex app-server thread " + ("rotated" if trigger is T.THREAD_ROTATED else "started"),
         reason=decision.reason,
@@ -390,7 +395,11 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
                 # Codex accepted the input that carries the epoch's context: record it.
                 record = engine_binding(ctx, thread.pending_projection)
                 binding = await save_binding(
-                    ctx, thread.result, previous=thread.binding, engine_record=record
+                    ctx,
+                    thread.result,
+                    previous=thread.binding,
+                    engine_record=record,
+                    tools_fingerprint=tools_fingerprint(ctx),
                 )
                 ctx.thread = thread = attrs.evolve(thread, binding=binding, pending_projection=None)
 
@@ -574,7 +583,7 @@ async def maintain(ctx: TurnContext) -> TurnTrigger:
         "session_file": ctx.session_file,
         "runtime_context": runtime_context(ctx, usage=codex.usage if codex else None),
     }
-    if ctx.facts.background_maintenance:
+    if ctx.may(T.MAINTENANCE_DEFERRED):  # the table's fact: deferred to a scheduler
         assert ctx.scheduler is not None
         deferred = defer_maintenance(ctx.scheduler, **request)
         if deferred.schedule in _DROPPED:

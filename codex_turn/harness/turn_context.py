@@ -381,6 +381,7 @@ def thread_facts(ctx: TurnContext, *, resume_failed: bool) -> ThreadFacts:
         per_turn=ctx.assembled is not None and epoch is None,
         has_context=has_projected_context(ctx),
         resume_failed=resume_failed,
+        engine_active=ctx.engine is not None,
     )
 
 
@@ -444,6 +445,7 @@ async def save_binding(
     *,
     previous: ThreadBinding | None,
     engine_record: ContextEngineBinding | None,
+    tools_fingerprint: str | None,
 ) -> ThreadBinding | None:
     """Write the binding for ``result``'s thread (skipped when nothing changed); the binding
     now in force, or ``previous`` when the write failed."""
@@ -461,7 +463,7 @@ async def save_binding(
         "sandbox": params.sandbox,
         "approvals_reviewer": params.approvals_reviewer,
         "service_tier": params.service_tier,
-        "dynamic_tools_fingerprint": tools_fingerprint(ctx),
+        "dynamic_tools_fingerprint": tools_fingerprint,
         "context_engine": engine_record,
         # Why this thread exists: the decision that started or rotated to it (a resume keeps
         # the record of the thread it resumed).

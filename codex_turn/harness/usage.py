@@ -38,6 +38,9 @@ class Usage:
     cache_read: int = 0
     cache_write: int = 0
     reasoning_output: int = 0
+    #: Codex reported its cached-input count (``promptCache`` is filled only then; absent is
+    #: not zero). Not part of equality: two usages with the same counts are the same usage.
+    cache_reported: bool = attrs.field(default=False, eq=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -52,7 +55,8 @@ class Usage:
     def from_codex(cls, breakdown: Mapping[str, Any]) -> Usage:
         """From a Codex ``TokenUsageBreakdown`` (camelCase; snake_case and pi aliases accepted)."""
         raw_input = _count(breakdown, "inputTokens", "input_tokens", "input", "promptTokens")
-        cached = _count(breakdown, "cachedInputTokens", "cached_input_tokens", "cacheRead")
+        cache_keys = ("cachedInputTokens", "cached_input_tokens", "cacheRead")
+        cached = _count(breakdown, *cache_keys)
         written = _count(
             breakdown, "cacheWriteInputTokens", "cache_write_input_tokens", "cacheWrite"
         )
@@ -65,6 +69,7 @@ class Usage:
             cache_read=cached,
             cache_write=written,
             reasoning_output=_count(breakdown, "reasoningOutputTokens", "reasoning_output_tokens"),
+            cache_reported=any(key in breakdown for key in cache_keys),
         )
 
     def to_agent_usage(self) -> dict[str, Any]:
