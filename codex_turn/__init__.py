@@ -70,6 +70,7 @@ from codex_turn.harness.hooks import (
 )
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import (
+    InvalidTurnParams,
     MaintenanceReport,
     TurnParams,
     TurnResult,
@@ -127,6 +128,7 @@ __all__ = [
     "IngestParams",
     "IngestResult",
     "InvalidEngineResult",
+    "InvalidTurnParams",
     "LegacyContextEngine",
     "MaintainParams",
     "MaintenanceReport",

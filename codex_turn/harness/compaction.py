@@ -44,6 +44,7 @@ Logging: ids, statuses, counts and durations; never summaries, prompts or transc
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -171,6 +172,16 @@ class CompactSessionParams:
     session_wait_timeout: float = attrs.field(
         default=30.0, converter=float, validator=attrs.validators.gt(0)
     )
+    #: Bound on the engine's ``compact`` and its compaction maintenance, as on every engine
+    #: call of a turn: a hung engine fails its step (native compaction still follows) instead
+    #: of holding the session. ``None``: unbounded.
+    engine_timeout: float | None = attrs.field(default=300.0)
+
+    @engine_timeout.validator
+    def _check_engine_timeout(self, _attribute: object, value: float | None) -> None:
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise ValueError("CompactSessionParams.engine_timeout must be positive (or None)")
+
     provider: str | None = None
     model: str | None = None
     agent_dir: str | None = None
@@ -358,7 +369,11 @@ class _Run:
                 raise InvalidEngineResult(
                     engine_id(self.engine), "compact", "the engine has no compact"
                 )
-            raw = await compact(compact_params)
+            raw = None
+            with anyio.move_on_after(_bound(p.engine_timeout)) as bounded:
+                raw = await compact(compact_params)
+            if bounded.cancelled_caught:
+                raise TimeoutError(f"compact() exceeded {p.engine_timeout}s")
             self.primary = coerce_result(
                 raw, CompactResult, engine_id=engine_id(self.engine), method="compact"
             )
@@ -401,15 +416,19 @@ class _Run:
 
     async def _maintain(self) -> CompactionTrigger:
         p = self.params
-        self.maintenance = await run_context_engine_maintenance(
-            engine=self.engine,
-            reason="compaction",
-            session_id=p.session_id,
-            session_key=p.session_key,
-            session_file=p.session_file,
-            runtime_context=self.runtime_context,
-            transcript_rewriter=p.transcript_rewriter,
+        self.maintenance = MaintenanceOutcome(
+            status="failed", reason="compaction", error="maintain() timed out"
         )
+        with anyio.move_on_after(_bound(p.engine_timeout)):
+            self.maintenance = await run_context_engine_maintenance(
+                engine=self.engine,
+                reason="compaction",
+                session_id=p.session_id,
+                session_key=p.session_key,
+                session_file=p.session_file,
+                runtime_context=self.runtime_context,
+                transcript_rewriter=p.transcript_rewriter,
+            )
         if self.maintenance.status == "failed":
             _log.warning(_MAINTENANCE_FAILED_WARNING, **self._fields())
             return T.MAINTENANCE_FAILED
@@ -568,6 +587,10 @@ class _Run:
         return CompactResult(
             ok=primary.ok, compacted=primary.compacted, reason=primary.reason, result=result
         )
+
+
+def _bound(seconds: float | None) -> float:
+    return math.inf if seconds is None else seconds
 
 
 def _native_status(native: CompactResult) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.stages import Stage, TurnContext
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
+    InvalidTurnParams,
     MaintenanceReport,
     TurnParams,
     TurnResult,
@@ -60,6 +61,7 @@ from codex_turn.harness.turn_api import (
 __all__ = [
     "STAGES",
     "TURN_START_TEXT_MAX_CHARS",
+    "InvalidTurnParams",
     "MaintenanceReport",
     "TurnParams",
     "TurnResult",
@@ -101,13 +103,17 @@ def protected(stage: Stage) -> Stage:
             scope.deadline = ctx.cleanup_deadline
         done = anyio.Event()
         returned: list[TurnTrigger] = []
-        failures: list[Exception] = []
+        failures: list[BaseException] = []
 
         async def worker() -> None:
             with scope:
                 try:
                     returned.append(await stage(ctx))
-                except Exception as error:  # re-raised below, outside the task group
+                except cancelled:
+                    raise  # the cleanup deadline: the scope catches it
+                except BaseException as error:
+                    # Re-raised below, outside the task group, as itself: a task group would
+                    # wrap it in an exception group the runner does not expect.
                     failures.append(error)
                 finally:
                     done.set()

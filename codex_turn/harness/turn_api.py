@@ -7,20 +7,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, NoReturn, get_args
 
 import attrs
 
+from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.usage import Usage
 
-__all__ = ["TURN_START_TEXT_MAX_CHARS", "MaintenanceReport", "TurnParams", "TurnResult"]
+__all__ = [
+    "TURN_START_TEXT_MAX_CHARS",
+    "InvalidTurnParams",
+    "MaintenanceReport",
+    "TurnParams",
+    "TurnResult",
+]
 
 #: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
+
+
+class InvalidTurnParams(CodexTurnError, ValueError, TypeError):
+    """A :class:`TurnParams` field has a wrong type or value (raised when the params are built,
+    before anything is read, written or sent). A ``ValueError`` and a ``TypeError`` too."""
+
 
 # The runtime policy values Codex's schema accepts (checked when the params are built).
 _POLICY_VALUES: Final[dict[str, frozenset[str]]] = {
@@ -75,19 +88,73 @@ class TurnParams:
     yield_tool: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.prompt, str):
-            raise TypeError("TurnParams.prompt must be a string")
-        if not isinstance(self.session_id, str) or not self.session_id.strip():
-            raise ValueError("TurnParams.session_id must not be blank")
-        if self.engine_timeout is not None and not self.engine_timeout > 0:
-            raise ValueError("TurnParams.engine_timeout must be positive (or None)")
-        for name in ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TurnParams.{name} must be positive")
-        for name, allowed in _POLICY_VALUES.items():
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise ValueError(f"TurnParams.{name} must be one of {sorted(allowed)}")
+        _validate(self)
+
+
+def _fail(message: str) -> NoReturn:
+    raise InvalidTurnParams(f"TurnParams.{message}")
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    # Codex rejects such text on stderr only and never answers (the turn would hang).
+    return any("\ud800" <= ch <= "\udfff" for ch in text) if not text.isascii() else False
+
+
+def _validate(p: TurnParams) -> None:
+    """Every field checked once, here: a clear typed error instead of a raw AttributeError
+    deep in a stage, or a value accepted silently and misread later."""
+    for name in ("session_id", "prompt"):
+        if not isinstance(getattr(p, name), str):
+            _fail(f"{name} must be a string (got {type(getattr(p, name)).__name__})")
+    if not p.session_id.strip():
+        _fail("session_id must not be blank")
+    if not p.prompt.strip() and not p.images:
+        _fail("prompt must not be empty (a turn needs text or images)")
+    if len(p.prompt) > TURN_START_TEXT_MAX_CHARS:
+        _fail(f"prompt is {len(p.prompt)} characters; Codex accepts {TURN_START_TEXT_MAX_CHARS}")
+    for name in ("prompt", "base_developer_instructions", "extra_developer_instructions"):
+        value = getattr(p, name)
+        if value is not None and not isinstance(value, str):
+            _fail(f"{name} must be a string or None")
+        if isinstance(value, str) and _has_lone_surrogate(value):
+            _fail(f"{name} contains an unpaired UTF-16 surrogate (invalid Unicode text)")
+    for name in ("session_key", "sandbox_session_key", "model", "citations_mode"):
+        value = getattr(p, name)
+        if value is not None and not isinstance(value, str):
+            _fail(f"{name} must be a string or None")
+    if not isinstance(p.session_file, str | os.PathLike) or not os.fspath(p.session_file):
+        _fail("session_file must be a non-empty path")
+    if not isinstance(p.workspace_dir, str | os.PathLike):
+        _fail("workspace_dir must be a path")
+    images: Any = p.images  # typed as a tuple, but callers pass what they pass
+    if isinstance(images, str) or not all(isinstance(i, str) and i for i in images):
+        _fail("images must be a sequence of image URLs (not a single string)")
+    for name in ("context_token_budget", "reserve_tokens"):
+        value = getattr(p, name)
+        if value is not None and (type(value) is not int or value < 0):
+            _fail(f"{name} must be a non-negative int or None")
+    if not isinstance(p.runtime_attempt, Mapping):
+        _fail("runtime_attempt must be a mapping of camelCase host facts")
+    if p.concurrency not in ("wait", "reject"):
+        _fail("concurrency must be 'wait' or 'reject'")
+    if not isinstance(p.yield_tool, bool):
+        _fail("yield_tool must be a bool")
+    timeouts = ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout")
+    for name in (*timeouts, "engine_timeout"):
+        value = getattr(p, name)
+        if value is None and name == "engine_timeout":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            _fail(
+                f"{name} must be a positive number"
+                + (" (or None)" if name == "engine_timeout" else "")
+            )
+    for name, allowed in _POLICY_VALUES.items():
+        value = getattr(p, name)
+        if value is not None and value not in allowed:
+            _fail(f"{name} must be one of {sorted(allowed)}")
+    if p.service_tier is not None and not isinstance(p.service_tier, str):
+        _fail("service_tier must be a string or None")
 
 
 @attrs.frozen(kw_only=True)

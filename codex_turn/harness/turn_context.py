@@ -42,6 +42,7 @@ from codex_turn.harness.binding import (
     write_binding,
 )
 from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
+from codex_turn.harness.frozen import freeze
 from codex_turn.harness.hooks import (
     PromptBuildResult,
     TurnHooks,
@@ -262,7 +263,9 @@ class StrippedHistories:
     A transcript read is O(new bytes) (the session cache), but stripping hidden runtime-context
     messages is a Python pass over the whole history; doing it per read made every turn
     O(history). Keyed by session file, bounded (least recently used dropped), thread-safe
-    (reads run in worker threads).
+    (reads run in worker threads). The messages are frozen (:mod:`codex_turn.harness.frozen`)
+    as they enter, once each: engines and hooks receive them and cannot edit this shared copy
+    (nor the read cache's) in place.
     """
 
     def __init__(self, capacity: int = 64) -> None:
@@ -278,14 +281,17 @@ class StrippedHistories:
         # would return [] and hide it).
         history = load_session_context(session_file).messages
         if not isinstance(history, MessageHistory):
-            return strip_runtime_context_messages(history)
+            return RuntimeContextFree(map(freeze, strip_runtime_context_messages(history)))
         with self._lock:
             previous = self._entries.get(session_file)
         added = history.appended_since(previous[0]) if previous is not None else None
         if previous is not None and added is not None:
-            stripped = RuntimeContextFree(previous[1] + strip_runtime_context_messages(added))
+            fresh = strip_runtime_context_messages(added)
+            stripped = RuntimeContextFree(previous[1] + list(map(freeze, fresh)))
         else:
-            stripped = strip_runtime_context_messages(history.to_list())
+            stripped = RuntimeContextFree(
+                map(freeze, strip_runtime_context_messages(history.to_list()))
+            )
         with self._lock:
             self._entries[session_file] = (history, stripped)
             self._entries.move_to_end(session_file)

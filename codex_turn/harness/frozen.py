@@ -1,0 +1,84 @@
+"""Read-only messages: what a context engine is handed cannot reach the harness's shared state.
+
+The transcript's messages are read once per change of the file and kept (the read cache, the
+per-session stripped history), so every turn can hand an engine the whole history at no cost
+proportional to it. An engine that edited those dicts in place would edit the process-wide
+copy, and its edits would compound on every later turn although the file never changed.
+
+:func:`freeze` turns a JSON value into one that refuses every mutation (``FrozenDict``,
+``FrozenList``: subclasses of ``dict`` and ``list``, so ``isinstance`` checks, ``json.dumps``
+and reads behave as before) and is done once per *new* message. An engine that wants to edit
+takes a copy: ``copy.deepcopy(message)``, ``copy.copy(message)`` and ``thaw(message)`` give
+plain, mutable ``dict``/``list`` values. A mutation attempt raises :class:`TypeError`, which
+the lifecycle maps to the stage's failure edge like any other engine error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+__all__ = ["FrozenDict", "FrozenList", "freeze", "thaw"]
+
+_MESSAGE = "messages handed to a context engine are read-only; copy one before changing it"
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
+    raise TypeError(_MESSAGE)
+
+
+class FrozenDict(dict[str, Any]):
+    """A ``dict`` that refuses mutation (see the module docstring)."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        thawed: dict[str, Any] = thaw(self)
+        return thawed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (freeze, (thaw(self),))
+
+
+class FrozenList(list[Any]):
+    """A ``list`` that refuses mutation (see the module docstring)."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = _refuse
+    append = extend = insert = pop = remove = reverse = sort = clear = _refuse
+    __iadd__ = __imul__ = _refuse
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        thawed: list[Any] = thaw(self)
+        return thawed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (freeze, (thaw(self),))
+
+
+def freeze(value: Any) -> Any:
+    """``value`` with every ``dict`` and ``list`` in it replaced by a read-only copy."""
+    if isinstance(value, FrozenDict | FrozenList):
+        return value
+    if isinstance(value, dict):
+        return FrozenDict({key: freeze(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return FrozenList([freeze(item) for item in value])
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A plain, mutable deep copy of a (frozen or not) JSON value."""
+    if isinstance(value, dict):
+        return {key: thaw(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [thaw(item) for item in value]
+    return value

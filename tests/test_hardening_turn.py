@@ -1,0 +1,212 @@
+"""Issue 11 items that live in the turn itself: careless engines, hung engines, bad params.
+
+Each test failed on the code before its fix (noted per test). In-process fake app-server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from support.fake_appserver import FakeAppServer
+from support.recording_engine import RecordingEngine
+
+from codex_turn import (
+    AssembleResult,
+    CompactResult,
+    InvalidTurnParams,
+    TurnOutcome,
+    TurnParams,
+    run_codex_turn,
+)
+from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
+from codex_turn.harness.frozen import FrozenDict, freeze, thaw
+from codex_turn.harness.session import clear_session_cache, load_session_messages
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def session_file() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="codex-turn-hardening-") as directory:
+        path = os.path.join(directory, "session.jsonl")
+        yield path
+        clear_session_cache(path)
+
+
+def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
+    values: dict[str, Any] = {
+        "session_id": "s-1",
+        "session_file": session_file,
+        "workspace_dir": os.path.dirname(session_file),
+        "prompt": prompt,
+    }
+    values.update(overrides)
+    return TurnParams(**values)
+
+
+# --- 8: an engine that edits what it was given cannot corrupt the shared history ------------
+
+
+async def test_an_engine_editing_messages_in_place_cannot_corrupt_the_history(
+    session_file: str,
+) -> None:
+    # Before: the edits landed in the process-wide read cache and compounded every turn.
+    def vandal(p: Any) -> AssembleResult:
+        for message in p.messages:
+            message["content"] = "VANDALISED"
+        return AssembleResult(messages=list(p.messages), estimated_tokens=1)
+
+    server = FakeAppServer()
+    await run_codex_turn(params(session_file, "first words"), app_server=server)
+    engine = RecordingEngine(engine_id="vandal", responses={"assemble": vandal})
+    for prompt in ("second", "third"):
+        result = await run_codex_turn(
+            params(session_file, prompt), app_server=server, engine=engine
+        )
+        assert result.outcome is TurnOutcome.COMPLETED
+        assert "assemble_failed" in [e.trigger for e in result.trace]  # a logged fallback
+    seen = [call.params.messages for call in engine.calls_to("assemble")]
+    assert all("VANDALISED" not in json.dumps(messages) for messages in seen)
+    assert seen[-1][0]["content"] == "first words"
+    on_disk = [m.get("content") for m in load_session_messages(session_file)]
+    assert "first words" in on_disk
+
+
+async def test_an_engine_that_copies_first_may_edit_its_copy(session_file: str) -> None:
+    def careful(p: Any) -> AssembleResult:
+        mine = copy.deepcopy(p.messages)
+        for message in mine:
+            message["content"] = "edited copy"
+        return AssembleResult(messages=mine, estimated_tokens=1)
+
+    server = FakeAppServer()
+    await run_codex_turn(params(session_file, "first words"), app_server=server)
+    engine = RecordingEngine(engine_id="careful", responses={"assemble": careful})
+    result = await run_codex_turn(params(session_file, "second"), app_server=server, engine=engine)
+    assert "assembled" in [e.trigger for e in result.trace]
+    assert "edited copy" in server.turn_inputs()[-1]
+    assert load_session_messages(session_file)[0].get("content") == "first words"
+
+
+def test_frozen_values_refuse_every_mutation_and_copy_to_plain_values() -> None:
+    frozen = freeze({"role": "user", "content": [{"type": "text", "text": "x"}]})
+    assert isinstance(frozen, dict)
+    assert json.loads(json.dumps(frozen)) == thaw(frozen)
+    mutations = [
+        lambda: frozen.__setitem__("role", "x"),
+        lambda: frozen.update(role="x"),
+        lambda: frozen.pop("role"),
+        lambda: frozen["content"].append({}),
+        lambda: frozen["content"][0].__setitem__("text", "y"),
+        lambda: frozen["content"].sort(),
+    ]
+    for mutate in mutations:
+        with pytest.raises(TypeError, match="read-only"):
+            mutate()
+    plain = copy.deepcopy(frozen)
+    assert type(plain) is dict
+    assert type(plain["content"]) is list
+    plain["content"][0]["text"] = "y"
+    assert frozen["content"][0]["text"] == "x"
+    assert isinstance(freeze(frozen), FrozenDict)
+
+
+# --- 9: a hung owning engine's compact() is bounded ------------------------------------------
+
+
+async def test_a_hung_owning_engine_compaction_is_bounded(tmp_path: Any) -> None:
+    # Before: still blocked after 10 s, holding the session (concurrent turns refused).
+    async def hang(_params: Any) -> CompactResult:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    engine = RecordingEngine(
+        engine_id="lossless-claw", owns_compaction=True, responses={"compact": hang}
+    )
+    started = time.monotonic()
+    with anyio.fail_after(10):
+        run = await compact_codex_session_traced(
+            CompactSessionParams(
+                session_id="s-1", session_file=str(tmp_path / "s.jsonl"), engine_timeout=0.3
+            ),
+            app_server=FakeAppServer(),
+            engine=engine,
+        )
+    assert time.monotonic() - started < 5
+    assert run.triggers[:2] == ("started", "engine_failed")
+    assert run.result.ok is False
+    assert "timed out" in (run.result.reason or "") or "exceeded" in (run.result.reason or "")
+
+
+# --- 11: bad params are refused with one typed error -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("session_id", 7),
+        ("session_id", None),
+        ("prompt", ""),
+        ("prompt", "   "),
+        ("prompt", "x" * ((1 << 20) + 1)),
+        ("prompt", "bad \ud800 text"),
+        ("concurrency", "sometimes"),
+        ("context_token_budget", -5),
+        ("context_token_budget", "1000"),
+        ("reserve_tokens", 1.5),
+        ("images", "data:image/png;base64,AAAA"),
+        ("runtime_attempt", ["not", "a", "mapping"]),
+        ("turn_timeout", -1),
+        ("engine_timeout", 0),
+        ("yield_tool", "yes"),
+        ("approval_policy", "always"),
+        ("base_developer_instructions", "bad \udfff"),
+    ],
+)
+def test_bad_params_raise_invalid_turn_params(field: str, value: Any) -> None:
+    # Before: raw AttributeErrors, or silently accepted (a string budget, images iterated
+    # per character, an empty prompt sent to the model, a 10 MB prompt cut without a word).
+    values: dict[str, Any] = {
+        "session_id": "s-1",
+        "session_file": "/tmp/s.jsonl",
+        "workspace_dir": "/tmp",
+        "prompt": "hello",
+        field: value,
+    }
+    with pytest.raises(InvalidTurnParams, match=field):
+        TurnParams(**values)
+    assert issubclass(InvalidTurnParams, ValueError)
+
+
+def test_an_image_only_turn_needs_no_text() -> None:
+    assert params("/tmp/s.jsonl", "", images=("data:image/png;base64,AAAA",)).prompt == ""
+
+
+# --- 11: a BaseException from an engine arrives as itself ------------------------------------
+
+
+class _HostShutdown(BaseException):
+    pass
+
+
+async def test_a_base_exception_from_after_turn_is_not_wrapped_in_a_group(
+    session_file: str,
+) -> None:
+    engine = RecordingEngine(engine_id="e", failures={"after_turn": _HostShutdown()})
+    with pytest.raises(_HostShutdown):
+        await run_codex_turn(
+            params(session_file, "hello"), app_server=FakeAppServer(), engine=engine
+        )
