@@ -165,6 +165,8 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
                 )
                 continue
             next_outcome = TERMINAL_OUTCOMES.get(trigger, OUTCOME_BY_EXIT.get(trigger, outcome))
+            if trigger == "mirror_failed" and outcome == "completed":
+                next_outcome = "unsaved"  # the reply was never written
             yield from walk(dest, [*path, trigger], next_outcome, compactions)
 
     yield from walk("IDLE", [], None, 0)

@@ -66,7 +66,7 @@ TURN_TRIGGERS = (
     "maintenance_dropped",
     "no_such_trigger",  # unknown triggers are illegal everywhere
 )
-TURN_OUTCOMES = (None, "completed", "failed", "aborted", "yield_aborted", "timed_out")
+TURN_OUTCOMES = (None, "completed", "failed", "aborted", "yield_aborted", "timed_out", "unsaved")
 
 # Outcome each running_turn exit establishes, and which of them forbid maintenance.
 OUTCOME_BY_EXIT = {
@@ -147,7 +147,9 @@ def turn_oracle(
         if trigger == "finalize_failed":
             return "DONE"
         if trigger == "finalized":
-            allowed = engine and maintains and outcome == "completed"
+            # A completed turn whose mirror failed is "unsaved": finalize ran from the fallback
+            # snapshot, and maintenance is not gated by the mirror.
+            allowed = engine and maintains and outcome in ("completed", "unsaved")
             return "MAINTAINING" if allowed else "DONE"
         return None
     if state == "MAINTAINING":

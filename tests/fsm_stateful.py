@@ -134,6 +134,8 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                 turn.outcome = TERMINAL_OUTCOMES.get(
                     trigger, OUTCOME_BY_EXIT.get(trigger, turn.outcome)
                 )
+                if trigger == "mirror_failed" and turn.outcome == "completed":
+                    turn.outcome = "unsaved"  # the reply was never written
                 assert turn.model.state.name == turn.state, (trigger, turn.model.trace)
 
         # New runs start at a random depth: Hypothesis keeps most generated programs short,

@@ -210,3 +210,23 @@ async def test_a_base_exception_from_after_turn_is_not_wrapped_in_a_group(
         await run_codex_turn(
             params(session_file, "hello"), app_server=FakeAppServer(), engine=engine
         )
+
+
+# --- 4: a reply the transcript could not take is visible in the outcome ----------------------
+
+
+async def test_a_mirror_failure_is_the_outcome_unsaved_with_the_reason(
+    session_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: outcome "completed"; only the trace said mirror_failed.
+    from codex_turn.harness import stages
+
+    def disk_full(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stages, "mirror_turn", disk_full)
+    result = await run_codex_turn(params(session_file, "hello"), app_server=FakeAppServer())
+    assert result.outcome is TurnOutcome.UNSAVED
+    assert result.assistant_text  # the user did get an answer
+    assert result.mirror_error is not None
+    assert "No space left" in result.mirror_error

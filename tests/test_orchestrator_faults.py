@@ -146,6 +146,11 @@ class Example:
         return self.engine_active and self.maintenance_mode == "background" and self.scheduler
 
     @property
+    def mirror_fails(self) -> bool:
+        """The mirror cannot write this turn (a held lock, or a foreign transcript)."""
+        return self.mirror_fault or self.prior == "corrupt"
+
+    @property
     def bootstraps(self) -> bool:
         """The engine has bootstrap() or maintain() (else bootstrap is skipped by the table)."""
         return self.engine_active and not {"bootstrap", "maintain"} <= self.omit
@@ -407,7 +412,7 @@ def expected_outcome(ex: Example) -> TurnOutcome:
     script = ex.script
     if script.turn_start_error is not None:
         return TurnOutcome.FAILED
-    return {
+    outcome = {
         "completed": TurnOutcome.COMPLETED,
         "failed": TurnOutcome.FAILED,
         "interrupted": TurnOutcome.ABORTED,
@@ -416,6 +421,9 @@ def expected_outcome(ex: Example) -> TurnOutcome:
         "closed": TurnOutcome.FAILED,
         "cancel": TurnOutcome.ABORTED,
     }[script.ending]
+    if outcome is TurnOutcome.COMPLETED and ex.mirror_fails:
+        return TurnOutcome.UNSAVED  # issue 11: a reply the transcript could not take
+    return outcome
 
 
 def check_trace_is_legal(ex: Example, result: TurnResult) -> None:
@@ -513,8 +521,9 @@ def check(obs: Observed) -> None:
         result.outcome
         in (TurnOutcome.FAILED, TurnOutcome.TIMED_OUT, TurnOutcome.THREAD_START_FAILED)
     )
-    if result.outcome is TurnOutcome.COMPLETED:
+    if result.outcome in (TurnOutcome.COMPLETED, TurnOutcome.UNSAVED):
         assert result.assistant_text == REPLY
+    assert (result.mirror_error is not None) == (ran and ex.mirror_fails)
     assert result.assistant_text != PARTIAL
 
     # The thread decision against what the app-server saw.
@@ -599,7 +608,11 @@ def check(obs: Observed) -> None:
 
     # Maintenance only when allowed.
     allowed = (
-        ran and ex.maintains and result.outcome is TurnOutcome.COMPLETED and T.FINALIZED in triggers
+        ran
+        and ex.maintains
+        # an unsaved reply is a completed turn the transcript could not take: not gated
+        and result.outcome in (TurnOutcome.COMPLETED, TurnOutcome.UNSAVED)
+        and T.FINALIZED in triggers
     )
     assert (TurnState.MAINTAINING.name in [e.dest for e in result.trace]) == allowed
     report = result.maintenance

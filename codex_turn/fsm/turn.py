@@ -36,7 +36,7 @@ context engine is a plugin and must never be able to break a turn:
   but not leaving the state.
 * Once running_turn was reached, mirroring and finalizing always follow (an engine must see
   every turn that ran, OpenClaw bug #121515); a failed mirror finalizes from the fallback
-  snapshot.
+  snapshot, and turns a completed outcome into ``unsaved`` (maintenance is not gated by it).
 * After finalizing the table, not the orchestrator, chooses between maintaining and skipping;
   a skip records one :class:`SkipReason`. Whether maintenance runs inline or is deferred to a
   scheduler is a fact fixed when the turn begins (:meth:`TurnFacts.gather`); a scheduler that
@@ -143,6 +143,9 @@ class TurnOutcome(enum.Enum):
     TIMED_OUT = "timed_out"
     THREAD_START_FAILED = "thread_start_failed"
     CANCELLED = "cancelled"
+    #: Codex completed the turn but its reply could not be written to the transcript (the
+    #: mirror failed): the user has an answer the session does not remember.
+    UNSAVED = "unsaved"
 
     @property
     def prompt_error(self) -> bool:
@@ -504,6 +507,8 @@ class TurnModel(Model):
     def _on_fired(self, trigger: str) -> None:
         if trigger == TurnTrigger.THREAD_RESUME_FAILED:
             self.resume_failed = True
+        elif trigger == TurnTrigger.MIRROR_FAILED and self.outcome is TurnOutcome.COMPLETED:
+            self.outcome = TurnOutcome.UNSAVED
         elif trigger in OUTCOME_OF_TRIGGER:
             self.outcome = OUTCOME_OF_TRIGGER[trigger]
         elif trigger == TurnTrigger.NATIVE_COMPACTION_COMPLETED:

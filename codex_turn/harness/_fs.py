@@ -17,20 +17,30 @@ Three rules live here so that no caller re-derives them:
   complete and never replaced (the transcript): the same temp file, then ``link``.
 * **Appends are not here.** Appending to a transcript is one ``O_APPEND`` write owned by the
   mirror; only :func:`write_all` (a full ``write`` loop) is shared.
+* **Only regular files are opened.** :func:`open_regular` is how the transcript and the
+  sidecar are opened: without blocking (``O_NONBLOCK``, so a FIFO at the path cannot hang the
+  worker thread, which no cancellation could reach) and refused with
+  :class:`NotRegularFileError` unless ``fstat`` says it is a regular file (a directory, a
+  FIFO, a socket or a device is never read or written).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 import threading
 from contextlib import suppress
 
 __all__ = [
+    "NotRegularFileError",
     "atomic_write",
     "atomic_write_lock",
     "create_exclusive",
+    "file_kind",
     "fsync_directory",
+    "open_regular",
     "pid_alive",
     "session_path",
     "write_all",
@@ -50,6 +60,48 @@ def session_path(path: str | os.PathLike[str]) -> str:
     with suppress(OSError):
         directory = os.path.realpath(directory, strict=True)
     return os.path.join(directory, name)
+
+
+class NotRegularFileError(OSError):
+    """The path names a directory, a FIFO, a socket or a device, not a regular file."""
+
+
+def file_kind(mode: int) -> str:
+    """A short word for what ``st_mode`` is, for error messages (never file content)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def open_regular(path: str, flags: int) -> int:
+    """``os.open`` that never blocks and only ever returns a regular file's descriptor.
+
+    ``stat`` first, so a device is never opened (opening one can have effects); then the open
+    is non-blocking (a FIFO swapped in meanwhile opens at once instead of waiting for a
+    writer) and ``fstat`` confirms what was opened. Raises :class:`NotRegularFileError` (an
+    :class:`OSError`) for anything else, and the usual :class:`OSError` kinds (a missing file
+    or a dangling symbolic link: :class:`FileNotFoundError`).
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(errno.EINVAL, f"{file_kind(mode)}, not a regular file", path)
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(errno.EINVAL, f"{file_kind(mode)}, not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_directory(directory: str) -> None:

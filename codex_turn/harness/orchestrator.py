@@ -364,6 +364,7 @@ def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:
         projected=ctx.plan is not None and ctx.plan.projected,
         native_compactions=turn.native_compactions,
         trace=tuple(turn.trace),
+        mirror_error=ctx.mirror.error if ctx.mirror is not None else None,
     )
 
 

@@ -519,7 +519,7 @@ async def mirror(ctx: TurnContext) -> TurnTrigger:
         )
     except Exception as error:
         ctx.log.warning("failed to mirror codex app-server transcript", error=format_error(error))
-        ctx.mirror = Mirrored(ok=False)
+        ctx.mirror = Mirrored(ok=False, error=format_error(error))
         return T.MIRROR_FAILED
     ctx.mirror = Mirrored(ok=True)
     return T.MIRRORED

@@ -183,6 +183,9 @@ class TurnResult:
     projected: bool
     native_compactions: int
     trace: tuple[TraceEntry, ...]
+    #: Why this turn could not be written to the transcript (outcome ``unsaved`` when Codex
+    #: completed it); ``None`` when it was written or never ran.
+    mirror_error: str | None = None
 
     @property
     def durations_ms(self) -> dict[str, float]:

@@ -149,6 +149,8 @@ class CodexRan:
 @attrs.frozen
 class Mirrored:
     ok: bool
+    #: Why the transcript could not take this turn (redacted), when it could not.
+    error: str | None = None
 
 
 @attrs.define(eq=False)

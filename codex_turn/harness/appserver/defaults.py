@@ -11,6 +11,8 @@ from typing import Final
 
 __all__ = [
     "INTERRUPT_GRACE_S",
+    "LIVENESS_TIMEOUT_S",
+    "MAX_LOGGED_ID_CHARS",
     "MAX_REMEMBERED_THREADS",
     "NATIVE_COMPACTION_TIMEOUT_S",
 ]
@@ -26,3 +28,12 @@ MAX_REMEMBERED_THREADS: Final = 256
 """How many threads :class:`~.manager.AppServer` remembers resume parameters for (an LRU:
 the least recently used thread is forgotten first; a forgotten thread is simply no longer
 re-resumed automatically after a process restart)."""
+
+LIVENESS_TIMEOUT_S: Final = 10.0
+"""How long a process that just missed a deadline has to show any sign of life (a line on
+stdout, e.g. the answer to the liveness probe, which Codex gives in under a millisecond even
+mid-turn) before it is declared dead, killed and replaced (see :mod:`.client`)."""
+
+MAX_LOGGED_ID_CHARS: Final = 200
+"""The longest identifier (thread, turn, request id, tool or method name) logged verbatim;
+longer ones are cut and marked with their length (see :func:`.logsafe.capped`)."""

@@ -8,26 +8,51 @@ error dict. The tree is small on purpose::
     CodexTurnError
     └── AppServerError            code: int | None, message: str
         ├── AppServerRpcError     the server answered a request with a JSON-RPC error
-        ├── AppServerClosed       the process is gone (crash, kill, shutdown); every pending
-        │                         request fails with it, nothing hangs
+        │   └── ThreadNotFound    ... and the error says the thread does not exist
+        ├── AppServerClosed       the process is gone (crash, kill, shutdown, or declared
+        │                         dead after missing its deadlines); every pending request
+        │                         fails with it, nothing hangs
         ├── AppServerTimeout      a request (or a turn, a compaction) missed its deadline
         └── AppServerStartError   the binary could not be spawned or initialised
 
+Definitive versus transient. :class:`ThreadNotFound` is the one *definitive* answer about a
+thread: Codex looked and there is no such thread, so a binding to it is worthless and may be
+dropped. Everything else (a timeout, a closed or replaced process, an internal error while
+reading a rollout that exists) says nothing about the thread and must never cost a caller its
+binding. :meth:`ThreadNotFound.match` is the one place that reads Codex 0.163's wording:
+``-32600 "no rollout found for thread id <id>"`` (a well-formed id with no rollout on disk)
+and ``-32600 "invalid session id: ..."`` (an id that cannot name any thread).
+
 Messages are short and never carry prompts or model text; they are safe for
-:func:`codex_turn._log.format_error`.
+:func:`codex_turn._log.format_error`. Text that comes from Codex is capped
+(:data:`MAX_MESSAGE_CHARS`): it can quote an identifier of any size.
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from codex_turn.errors import CodexTurnError
 
+from .logsafe import capped
+
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "AppServerClosed",
     "AppServerError",
     "AppServerRpcError",
     "AppServerStartError",
     "AppServerTimeout",
+    "ThreadNotFound",
 ]
+
+MAX_MESSAGE_CHARS: Final = 1000
+"""The longest JSON-RPC error message kept from Codex (the rest is cut, with a marker)."""
+
+_INVALID_REQUEST: Final = -32600
+# Codex 0.163.0's answers to thread/resume for a thread that cannot be found (checked against
+# the real binary by tests/test_hardening_appserver.py).
+_NOT_FOUND_PREFIXES: Final = ("no rollout found for thread id", "invalid session id:")
 
 
 class AppServerError(CodexTurnError):
@@ -43,8 +68,31 @@ class AppServerRpcError(AppServerError):
     """A JSON-RPC error response (``-32600`` invalid request, ``-32601`` unknown method, …)."""
 
     def __init__(self, code: int, message: str, *, method: str | None = None) -> None:
-        super().__init__(message, code=code)
+        super().__init__(capped(message, MAX_MESSAGE_CHARS) or "", code=code)
         self.method = method
+
+
+class ThreadNotFound(AppServerRpcError):
+    """Codex says, definitively, that ``thread_id`` does not exist (no rollout, or an id that
+    cannot name a thread). The only resume failure that justifies dropping a binding."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        method: str | None = "thread/resume",
+        thread_id: str | None = None,
+    ) -> None:
+        super().__init__(code, message, method=method)
+        self.thread_id = thread_id
+
+    @classmethod
+    def match(cls, error: AppServerRpcError, thread_id: str) -> ThreadNotFound | None:
+        """``error`` as a :class:`ThreadNotFound` when it is Codex's "no such thread"."""
+        if error.code == _INVALID_REQUEST and error.message.startswith(_NOT_FOUND_PREFIXES):
+            return cls(error.code, error.message, method=error.method, thread_id=thread_id)
+        return None
 
 
 class AppServerClosed(AppServerError):

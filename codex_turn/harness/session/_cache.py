@@ -16,7 +16,9 @@ older entry, a re-used id or a compaction rebuilds it. Readers hand out a
 :class:`~codex_turn.harness.session._format.MessageHistory`, an O(1) view of the cached list.
 
 Each state has its own lock; readers and the mirror (``_mirror.py``) refresh the state under
-it, so the mirror sees exactly what a reader would. At most :data:`_CACHE_MAX_FILES`
+it, so the mirror sees exactly what a reader would. Only a regular file is ever opened
+(:func:`codex_turn.harness._fs.open_regular`): a FIFO, a directory or a device at the path is
+an error at once, never a read that blocks. At most :data:`_CACHE_MAX_FILES`
 transcripts are cached (LRU). Everything is synchronous file I/O: an async caller runs it in
 a worker thread. Messages returned by the readers are shared with the cache: treat them as
 read-only (``copy.deepcopy`` before mutating).
@@ -34,7 +36,7 @@ from typing import Any, Final
 import attrs
 
 from codex_turn._log import format_error, get_logger
-from codex_turn.harness._fs import session_path
+from codex_turn.harness._fs import open_regular, session_path
 from codex_turn.harness.session._format import (
     _BAD,
     AgentMessage,
@@ -226,7 +228,8 @@ def _digests(fd: int, size: int) -> tuple[bytes, bytes]:
 def _refresh(state: _FileState) -> _View:
     """Bring ``state`` up to date with the file (caller holds ``state.lock``)."""
     try:
-        fd = os.open(state.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # Never blocks (a FIFO at the path), never reads a directory or a device.
+        fd = open_regular(state.path, os.O_RDONLY)
     except FileNotFoundError:
         _reset_state(state)
         return _View(state, False, 0, None, False, False)

@@ -50,6 +50,7 @@ __all__ = [
     "SessionContext",
     "SessionError",
     "SessionFormatError",
+    "TranscriptUnwritable",
     "build_session_context",
     "migrate_session_entries",
     "parse_session_bytes",
@@ -71,13 +72,23 @@ class SessionError(CodexTurnError):
     """Base class of the session transcript errors."""
 
 
-class SessionFormatError(SessionError):
+class TranscriptUnwritable(SessionError):
+    """The transcript cannot take this turn's mirror: the path is a directory, a FIFO or
+    another non-regular file, a dangling symbolic link, not writable, or a file that is not
+    a session transcript (:class:`SessionFormatError`). ``why`` names the problem, never the
+    file's content."""
+
+    def __init__(self, path: str, why: str, *, message: str | None = None) -> None:
+        super().__init__(message or f"session transcript {path} cannot be written: {why}")
+        self.path = path
+        self.why = why
+
+
+class SessionFormatError(TranscriptUnwritable):
     """The file exists but is not a session transcript the mirror may append to."""
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"{path} is not a session transcript: {why}")
-        self.path = path
-        self.why = why
+        super().__init__(path, why, message=f"{path} is not a session transcript: {why}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ cache, the binding and the in-process turn gates. A lock file is *stale*, and is
 when its pid is dead or recycled (``/proc`` start time), when it names this process (an
 orphan of an earlier holder), when ``createdAt`` is invalid, or when it is older than
 :data:`LOCK_STALE_SECONDS`. Breaking renames the file aside first and puts it back if it
-changed meanwhile, so a fresh lock that replaced a stale one is never removed. Every wait is
-bounded and ends in :class:`SessionLockTimeout`.
+changed meanwhile, so a fresh lock that replaced a stale one is never removed. A breaker
+killed between its rename and its unlink leaves ``<name>.lock.stale.<pid>.<hex>`` behind:
+the first acquisition of a path in a process, and every acquisition that broke a stale lock,
+sweep those whose pid is dead (or is this process: it holds the path's lock, so none of its
+own is in use). Every wait is bounded and ends in :class:`SessionLockTimeout`.
 
 The locks are thread locks and waiting blocks: call from a worker thread
 (``anyio.to_thread.run_sync``), never from an event loop thread.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import string
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +41,7 @@ from typing import Any, Final
 import attrs
 
 from codex_turn._log import get_logger
-from codex_turn.harness._fs import pid_alive, session_path
+from codex_turn.harness._fs import open_regular, pid_alive, session_path
 from codex_turn.harness.session._format import SessionError, _iso_to_ms, _utc_now_iso
 
 __all__ = [
@@ -73,6 +77,7 @@ class SessionLockTimeout(SessionError):
 class _PathLock:
     rlock: threading.RLock = attrs.Factory(threading.RLock)
     depth: int = 0  # holders in this process (re-entrant, one thread at a time)
+    swept: bool = False  # stale-lock leftovers looked for once per process
 
 
 _path_locks: dict[str, _PathLock] = {}
@@ -101,11 +106,19 @@ def _process_starttime(pid: int) -> int | None:
         return None
 
 
+def _read_lock(path: str) -> bytes:
+    """A lock file's first 64 KiB; never blocks on a FIFO put at the lock's name."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
 def _lock_staleness(lock_path: str, stale_after: float) -> tuple[str | None, int | None]:
     """Why the lock file at ``lock_path`` is stale (or ``None``), and its holder pid."""
     try:
-        with open(lock_path, "rb") as handle:
-            raw = handle.read(65536)
+        raw = _read_lock(lock_path)
         mtime = os.stat(lock_path).st_mtime
     except FileNotFoundError:
         return None, None
@@ -139,16 +152,18 @@ def _lock_staleness(lock_path: str, stale_after: float) -> tuple[str | None, int
     return None, pid
 
 
+_STALE_ASIDE: Final = ".stale."
+
+
 def _break_stale_lock(lock_path: str, reason: str, observed: bytes) -> None:
     """Remove a stale lock without removing a fresh one that replaced it meanwhile."""
-    aside = f"{lock_path}.stale.{os.getpid()}.{secrets.token_hex(4)}"
+    aside = f"{lock_path}{_STALE_ASIDE}{os.getpid()}.{secrets.token_hex(4)}"
     try:
         os.rename(lock_path, aside)
     except FileNotFoundError:
         return
     try:
-        with open(aside, "rb") as handle:
-            moved = handle.read(65536)
+        moved = _read_lock(aside)
         if moved != observed:
             # Someone replaced the stale lock between our check and the rename: put it back.
             with suppress(OSError):
@@ -158,6 +173,34 @@ def _break_stale_lock(lock_path: str, reason: str, observed: bytes) -> None:
     finally:
         with suppress(OSError):
             os.unlink(aside)
+
+
+def _sweep_stale_asides(lock_path: str) -> None:
+    """Remove the ``<name>.lock.stale.<pid>.<hex>`` files of breakers that died mid-break.
+
+    Called while holding the path's locks: an aside of this process is then never in use,
+    and one of a live process may be (it is being compared): left alone.
+    """
+    directory, name = os.path.split(lock_path)
+    prefix = name + _STALE_ASIDE
+    try:
+        candidates = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return
+    removed = 0
+    for candidate in candidates:
+        pid_text, dot, token = candidate[len(prefix) :].partition(".")
+        if not (dot and pid_text.isdigit() and len(token) == 8):
+            continue
+        if not all(c in string.hexdigits for c in token):
+            continue
+        pid = int(pid_text)
+        if pid == os.getpid() or not pid_alive(pid):
+            with suppress(OSError):
+                os.unlink(os.path.join(directory, candidate))
+                removed += 1
+    if removed:
+        _log.info("stale session lock leftovers removed", lock=lock_path, count=removed)
 
 
 def _try_create_lock(lock_path: str) -> bool:
@@ -177,20 +220,22 @@ def _try_create_lock(lock_path: str) -> bool:
     return True
 
 
-def _acquire_file_lock(lock_path: str, deadline: float, timeout: float, stale: float) -> None:
+def _acquire_file_lock(lock_path: str, deadline: float, timeout: float, stale: float) -> bool:
+    """Take the lock file; return whether a stale lock was broken on the way."""
     attempt = 0
     holder: int | None = None
+    broke = False
     while True:
         if _try_create_lock(lock_path):
-            return
+            return broke
         try:
-            with open(lock_path, "rb") as handle:
-                observed = handle.read(65536)
+            observed = _read_lock(lock_path)
         except FileNotFoundError:
             continue
         reason, holder = _lock_staleness(lock_path, stale)
         if reason is not None:
             _break_stale_lock(lock_path, reason, observed)
+            broke = True
             continue
         now = time.monotonic()
         if now >= deadline:
@@ -203,8 +248,7 @@ def _acquire_file_lock(lock_path: str, deadline: float, timeout: float, stale: f
 
 def _release_file_lock(lock_path: str) -> None:
     try:
-        with open(lock_path, "rb") as handle:
-            payload = json.loads(handle.read(65536))
+        payload = json.loads(_read_lock(lock_path))
     except (OSError, ValueError):
         return
     # Only remove our own lock: a stale-breaker may already have replaced it.
@@ -235,7 +279,10 @@ def session_write_lock(
     try:
         if lock.depth == 0:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            _acquire_file_lock(target + ".lock", deadline, timeout, stale_after)
+            broke = _acquire_file_lock(target + ".lock", deadline, timeout, stale_after)
+            if broke or not lock.swept:
+                lock.swept = True
+                _sweep_stale_asides(target + ".lock")
         lock.depth += 1
         try:
             yield target
