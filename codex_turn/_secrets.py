@@ -7,8 +7,10 @@ values on top (``codex_turn._log.sensitive``); projections never do.
 Two mechanisms, applied in this order:
 
 1. **Shapes** that are secret wherever they occur: ``Bearer <token>``, ``sk-...`` keys, GitHub
-   and Slack tokens, AWS access key ids, PEM private keys, and the password (or a long,
-   token-like user) in ``scheme://user:password@host``.
+   and Slack tokens, AWS access key ids, Stripe secret and restricted keys (``sk_live_...``,
+   ``rk_test_...``), Google API keys (``AIza...``), GitLab tokens (``glpat-...`` and its
+   sibling prefixes), Hugging Face tokens (``hf_...``), PEM private keys, and the password
+   (or a long, token-like user) in ``scheme://user:password@host``.
 2. **Assignments** ``key=value`` / ``key: value`` / ``"key": "value"`` / ``'key': 'value'`` /
    ``?key=value&...`` whose *key* names a credential (:func:`is_secret_key`). The key and any
    quotes stay, so a log line still says *what* was masked; the value goes:
@@ -124,12 +126,25 @@ def _is_cookie_header(name: str) -> bool:
 
 # --- shapes -----------------------------------------------------------------------------------
 
-# The most specific shapes first, so a bearer token is masked as one unit.
+# The most specific shapes first, so a bearer token is masked as one unit. A shape whose
+# body can contain its own prefix (``glpat-glpat-...``) starts only where no body character
+# precedes, so a long run is scanned once, not once per prefix in it.
 _SECRET_PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
     re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{6,}"),
     re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
     re.compile(r"\b(?:ghp|gho|ghu|ghs|github_pat|xox[abpr])_[A-Za-z0-9_-]{8,}"),
     re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    # Stripe secret / restricted keys (publishable pk_ keys are public by design).
+    re.compile(r"(?<![A-Za-z0-9_])[sr]k_(?:live|test)_[A-Za-z0-9]{10,}"),
+    # Google API keys: AIza + 35 characters.
+    re.compile(r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35,}"),
+    # GitLab personal, deploy, runner, trigger, feed, OAuth, CI job, ... tokens.
+    re.compile(
+        r"(?<![A-Za-z0-9_.-])gl(?:pat|dt|rt|ptt|ft|imt|agent|oas|soat|cbt|wt|cuifr)-"
+        r"[A-Za-z0-9_.-]{20,}"
+    ),
+    # Hugging Face user and organisation tokens.
+    re.compile(r"(?<![A-Za-z0-9_])(?:hf|api_org)_[A-Za-z0-9]{30,}"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
 )
 

@@ -135,7 +135,11 @@ def exhaustive_compaction_check(model_cls: Any) -> list[str]:
 
 
 # Pre-Codex endings: the run is over, and the outcome says why.
-TERMINAL_OUTCOMES = {"thread_start_failed": "thread_start_failed", "cancelled": "cancelled"}
+TERMINAL_OUTCOMES = {
+    "thread_start_failed": "thread_start_failed",
+    "cancelled": "cancelled",
+    "transcript_unwritable": "transcript_unwritable",
+}
 
 
 def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, str | None]]:

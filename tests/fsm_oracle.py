@@ -33,6 +33,7 @@ TURN_TRIGGERS = (
     "started",
     "history_read",
     "history_read_failed",
+    "transcript_unwritable",
     "bootstrapped",
     "bootstrap_failed",
     "bootstrap_skipped",
@@ -110,6 +111,8 @@ def turn_oracle(
     if state == "IDLE":
         return "READING_HISTORY" if trigger == "started" else None
     if state == "READING_HISTORY":
+        if trigger == "transcript_unwritable":
+            return "FAILED"  # nothing reached Codex, nothing to mirror
         return "BOOTSTRAPPING" if trigger in ("history_read", "history_read_failed") else None
     if state == "BOOTSTRAPPING":
         if trigger in ("bootstrapped", "bootstrap_failed"):

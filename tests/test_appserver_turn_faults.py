@@ -29,6 +29,7 @@ import pytest
 
 from codex_turn.harness.appserver import (
     INTERRUPT_GRACE_S,
+    LIVENESS_TIMEOUT_S,
     MAX_REMEMBERED_THREADS,
     NATIVE_COMPACTION_TIMEOUT_S,
     AppServer,
@@ -71,6 +72,7 @@ class FakeCodex:
         self.sent: list[Message] = []
         self.handlers: dict[str, Callable[[Message], None]] = {}
         self.returncode: int | None = None
+        self.killed = False
         self.active_turns: set[str] = set()  # started (turn/started sent), not completed
         self.interrupted: list[str] = []  # turns a turn/interrupt was accepted for
         self._threads = itertools.count(1)
@@ -92,6 +94,8 @@ class FakeCodex:
             self.reply(message, {"thread": {"id": message["params"]["threadId"]}})
         elif method in self.handlers:
             self.handlers[method](message)
+        elif method == "thread/loaded/list":  # the client's liveness probe
+            self.reply(message, {"data": [], "nextCursor": None})
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -106,6 +110,10 @@ class FakeCodex:
 
     async def aclose(self) -> None:
         self._out.close()
+
+    def kill(self) -> None:
+        self.killed = True
+        self.die()
 
     # -- scripting -------------------------------------------------------------------------
 
@@ -416,6 +424,9 @@ def test_timing_defaults_have_one_source(tmp_path: Path) -> None:
     assert _default(AppServerClient, "interrupt_grace") == INTERRUPT_GRACE_S
     assert _default(TurnHandle, "interrupt_grace") == INTERRUPT_GRACE_S
     assert AppServerConfig(codex_home=tmp_path).interrupt_grace == INTERRUPT_GRACE_S
+    assert LIVENESS_TIMEOUT_S == 10.0
+    assert _default(AppServerClient, "liveness_timeout") == LIVENESS_TIMEOUT_S
+    assert AppServerConfig(codex_home=tmp_path).liveness_timeout == LIVENESS_TIMEOUT_S
 
 
 # --- the turn phase -------------------------------------------------------------------------

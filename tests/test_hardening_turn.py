@@ -230,3 +230,71 @@ async def test_a_mirror_failure_is_the_outcome_unsaved_with_the_reason(
     assert result.assistant_text  # the user did get an answer
     assert result.mirror_error is not None
     assert "No space left" in result.mirror_error
+
+
+# --- 4: a transcript that cannot take the turn is refused before Codex -----------------------
+
+
+async def test_an_unwritable_transcript_refuses_the_turn_before_codex(tmp_path: Any) -> None:
+    # Before: the model was called, the reply never saved, outcome "completed".
+    from codex_turn import TranscriptUnwritable, TurnResult
+
+    session = tmp_path / "session.jsonl"
+    session.mkdir()  # a directory at the path
+    server = FakeAppServer()
+    delivered: list[TurnResult] = []
+
+    async def on_turn_end(result: TurnResult) -> None:
+        delivered.append(result)
+
+    with pytest.raises(TranscriptUnwritable):
+        await run_codex_turn(
+            params(str(session), "hello"), app_server=server, on_turn_end=on_turn_end
+        )
+    assert server.calls == []
+    (result,) = delivered
+    assert result.outcome is TurnOutcome.TRANSCRIPT_UNWRITABLE
+    assert result.prompt_error
+
+
+# --- 10: the user's words are durable before the model sees them -----------------------------
+
+
+async def test_the_prompt_is_in_the_transcript_before_turn_start(session_file: str) -> None:
+    # Before: a host killed during the turn left the transcript without the prompt.
+    server = FakeAppServer()
+    real_turn = server.turn
+    seen_at_turn_start: list[list[Any]] = []
+
+    def turn(*args: Any, **kwargs: Any) -> Any:
+        clear_session_cache(session_file)
+        seen_at_turn_start.append([m.get("content") for m in load_session_messages(session_file)])
+        return real_turn(*args, **kwargs)
+
+    server.turn = turn  # type: ignore[method-assign]
+    result = await run_codex_turn(params(session_file, "remember me"), app_server=server)
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert seen_at_turn_start == [["remember me"]]
+    contents = [m.get("content") for m in load_session_messages(session_file)]
+    assert contents.count("remember me") == 1  # the mirror did not write it twice
+    assert len(contents) == 2
+
+
+# --- 5: a copied sidecar never makes one session resume another's thread ---------------------
+
+
+async def test_a_copied_sidecar_is_ignored(tmp_path: Any) -> None:
+    import shutil
+
+    from codex_turn.harness.binding import binding_path
+
+    server = FakeAppServer()
+    a = str(tmp_path / "a.jsonl")
+    b = str(tmp_path / "b.jsonl")
+    first = await run_codex_turn(params(a, "secret of A", session_id="A"), app_server=server)
+    await run_codex_turn(params(b, "hello from B", session_id="B"), app_server=server)
+    shutil.copy(binding_path(a), binding_path(b))  # a stale or copied sidecar
+    second = await run_codex_turn(params(b, "again from B", session_id="B"), app_server=server)
+    assert second.thread_id != first.thread_id
+    assert second.thread_decision is not None
+    assert second.thread_decision.reason == "missing-thread-binding"

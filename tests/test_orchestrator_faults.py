@@ -51,6 +51,7 @@ from support.recording_engine import OPTIONAL_METHODS, RecordingEngine
 
 from codex_turn.fsm import TurnFacts, TurnModel, TurnOutcome, TurnState, TurnTrigger
 from codex_turn.fsm.thread import ThreadAction
+from codex_turn.harness import stages
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -63,7 +64,12 @@ from codex_turn.harness.engine import AssembleResult, ContextProjection, LegacyC
 from codex_turn.harness.hooks import CompactionHookEvent, PromptBuildContext, TurnHooks
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
-from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+from codex_turn.harness.session import (
+    TranscriptUnwritable,
+    clear_session_cache,
+    load_session_messages,
+    mirror_turn,
+)
 
 T = TurnTrigger
 
@@ -260,9 +266,8 @@ def _apply_engine_faults(ex: Example, engine: RecordingEngine) -> None:
             engine.responses[method] = fault[1]
 
 
-def _lock_path(session_file: str) -> str:
-    directory, name = os.path.split(session_file)
-    return os.path.join(os.path.realpath(directory), name) + ".lock"
+def _disk_full(*_args: Any, **_kwargs: Any) -> Any:
+    raise OSError(28, "No space left on device")
 
 
 def _write(path: str, text: str) -> None:
@@ -320,8 +325,11 @@ async def run_example(ex: Example, workdir: str) -> Observed:
     server.start_error = ex.start_error
     server.resume_error = ex.resume_error
     server.scripts.append(ex.script)
+    real_mirror = stages.mirror_turn
     if ex.mirror_fault:
-        os.mkdir(_lock_path(session_file))
+        # The disk fails after the preflight passed (a held lock or a foreign file is refused
+        # before Codex now): the turn's mirror raises; the prompt was made durable before.
+        stages.mirror_turn = _disk_full  # type: ignore[assignment]
 
     async def on_turn_end(result: TurnResult) -> None:
         obs.delivered.append(result)
@@ -344,15 +352,14 @@ async def run_example(ex: Example, workdir: str) -> Observed:
                     maintenance_scheduler=scheduler,
                     on_turn_end=on_turn_end,
                 )
-            except Exception as error:  # the property fails on it; keep it for the report
+            except Exception as error:  # checked by the property; kept for the report
                 obs.raised = error
         obs.caller_cancelled = caller.cancelled_caught
         if scheduler is not None:
             with anyio.fail_after(10):
                 await scheduler.drain()
 
-    if ex.mirror_fault:
-        os.rmdir(_lock_path(session_file))
+    stages.mirror_turn = real_mirror  # type: ignore[assignment]
     obs.transcript = [dict(m) for m in load_session_messages(session_file)]
     obs.binding = read_binding(session_file)
     clear_session_cache(session_file)
@@ -473,10 +480,28 @@ def check_trace_is_legal(ex: Example, result: TurnResult) -> None:
             outcome = RUN_EXITS[T(entry.trigger)].value
 
 
+def check_refused(obs: Observed) -> None:
+    """A transcript that cannot take the turn (here: a foreign file) refuses it before anything
+    reaches Codex: a typed error, the result delivered, nothing called, nothing written."""
+    assert isinstance(obs.raised, TranscriptUnwritable), obs.raised
+    assert obs.result is None
+    (result,) = obs.delivered
+    assert result.outcome is TurnOutcome.TRANSCRIPT_UNWRITABLE
+    assert result.prompt_error
+    assert [e.trigger for e in result.trace] == [T.STARTED, T.TRANSCRIPT_UNWRITABLE]
+    assert obs.server.calls == []
+    if isinstance(obs.engine, RecordingEngine):
+        assert obs.engine.calls == []
+    assert obs.transcript == []  # the foreign file is never written
+
+
 def check(obs: Observed) -> None:
     ex = obs.example
     prompt = obs.prompt
 
+    if ex.prior == "corrupt":
+        check_refused(obs)
+        return
     # 1. The turn always returns a result (a cancelled caller gets it through on_turn_end).
     assert obs.raised is None, f"run_codex_turn raised {obs.raised!r}"
     ran_codex_cancel = ex.script.ending == "cancel" and not ex.cancel_before_codex
@@ -581,17 +606,19 @@ def check(obs: Observed) -> None:
     assert obs.hook_calls.count("before_compaction") == started
     assert obs.hook_calls.count("after_compaction") == completed
 
-    # Mirror: exactly one outcome per turn that ran; the prompt in the transcript exactly once.
-    mirror_ok = ran and not ex.mirror_fault and ex.prior != "corrupt"
+    # Mirror: exactly one outcome per turn that ran; the prompt in the transcript exactly once
+    # (made durable before turn/start, so a failed mirror still keeps the user's words).
+    mirror_ok = ran and not ex.mirror_fault
     assert triggers.count(T.MIRRORED) == (1 if mirror_ok else 0)
     assert triggers.count(T.MIRROR_FAILED) == (1 if ran and not mirror_ok else 0)
     in_transcript = sum(_is_prompt(m, prompt) for m in obs.transcript)
-    assert in_transcript == (1 if mirror_ok else 0), f"prompt {in_transcript}x in transcript"
+    assert in_transcript == (1 if ran else 0), f"prompt {in_transcript}x in transcript"
     assert _texts(obs.transcript[: len(obs.prior_messages)]) == _texts(obs.prior_messages)
     if mirror_ok:
         assert _texts(obs.transcript[len(obs.prior_messages) :]) == _texts(result.messages_snapshot)
     else:
-        assert len(obs.transcript) == len(obs.prior_messages)
+        new = obs.transcript[len(obs.prior_messages) :]
+        assert _texts(new) == (_texts(result.messages_snapshot[:1]) if ran else [])
     assert not any(PARTIAL in str(m.get("content")) for m in obs.transcript)
 
     # Finalize: exactly one path per turn that ran.
@@ -1095,7 +1122,8 @@ def test_mirror_failure_finalizes_from_history_plus_snapshot() -> None:
     obs = _run(prior="transcript", mirror_fault=True)
     result = obs.final
     assert T.MIRROR_FAILED in _triggers(obs)
-    assert _texts(obs.transcript) == _texts(obs.prior_messages)  # nothing was written
+    # The reply could not be written; the user's words were made durable before the turn.
+    assert _texts(obs.transcript) == _texts(obs.prior_messages + result.messages_snapshot[:1])
     params = obs.engine.only_call("after_turn").params
     assert _texts(params.messages) == _texts(obs.prior_messages + result.messages_snapshot)
     assert params.pre_prompt_message_count == len(obs.prior_messages)
@@ -1103,11 +1131,14 @@ def test_mirror_failure_finalizes_from_history_plus_snapshot() -> None:
 
 
 def test_foreign_transcript_is_never_written() -> None:
+    # Issue 11: refused before anything reaches Codex (it used to run the model, then fail to
+    # mirror), with a typed error; the foreign file is untouched.
     obs = _run(prior="corrupt")
     assert obs.prior_messages == []
     assert obs.transcript == []
-    assert T.MIRROR_FAILED in _triggers(obs)
-    assert sum(_is_prompt(m, obs.prompt) for m in _new_messages(obs)) == 1
+    assert isinstance(obs.raised, TranscriptUnwritable)
+    assert _triggers(obs) == [T.STARTED, T.TRANSCRIPT_UNWRITABLE]
+    assert obs.server.calls == []
 
 
 def test_cancel_mid_turn_interrupts_mirrors_finalizes_and_propagates() -> None:

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from codex_turn._log import format_error
 from codex_turn._secrets import REDACTED, _names_a_credential, is_secret_key, redact_secrets
 from codex_turn.projection.payload import redacted_payload, render_json
 
@@ -145,6 +146,70 @@ def test_code_operators_and_container_values_are_masked(line: str, expected: str
 def test_json_inside_a_json_string_is_masked() -> None:
     line = '{"body": "{\\"token\\": \\"Zq9xT4mW2pL7\\", \\"n\\": 1}"}'
     assert redact_secrets(line) == '{"body": "{\\"token\\": \\"[redacted]\\", \\"n\\": 1}"}'
+
+
+# --- provider token shapes (issue 11): masked wherever they occur ------------------------------
+
+# Shaped like the real thing, but not real keys (each provider documents its shape).
+PROVIDER_TOKENS = {
+    "stripe secret": "sk_live_" + "51Hx9aBcDeFgHiJkLmNoPq",
+    "stripe test": "sk_test_" + "4eC39HqLyjWDarjtT1zdp7dc",
+    "stripe restricted": "rk_live_" + "51Hx9aBcDeFgHiJkLmNoPq",
+    "google api": "AIza" + "SyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
+    "gitlab personal": "glpat-" + "xJ7Z3vR9q2LmN5pK8wYb",
+    "gitlab routable": "glpat-" + "Yz8bQ2mN4kL7pR9tW3xC.01.0w1a2b3c4",
+    "gitlab deploy": "gldt-" + "Ab3De5Gh7Jk9Mn1Pq3St",
+    "hugging face": "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+}
+
+
+@pytest.mark.parametrize("token", PROVIDER_TOKENS.values(), ids=PROVIDER_TOKENS.keys())
+def test_provider_tokens_in_engine_errors_are_masked(token: str) -> None:
+    for text in (
+        token,
+        f"engine failed: upstream rejected {token} (401)",
+        f"request to https://api.example.com/v1?x=1 with {token}, retrying",
+        f"('{token}',)",
+    ):
+        out = redact_secrets(text)
+        assert token not in out, text
+        assert REDACTED in out
+        assert token[8:24] not in out  # no fragment survives either
+        assert token not in format_error(RuntimeError(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pk_live_51Hx9aBcDeFgHiJkLmNoPq is the publishable key",  # public by design
+        "sk_live_short",  # too short to be a key
+        "the AIza prefix alone",
+        "glpat- followed by nothing",
+        "hf_hub_download(repo_id='x')",  # an ordinary Hugging Face function name
+        "mask_live_sessions_now and risk_test_cases_fast",  # words ending in sk/rk
+    ],
+)
+def test_provider_token_look_alikes_survive(text: str) -> None:
+    assert redact_secrets(text) == text
+
+
+_TOKEN_PREFIXES = st.sampled_from(
+    ["sk_live_", "sk_test_", "rk_live_", "rk_test_", "AIza", "glpat-", "gldt-", "hf_"]
+)
+_TOKEN_BODY = st.text(alphabet=string.ascii_letters + string.digits, min_size=35, max_size=48)
+_ERROR_FILLER = st.text(alphabet=string.ascii_lowercase + " :,;()[]{}'\"=\n", max_size=30)
+
+
+@given(_ERROR_FILLER, _TOKEN_PREFIXES, _TOKEN_BODY, _ERROR_FILLER)
+def test_a_planted_provider_token_never_survives(
+    before: str, prefix: str, body: str, after: str
+) -> None:
+    token = prefix + body
+    text = f"{before} {token} {after}"
+    out = redact_secrets(text)
+    assert body not in out
+    assert redact_secrets(out) == out
+    assert body not in format_error(RuntimeError(text))
 
 
 # --- URLs ---------------------------------------------------------------------------------------
@@ -402,6 +467,10 @@ _SCALING_SCRIPT = textwrap.dedent(
             "json counters": '{"tokens": 1, "input_tokens": 2, ' * (size // 33 + 1),
             "escaped quotes": '\\\\"' * (size // 2 + 1),
             "open typographic quotes": "\\u201c" * size,
+            "stripe prefixes": "sk_live_" * (size // 8 + 1),
+            "google prefixes": "AIza" * (size // 4 + 1),
+            "gitlab prefixes": "glpat-" * (size // 6 + 1),
+            "hugging face prefixes": "hf_" * (size // 3 + 1),
         }
 
     def cost(text):
@@ -438,6 +507,6 @@ def test_redaction_time_grows_linearly_even_on_adversarial_text() -> None:
         pytest.fail("redacting 1 MB of adversarial text did not finish in 300 s")
     assert done.returncode == 0, done.stderr
     ratios: dict[str, float] = json.loads(done.stdout)
-    assert len(ratios) == 18
+    assert len(ratios) == 22
     superlinear = {name: round(ratio, 1) for name, ratio in ratios.items() if ratio > 40}
     assert not superlinear, superlinear

@@ -356,9 +356,11 @@ def test_an_unterminated_but_complete_last_line_is_respected(tmp_path: Path) -> 
 def test_foreign_files_are_refused_and_left_alone(tmp_path: Path) -> None:
     for name, content in {
         "not-session.jsonl": b'{"type":"message","id":"1","parentId":null,"message":{}}\n',
-        "torn-header.jsonl": b'{"type":"sess',
+        "torn-entry.jsonl": b'{"type":"message","id":"1","par',
+        "prose.jsonl": b"notes, not a transcript",
         "no-id.jsonl": b'{"type":"session","version":3}\n',
-        "blank.jsonl": b"\n\n",
+        "torn-then-garbage.jsonl": b'{"type":"sess\nmore garbage\n',
+        # A torn header or a blank file holds nothing: recovered, see test_hardening_session.
     }.items():
         path = tmp_path / name
         path.write_bytes(content)

@@ -18,6 +18,9 @@ context engine is a plugin and must never be able to break a turn:
     idle -> reading_history -> bootstrapping -> assembling -> projecting -> building_prompt
          -> starting_thread -> running_turn -> mirroring -> finalizing -> maintaining -> done
 
+* reading_history first checks that the transcript can take this turn's mirror (a directory,
+  a FIFO, a foreign file, no permission): if not, the turn ends ``failed`` with the outcome
+  ``transcript_unwritable`` before anything reached Codex, and the runner gets a typed error.
 * bootstrapping is entered on every turn and either bootstraps (only with an active engine and
   a session file that existed before the turn) or is skipped; a failed bootstrap continues.
 * assembling without an active engine is skipped straight to building_prompt (the turn is
@@ -100,6 +103,7 @@ class TurnTrigger(enum.StrEnum):
     STARTED = "started"
     HISTORY_READ = "history_read"
     HISTORY_READ_FAILED = "history_read_failed"
+    TRANSCRIPT_UNWRITABLE = "transcript_unwritable"
     BOOTSTRAPPED = "bootstrapped"
     BOOTSTRAP_FAILED = "bootstrap_failed"
     BOOTSTRAP_SKIPPED = "bootstrap_skipped"
@@ -146,6 +150,8 @@ class TurnOutcome(enum.Enum):
     #: Codex completed the turn but its reply could not be written to the transcript (the
     #: mirror failed): the user has an answer the session does not remember.
     UNSAVED = "unsaved"
+    #: The transcript cannot take this turn (checked before anything reached Codex).
+    TRANSCRIPT_UNWRITABLE = "transcript_unwritable"
 
     @property
     def prompt_error(self) -> bool:
@@ -220,6 +226,7 @@ OUTCOME_OF_TRIGGER: dict[str, TurnOutcome] = {
     TurnTrigger.TURN_TIMED_OUT: TurnOutcome.TIMED_OUT,
     TurnTrigger.THREAD_START_FAILED: TurnOutcome.THREAD_START_FAILED,
     TurnTrigger.CANCELLED: TurnOutcome.CANCELLED,
+    TurnTrigger.TRANSCRIPT_UNWRITABLE: TurnOutcome.TRANSCRIPT_UNWRITABLE,
 }
 
 
@@ -323,10 +330,12 @@ _CANCEL = Edge(T.CANCELLED, S.FAILED)
 TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
     # State: idle
     S.IDLE: (Edge(T.STARTED, S.READING_HISTORY),),
-    # State: reading_history (a failed read continues with empty history)
+    # State: reading_history (a failed read continues with empty history; a transcript that
+    # cannot take this turn ends it before anything reaches Codex)
     S.READING_HISTORY: (
         Edge(T.HISTORY_READ, S.BOOTSTRAPPING),
         Edge(T.HISTORY_READ_FAILED, S.BOOTSTRAPPING),
+        Edge(T.TRANSCRIPT_UNWRITABLE, S.FAILED),
         _CANCEL,
     ),
     # State: bootstrapping (only with an engine and a pre-existing transcript; failure continues)

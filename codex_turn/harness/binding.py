@@ -25,6 +25,25 @@ decides how it fails:
   pid is dead.
 * **Clearing is an unlink.** ``/new``, ``/reset``, a fingerprint change or a failed resume
   remove the sidecar; the next turn starts a new thread.
+* **A binding proves whose it is.** A sidecar copied next to another transcript, or left
+  behind by an earlier session at a reused path, would make one session resume another
+  session's thread (and send its prompt into that conversation). So a binding records the
+  ``sessionId`` it was written for and the ``transcriptId`` of its transcript: the ``id`` of
+  the transcript's session header, which our mirror writes as the session id and OpenClaw as
+  its sessionId. The header is never rewritten, so the identity survives renames and copies
+  of the transcript itself (a transcript copied together with its sidecar is the same
+  conversation) and differs for every other session. When the transcript does not exist yet
+  (a first turn binds its thread before the mirror creates the file), the identity is the
+  session id the mirror will write. :func:`read_binding` ignores, with a warning, a binding
+  whose ``sessionId`` differs from the caller's or whose ``transcriptId`` differs from the
+  header now on disk; a missing, empty or unreadable transcript has nothing to contradict.
+  Sidecars written before these fields existed (OpenClaw's among them) carry neither: they
+  are accepted as they are, and the next write (every resume rewrites a binding whose fields
+  changed) adds both, so an old sidecar is trusted at most until its session's next turn.
+* **Nothing absurd is trusted or logged.** A sidecar over :data:`_MAX_SIDECAR_BYTES` is not
+  parsed; a ``threadId`` over :data:`MAX_THREAD_ID_CHARS` (Codex's are 36-character UUIDs)
+  or an identity field over :data:`_MAX_ID_CHARS` makes the binding invalid; identifiers in
+  log fields are cut to :data:`LOG_ID_CHARS` (:func:`cap_identifier`).
 
 The JSON is camelCase, pretty-printed with two spaces and a trailing newline, keys in
 OpenClaw's writer order, unset optionals absent (``approvalsReviewer`` is an addition to
@@ -47,11 +66,13 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
-from codex_turn.harness._fs import atomic_write, atomic_write_lock, session_path
+from codex_turn.harness._fs import atomic_write, atomic_write_lock, open_regular, session_path
 
 __all__ = [
     "BINDING_SCHEMA_VERSION",
     "BINDING_SUFFIX",
+    "LOG_ID_CHARS",
+    "MAX_THREAD_ID_CHARS",
     "BindingError",
     "ContextEngineBinding",
     "ProjectionBinding",
@@ -60,6 +81,7 @@ __all__ = [
     "ThreadDecisionRecord",
     "binding_path",
     "binding_to_json",
+    "cap_identifier",
     "clear_binding",
     "context_engine_policy_fingerprint",
     "read_binding",
@@ -72,6 +94,20 @@ BINDING_SUFFIX: Final = ".codex-app-server.json"
 BINDING_SCHEMA_VERSION: Final = 1
 ProjectionMode = Literal["per_turn", "thread_bootstrap"]
 _PROJECTION_MODES: Final = frozenset(get_args(ProjectionMode))
+MAX_THREAD_ID_CHARS: Final = 256  # Codex's thread ids are UUIDs; far beyond is not an id
+_MAX_ID_CHARS: Final = 1024  # sessionId, transcriptId: hosts choose these, allow headroom
+_MAX_SIDECAR_BYTES: Final = 8 << 20  # a dynamic-tools fingerprint can run to some KiB, no more
+LOG_ID_CHARS: Final = 200  # identifiers in log fields are cut to this
+_HEADER_PROBE_BYTES: Final = 64 * 1024  # a session header is one short line
+
+
+def cap_identifier(value: str, limit: int = LOG_ID_CHARS) -> str:
+    """``value`` safe for a log field: cut to ``limit`` characters, with the count of what
+    was cut. For identifiers read from files (a 20 MB ``threadId`` must not become a 20 MB
+    log record)."""
+    if len(value) > limit:
+        return f"{value[:limit]}…(+{len(value) - limit} chars)"
+    return value
 
 
 class BindingError(CodexTurnError):
@@ -121,7 +157,9 @@ class ThreadBinding:
     Field order is the JSON writer order. ``session_file`` is overwritten with the caller's
     path on read and write. ``approval_policy``, ``sandbox``, ``approvals_reviewer`` and
     ``service_tier`` are the runtime policy the thread was started or resumed with (unset:
-    not recorded, e.g. a binding written before the field existed).
+    not recorded, e.g. a binding written before the field existed). ``session_id`` and
+    ``transcript_id`` prove whose binding it is (see the module header);
+    :func:`write_binding` sets ``transcript_id`` from the transcript on disk.
     """
 
     schema_version: int = BINDING_SCHEMA_VERSION
@@ -138,6 +176,8 @@ class ThreadBinding:
     dynamic_tools_fingerprint: str | None = None
     context_engine: ContextEngineBinding | None = None
     thread_decision: ThreadDecisionRecord | None = None
+    session_id: str | None = None
+    transcript_id: str | None = None
     created_at: str = attrs.Factory(_now_iso)
     updated_at: str = attrs.Factory(_now_iso)
 
@@ -278,22 +318,156 @@ def _ignored(path: str, reason: str, **fields: Any) -> None:
     _log.warning("codex app-server binding ignored", path=path, reason=reason, **fields)
 
 
-def read_binding(session_file: str | os.PathLike[str]) -> ThreadBinding | None:
-    """The binding of ``session_file``, or ``None`` when there is no usable one.
+class _Unknown:
+    """The transcript's identity cannot be told (unreadable, foreign, a huge first line)."""
 
-    Never raises: a missing sidecar is silently ``None``; an unreadable, unparsable or
-    wrong-schema one (``schemaVersion != 1`` or no string ``threadId``) is ``None`` with a
-    warning. Fields of the wrong type are dropped; ``cwd`` defaults to ``""`` and the
-    timestamps to now; a malformed ``contextEngine`` block reads as absent.
-    """
-    path = binding_path(session_file)
+
+_UNKNOWN: Final = _Unknown()
+
+
+def _first_object(chunk: bytes, *, complete: bool) -> object:
+    """The first JSON object among the lines of ``chunk`` (blank, malformed and non-object
+    lines skipped, as the transcript reader does), ``None`` when there is none, or
+    :data:`_UNKNOWN` when ``chunk`` is only a prefix of the file and ends before one."""
+    lines = chunk.removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    last = len(lines) - 1
+    for index, raw in enumerate(lines):
+        if index == last and not complete:
+            return _UNKNOWN  # a line cut by the probe, or a line still being written
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _transcript_identity(session_file: str | os.PathLike[str]) -> str | _Unknown | None:
+    """The ``id`` of the transcript's session header; ``None`` when the transcript is missing
+    or empty (nothing written yet); :data:`_UNKNOWN` when it cannot be told. Never raises,
+    never blocks (a FIFO at the path is not read)."""
     try:
-        with open(path, "rb") as handle:
-            raw_bytes = handle.read()
+        fd = open_regular(session_path(session_file), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _UNKNOWN
+    try:
+        size = os.fstat(fd).st_size
+        chunk = os.pread(fd, min(size, _HEADER_PROBE_BYTES), 0)
+    except OSError:
+        return _UNKNOWN
+    finally:
+        os.close(fd)
+    if not chunk.strip():
+        return None
+    first = _first_object(chunk, complete=len(chunk) >= size)
+    if not isinstance(first, dict):
+        return None if first is None else _UNKNOWN
+    header_id = first.get("id")
+    if first.get("type") != "session" or not isinstance(header_id, str):
+        return _UNKNOWN  # not a transcript: the mirror refuses it, the binding cannot tell
+    return header_id
+
+
+def _identity_field(raw: dict[str, Any], key: str) -> str | _Unknown | None:
+    """A recorded identity: absent is ``None``; a non-string or absurd value is invalid."""
+    if key not in raw:
+        return None
+    value = raw[key]
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID_CHARS:
+        return _UNKNOWN
+    return value
+
+
+def _foreign(
+    path: str,
+    session_file: str | os.PathLike[str],
+    raw: dict[str, Any],
+    session_id: str | None,
+) -> bool:
+    """Whether the binding belongs to another session (then warned and ignored)."""
+    recorded_session = _identity_field(raw, "sessionId")
+    recorded_transcript = _identity_field(raw, "transcriptId")
+    if recorded_session is _UNKNOWN:
+        _ignored(path, "invalid sessionId")
+        return True
+    if recorded_transcript is _UNKNOWN:
+        _ignored(path, "invalid transcriptId")
+        return True
+    if (
+        session_id is not None
+        and isinstance(recorded_session, str)
+        and recorded_session != session_id
+    ):
+        _ignored(
+            path,
+            "written for another session",
+            bound_session_id=cap_identifier(recorded_session),
+            session_id=cap_identifier(session_id),
+        )
+        return True
+    if isinstance(recorded_transcript, str):
+        current = _transcript_identity(session_file)
+        if isinstance(current, str) and current != recorded_transcript:
+            _ignored(
+                path,
+                "written for another transcript",
+                bound_transcript_id=cap_identifier(recorded_transcript),
+                transcript_id=cap_identifier(current),
+            )
+            return True
+    return False
+
+
+def _read_sidecar(path: str) -> bytes | None:
+    """The sidecar's bytes, or ``None`` (missing: silently; otherwise with a warning)."""
+    try:
+        fd = open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     except OSError as error:
         _ignored(path, "failed to read", error=format_error(error))
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size > _MAX_SIDECAR_BYTES:
+            _ignored(path, "too large", bytes=size)
+            return None
+        data = bytearray()
+        while chunk := os.read(fd, 1 << 20):
+            data += chunk
+            if len(data) > _MAX_SIDECAR_BYTES:  # it grew after the fstat
+                _ignored(path, "too large", bytes=len(data))
+                return None
+    except OSError as error:
+        _ignored(path, "failed to read", error=format_error(error))
+        return None
+    finally:
+        os.close(fd)
+    return bytes(data)
+
+
+def read_binding(
+    session_file: str | os.PathLike[str], *, session_id: str | None = None
+) -> ThreadBinding | None:
+    """The binding of ``session_file``, or ``None`` when there is no usable one.
+
+    Never raises: a missing sidecar is silently ``None``; an unreadable, oversized,
+    unparsable or wrong-schema one (``schemaVersion != 1`` or no string ``threadId`` of at
+    most :data:`MAX_THREAD_ID_CHARS`) is ``None`` with a warning, and so is a binding of
+    another session: its ``sessionId`` differs from ``session_id`` (when given), or its
+    ``transcriptId`` from the ``id`` of the transcript's header (module header). Fields of
+    the wrong type are dropped; ``cwd`` defaults to ``""`` and the timestamps to now; a
+    malformed ``contextEngine`` block reads as absent. Warnings carry reasons, sizes and
+    identifiers cut to :data:`LOG_ID_CHARS`, never the sidecar's content.
+    """
+    path = binding_path(session_file)
+    raw_bytes = _read_sidecar(path)
+    if raw_bytes is None:
         return None
     try:
         raw = json.loads(raw_bytes.decode("utf-8"))
@@ -310,6 +484,11 @@ def read_binding(session_file: str | os.PathLike[str]) -> ThreadBinding | None:
     if not isinstance(thread_id, str) or not thread_id:
         _ignored(path, "missing threadId")
         return None
+    if len(thread_id) > MAX_THREAD_ID_CHARS:
+        _ignored(path, "invalid threadId", thread_id=cap_identifier(thread_id))
+        return None
+    if _foreign(path, session_file, raw, session_id):
+        return None
     cleaned = {key: raw[key] for key in _STRING_FIELDS if _is_str(raw.get(key))}
     engine = _clean_context_engine(raw.get("contextEngine"))
     if engine is not None:
@@ -323,6 +502,9 @@ def read_binding(session_file: str | os.PathLike[str]) -> ThreadBinding | None:
         and _is_str(decision.get("reason"))
     ):
         cleaned["threadDecision"] = {"action": decision["action"], "reason": decision["reason"]}
+    for key in ("sessionId", "transcriptId"):
+        if key in raw:
+            cleaned[key] = raw[key]  # checked by _foreign
     cleaned.update(schemaVersion=1, threadId=thread_id, sessionFile=os.fspath(session_file))
     try:
         return _converter.structure(cleaned, ThreadBinding)
@@ -345,15 +527,25 @@ def write_binding(
     binding: ThreadBinding,
     *,
     touch: bool = True,
+    session_id: str | None = None,
 ) -> ThreadBinding:
     """Atomically replace the sidecar of ``session_file`` with ``binding``; return what was written.
 
     ``sessionFile`` is set to the caller's path and, with ``touch``, ``updatedAt`` to now
-    (``createdAt`` is the caller's: new on ``thread/start``, kept on resume). Raises
+    (``createdAt`` is the caller's: new on ``thread/start``, kept on resume). ``sessionId``
+    is ``session_id`` when given, else the binding's; ``transcriptId`` is the ``id`` of the
+    transcript's header on disk, or the session id when the transcript has none yet (the
+    mirror will write it there), or unset when it cannot be told. Raises
     :class:`BindingError` when the write fails; the previous sidecar is then unchanged.
     """
     path = binding_path(session_file)
-    changes: dict[str, Any] = {"session_file": os.fspath(session_file)}
+    owner = session_id if session_id is not None else binding.session_id
+    identity = _transcript_identity(session_file)
+    changes: dict[str, Any] = {
+        "session_file": os.fspath(session_file),
+        "session_id": owner,
+        "transcript_id": owner if identity is None else None if identity is _UNKNOWN else identity,
+    }
     if touch:
         changes["updated_at"] = _now_iso()
     binding = attrs.evolve(binding, **changes)

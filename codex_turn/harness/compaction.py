@@ -260,7 +260,9 @@ async def compact_codex_session_traced(
         lane=params.session_key or params.session_id,
         wait_timeout=params.session_wait_timeout,
     ):
-        binding = await anyio.to_thread.run_sync(read_binding, params.session_file)
+        binding = await anyio.to_thread.run_sync(
+            lambda: read_binding(params.session_file, session_id=params.session_id)
+        )
         facts = CompactionFacts(
             engine_owns=owns, has_binding=binding is not None, manual=trigger == "manual"
         )
@@ -393,7 +395,7 @@ class _Run:
 
     def _clear_projection(self) -> None:
         """Drop the binding's projection block so the next turn re-projects on a fresh thread."""
-        binding = read_binding(self.params.session_file)
+        binding = read_binding(self.params.session_file, session_id=self.params.session_id)
         block = binding.context_engine if binding is not None else None
         if binding is None or block is None or block.projection is None:
             return
@@ -442,7 +444,9 @@ class _Run:
     async def _native_compact(self) -> _Native:
         p = self.params
         # Fresh: the engine's step may have taken long.
-        binding = await anyio.to_thread.run_sync(read_binding, p.session_file)
+        binding = await anyio.to_thread.run_sync(
+            lambda: read_binding(p.session_file, session_id=p.session_id)
+        )
         if binding is None:
             return self._native_failure(NO_THREAD_BINDING, T.NATIVE_FAILED)
         if p.auth_profile_id is not None and p.auth_profile_id != binding.auth_profile_id:

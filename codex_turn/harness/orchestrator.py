@@ -320,7 +320,10 @@ async def _drive(
                 "codex context engine maintenance skipped", reason=result.maintenance.skip_reason
             )
         if ctx.cancellation is None:
-            return await _deliver(ctx, result, on_turn_end)
+            await _deliver(ctx, result, on_turn_end)
+            if ctx.refusal is not None:
+                raise ctx.refusal  # the typed error (the runner's on_turn_end saw the result)
+            return result
         # The caller is gone: the host's callback still sees the result, within the cleanup
         # bound (a hung callback must not hold the session).
         with anyio.CancelScope(shield=True) as delivery:

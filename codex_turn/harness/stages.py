@@ -69,7 +69,12 @@ from codex_turn.harness.maintenance import (
     call_maintenance,
     defer_maintenance,
 )
-from codex_turn.harness.session import mirror_turn
+from codex_turn.harness.session import (
+    SessionError,
+    ensure_transcript_writable,
+    mirror_prompt,
+    mirror_turn,
+)
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport
 from codex_turn.harness.turn_context import (
     Assembled,
@@ -128,18 +133,30 @@ async def begin(ctx: TurnContext) -> TurnTrigger:
 
 
 async def read_history(ctx: TurnContext) -> TurnTrigger:
+    """Check that the transcript can take this turn, then read the history and the binding."""
     hooks = ctx.hooks
     # Only an engine and hooks read the mirrored history; plain Codex never needs it.
     wanted = ctx.engine is not None or bool(
         hooks.before_prompt_build or hooks.before_compaction or hooks.after_compaction
     )
+    params = ctx.params
 
-    # One worker-thread hop for both reads (read_binding never raises).
-    def read_both() -> tuple[list[AgentMessage] | None, ThreadBinding | None]:
+    # One worker-thread hop for the check and both reads (read_binding never raises).
+    def read_all() -> tuple[list[AgentMessage] | None, ThreadBinding | None]:
+        ensure_transcript_writable(
+            ctx.session_file, session_id=params.session_id, cwd=os.fspath(params.workspace_dir)
+        )
         history = read_history_sync(ctx) if wanted else []
-        return history, read_binding(ctx.session_file)
+        return history, read_binding(ctx.session_file, session_id=params.session_id)
 
-    history, binding = await anyio.to_thread.run_sync(read_both)
+    try:
+        history, binding = await anyio.to_thread.run_sync(read_all)
+    except SessionError as error:
+        # Nothing has reached Codex: refuse now rather than run a turn nobody can keep.
+        ctx.log.warning("codex turn refused: transcript unwritable", error=format_error(error))
+        ctx.refusal = error
+        ctx.start_error = format_error(error)
+        return T.TRANSCRIPT_UNWRITABLE
     ctx.history = HistoryRead(messages=history or [], binding=binding)
     return T.HISTORY_READ_FAILED if history is None else T.HISTORY_READ
 
@@ -382,6 +399,9 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     cancelled = anyio.get_cancelled_exc_class()
     end = RunEnd.FAILED
     try:
+        # The user's words are durable before the model sees them: a host that dies during
+        # the turn still leaves the prompt in the transcript (the mirror dedups it later).
+        await anyio.to_thread.run_sync(_mirror_prompt, ctx, thread.thread_id)
         async with ctx.app_server.turn(
             thread.thread_id,
             plan.prompt,
@@ -434,6 +454,18 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     ctx.ran = CodexRan(codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
+
+
+def _mirror_prompt(ctx: TurnContext, thread_id: str) -> None:
+    prompt = partial_result(ctx, [], CodexTurnStatus.INTERRUPTED, None).messages_snapshot[0]
+    mirror_prompt(
+        ctx.session_file,
+        prompt,
+        scope=f"codex-app-server:{thread_id}",
+        identity=ctx.prompt_identity,
+        session_id=ctx.params.session_id,
+        cwd=os.fspath(ctx.params.workspace_dir),
+    )
 
 
 async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
@@ -512,7 +544,8 @@ async def mirror(ctx: TurnContext) -> TurnTrigger:
                 ctx.session_file,
                 codex.messages_snapshot,
                 scope=codex.idempotency_scope,
-                identities=codex.mirror_identities,
+                # The prompt under the identity it was made durable with before the turn.
+                identities=[ctx.prompt_identity, *codex.mirror_identities[1:]],
                 session_id=params.session_id,
                 cwd=os.fspath(params.workspace_dir),
             )

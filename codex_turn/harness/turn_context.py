@@ -195,6 +195,11 @@ class TurnContext:
     maintenance: MaintenanceReport | None = None
     #: Why no Codex thread or turn could be started.
     start_error: str | None = None
+    #: The typed error that refused the turn before anything reached Codex (re-raised).
+    refusal: BaseException | None = None
+    #: The idempotency identity of this run's prompt in the transcript: run-unique, known
+    #: before Codex names the turn (the prompt is made durable before turn/start).
+    prompt_identity: str = attrs.Factory(lambda: f"run-{uuid.uuid4().hex}:prompt")
     #: The caller's cancellation, re-raised once the turn is delivered; and the deadline the
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
@@ -475,6 +480,8 @@ async def save_binding(
         "context_engine": engine_record,
         # Why this thread exists: the decision that started or rotated to it (a resume keeps
         # the record of the thread it resumed).
+        "session_id": params.session_id,
+        "transcript_id": previous.transcript_id if previous is not None else None,
         "thread_decision": previous.thread_decision
         if previous is not None
         else ThreadDecisionRecord(action=decision.action.value, reason=decision.reason)

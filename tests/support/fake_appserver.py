@@ -44,10 +44,17 @@ compaction, token usage, and how the turn ends). Endings:
                and then hangs: the caller's cancellation interrupts the turn.
 
 ``partial`` streams an ``agentMessage`` delta that never completes before a non-completed
-ending (a dangling item: never mirrored as the reply). ``turn_start_error`` makes
-``turn/start`` itself fail. Thread-level failures are attributes, applied to every call while
-set: ``start_error`` (``thread/start``) and ``resume_error`` (``thread/resume``; resuming an
-unknown thread also fails, as Codex reports a missing rollout).
+ending (a dangling item: never mirrored as the reply). ``tool_calls`` makes the model call
+dynamic tools (``(name, arguments)`` each, in order, before the reply of any ending): each
+runs through the thread's REAL :class:`ToolRegistry` (so arguments are checked against the
+tool's schema exactly as in the product) and is recorded as a ``tool_call``
+(``name``, ``success``), with the text it answered in ``server.tool_outputs``. ``turn_start_error`` makes ``turn/start`` itself fail.
+Thread-level failures are attributes, applied to every call while set: ``start_error``
+(``thread/start``) and ``resume_error`` (``thread/resume``). A resume can fail two ways, as
+with the real client: definitively (:class:`ThreadNotFound`: what resuming an unknown
+thread raises, as Codex reports a missing rollout; set ``resume_error =
+FakeAppServer.not_found(thread_id)`` to force it) or transiently (any other
+:class:`AppServerError`, e.g. ``FakeAppServer.resume_timeout()``: the thread still exists).
 
 Scripts are consumed one per ``turn()`` from ``server.scripts`` (``default`` when empty).
 Everything is recorded in ``server.calls`` (:class:`FakeCall`: ``start_thread``,
@@ -82,11 +89,13 @@ from codex_turn.harness.appserver import (
     AppServerError,
     AppServerPort,
     AppServerRpcError,
+    AppServerTimeout,
     AskForApproval,
     CompactionResult,
     DynamicTool,
     Notification,
     SandboxMode,
+    ThreadNotFound,
     ThreadResult,
     ToolRegistry,
     TurnHandle,
@@ -131,6 +140,7 @@ class CodexScript:
     usage: Mapping[str, int] | None = DEFAULT_USAGE
     turn_start_error: AppServerError | None = None
     yield_tool: str = "sessions_yield"
+    tool_calls: Sequence[tuple[str, Any]] = ()
 
 
 @attrs.define
@@ -170,7 +180,7 @@ _SANDBOX_TYPES: Mapping[SandboxMode, str] = {
 @attrs.frozen
 class _ToolCall:
     name: str
-    arguments: Mapping[str, Any]
+    arguments: Any
 
 
 class _Hang:
@@ -266,10 +276,29 @@ class FakeAppServer:
         self.closed_error: AppServerClosed | None = None
         self.cancel_caller: Callable[[], None] = _no_caller
         self.calls: list[FakeCall] = []
+        self.tool_outputs: list[str] = []  # what each tool call answered the model, in order
         self.threads: dict[str, ToolRegistry] = {}
         self._active: dict[tuple[str, str], _ScriptedStream] = {}
         self._policies: dict[str, _Policy] = {}
         self._ids = itertools.count(1)
+
+    # --- failures ------------------------------------------------------------------------
+
+    @staticmethod
+    def not_found(thread_id: str) -> ThreadNotFound:
+        """Codex's definitive answer: there is no such thread (as for a missing rollout)."""
+        return ThreadNotFound(
+            -32600, f"no rollout found for thread id {thread_id}", thread_id=thread_id
+        )
+
+    @staticmethod
+    def resume_timeout(seconds: float = 60.0) -> AppServerTimeout:
+        """A transient failure: ``thread/resume`` got no answer (the thread may well exist)."""
+        return AppServerTimeout(
+            f"thread/resume got no response within {seconds:g}s",
+            method="thread/resume",
+            seconds=seconds,
+        )
 
     # --- inspection ----------------------------------------------------------------------
 
@@ -361,7 +390,7 @@ class FakeAppServer:
         if self.resume_error is not None:
             raise self.resume_error
         if thread_id not in self.threads:
-            raise AppServerRpcError(-32600, f"no rollout found for thread id {thread_id}")
+            raise self.not_found(thread_id)
         # Codex froze the tool set at thread/start; the tools are bound locally only.
         self.threads[thread_id] = registry
         # What was sent replaces the thread's policy; what was not keeps it.
@@ -395,7 +424,7 @@ class FakeAppServer:
         if self.compact_error is not None:
             raise self.compact_error
         if thread_id not in self.threads:
-            raise AppServerRpcError(-32600, f"no rollout found for thread id {thread_id}")
+            raise self.not_found(thread_id)  # the real AppServer resumes it first
         if self.compaction_result is not None:
             return self.compaction_result
         return CompactionResult(
@@ -490,10 +519,12 @@ class FakeAppServer:
     def _die(self) -> None:
         self.closed_error = AppServerClosed("codex app-server exited", returncode=137)
 
-    async def _call_tool(self, thread_id: str, name: str, arguments: Mapping[str, Any]) -> None:
+    async def _call_tool(self, thread_id: str, name: str, arguments: Any) -> None:
         registry = self.threads.get(thread_id, ToolRegistry())
-        response = await registry.call(name, dict(arguments))
+        response = await registry.call(name, arguments)
         self.calls.append(FakeCall("tool_call", {"name": name, "success": response.get("success")}))
+        texts = [str(i.get("text", "")) for i in response.get("contentItems", [])]
+        self.tool_outputs.append("\n".join(texts))
 
 
 def _no_caller() -> None:
@@ -535,6 +566,17 @@ def _steps(script: CodexScript, thread_id: str, turn_id: str) -> list[Step]:
             ),
             item("item/completed", "reasoning", reasoning_id, summary=[], content=[]),
         ]
+
+    def tool_calls() -> list[Step]:
+        steps: list[Step] = []
+        for index, (name, arguments) in enumerate(script.tool_calls):
+            call_id = f"{turn_id}-call-{index}"
+            steps += [
+                item("item/started", "dynamicToolCall", call_id, tool=name),
+                _ToolCall(name, arguments),
+                item("item/completed", "dynamicToolCall", call_id, tool=name),
+            ]
+        return steps
 
     def reply() -> list[Step]:
         if script.reply is None:
@@ -581,6 +623,7 @@ def _steps(script: CodexScript, thread_id: str, turn_id: str) -> list[Step]:
             },
         )
 
+    steps += tool_calls()
     ending = script.ending
     if ending == "completed":
         steps += [*reply(), *usage, completed("completed")]

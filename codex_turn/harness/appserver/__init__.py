@@ -3,17 +3,21 @@
 Layers (bottom up), each mapping its own failures once into the :mod:`.errors` family:
 
 * :mod:`.defaults`: the shared timing and memory defaults (interrupt grace, native
-  compaction timeout, remembered threads), used by every layer and by compaction;
-* :mod:`.config`: CODEX_HOME, an offline-safe ``config.toml``, argv and environment;
+  compaction timeout, liveness timeout, remembered threads), used by every layer and by
+  compaction; :mod:`.logsafe`: identifiers capped before they are logged;
+* :mod:`.config`: CODEX_HOME (a private one owner-only), an offline-safe ``config.toml``,
+  argv and environment;
 * :mod:`.process`: the child process as a line transport (stderr drained, graceful shutdown,
   immediate death detection);
-* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing), with
+* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
+  liveness after a missed deadline, always-valid outgoing text), with
   its methods in :mod:`.threads` (thread start/resume), :mod:`.turn_start` (turn start and
   interrupt) and :mod:`.native_compaction` (``thread/compact/start``);
 * :mod:`.server_requests`: what Codex asks of us (dynamic tools, approvals, user input);
 * :mod:`.turn`: :class:`TurnHandle`, one Codex turn and the theory of its phases;
 * :mod:`.projector`: a turn's notifications folded into a :class:`CodexTurnResult`;
-* :mod:`.manager`: :class:`AppServer`, many threads over one process, restarted after a crash;
+* :mod:`.manager`: :class:`AppServer`, many threads over one process, replaced after a crash
+  or once declared dead;
 * :mod:`.port`: :class:`AppServerPort`, the part of :class:`AppServer` the orchestrator and
   compaction use (the tests' in-process fake implements it too).
 
@@ -32,13 +36,19 @@ from __future__ import annotations
 
 from .client import AppServerClient
 from .config import AppServerConfig, ModelProviderConfig, bundled_codex_path, render_toml
-from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
+from .defaults import (
+    INTERRUPT_GRACE_S,
+    LIVENESS_TIMEOUT_S,
+    MAX_REMEMBERED_THREADS,
+    NATIVE_COMPACTION_TIMEOUT_S,
+)
 from .errors import (
     AppServerClosed,
     AppServerError,
     AppServerRpcError,
     AppServerStartError,
     AppServerTimeout,
+    ThreadNotFound,
 )
 from .manager import AppServer
 from .native_compaction import CompactionResult
@@ -62,6 +72,7 @@ from .types import (
 
 __all__ = [
     "INTERRUPT_GRACE_S",
+    "LIVENESS_TIMEOUT_S",
     "MAX_REMEMBERED_THREADS",
     "NATIVE_COMPACTION_TIMEOUT_S",
     "AppServer",
@@ -90,6 +101,7 @@ __all__ = [
     "Notification",
     "SandboxMode",
     "TextInput",
+    "ThreadNotFound",
     "ThreadResult",
     "ToolRegistry",
     "ToolResult",

@@ -30,6 +30,27 @@ everything lives in :meth:`_Connection.__init__`.
 Errors are mapped once, here: a JSON-RPC error object becomes :class:`AppServerRpcError`, a
 missed deadline :class:`AppServerTimeout`.
 
+Liveness. A deadline can pass for innocent reasons (a slow model, a long resume), so a missed
+one never ends anything by itself; it only raises the question whether the process is still
+there (a stopped or wedged process answers nothing, ever). The question is asked once at a
+time (:meth:`_Connection._deadline_missed`, awaited by every caller whose deadline passed,
+before its :class:`AppServerTimeout` is raised: ``turn/start``, any request, and so the
+``turn/interrupt`` of a turn whose idle or turn timeout passed): a cheap probe
+(``thread/loaded/list``, answered in well under a millisecond, mid-turn too) is sent, and any
+line read from the process within ``liveness_timeout`` (the probe's answer or anything else)
+proves it alive. Silence proves it dead: it is killed (SIGKILL, which also ends a stopped
+process) and the connection retired, exactly like a crash, so every pending call fails with
+:class:`AppServerClosed` and :class:`~.manager.AppServer` starts a fresh process on the same
+CODEX_HOME on its next call and re-resumes its threads. Nothing on disk is touched: threads,
+rollouts and bindings survive; a wedged process costs the turns in flight, never a thread.
+Worst case to replacement: the missed deadline plus ``liveness_timeout``.
+
+Outgoing text is always valid Unicode. Codex rejects a line holding a lone UTF-16 surrogate
+(on stderr only: the request is never answered), so :func:`encode_message`, the one place a
+message is serialised, replaces each unpaired surrogate by U+FFFD (a well-formed pair in a
+Python string becomes its character, as Codex would have read it). Prompts, instructions,
+tool results and injected context all pass through it.
+
 Logging records ids, methods, counts and durations, never params (they carry prompts, tool
 arguments and model text).
 
@@ -43,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Self
@@ -54,14 +76,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from codex_turn._log import format_error, get_logger
 
 from .config import AppServerConfig
-from .defaults import INTERRUPT_GRACE_S
+from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
 from .errors import (
+    MAX_MESSAGE_CHARS,
     AppServerClosed,
     AppServerError,
     AppServerRpcError,
     AppServerStartError,
     AppServerTimeout,
 )
+from .logsafe import capped
 from .native_compaction import CompactionResult, _CompactionMethods, _KeyedLocks
 from .process import AppServerProcess, LineTransport
 from .projector import Notification
@@ -87,11 +111,47 @@ __all__ = [
     "TurnHandle",
     "UserInputHandler",
     "decline_all",
+    "encode_message",
 ]
 
 log = get_logger(__name__)
 
 NotificationListener = Callable[[Notification], None]
+
+#: The liveness probe: cheap, in memory, no side effects, answered mid-turn (see the header).
+LIVENESS_PROBE_METHOD = "thread/loaded/list"
+_LIVENESS_PROBE_PARAMS = {"limit": 1}
+
+# A surrogate pair (kept: it is one character), or a lone surrogate (repaired).
+_SURROGATES = re.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")
+
+
+def _repair_surrogate(match: re.Match[str]) -> str:
+    found = match.group()
+    if len(found) == 2:
+        high, low = ord(found[0]), ord(found[1])
+        return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+    return "\ufffd"
+
+
+def encode_message(message: Mapping[str, Any]) -> tuple[bytes, int]:
+    """One JSON line (without the newline) as UTF-8, and how many lone surrogates in it were
+    replaced by U+FFFD (see the module header). Valid text costs one encode, nothing more."""
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8"), 0
+    except UnicodeEncodeError:
+        pass
+    lone = 0
+
+    def repair(match: re.Match[str]) -> str:
+        nonlocal lone
+        fixed = _repair_surrogate(match)
+        lone += fixed == "\ufffd"
+        return fixed
+
+    # Surrogates can only occur inside JSON strings, so this cannot change the structure.
+    return _SURROGATES.sub(repair, text).encode("utf-8"), lone
 
 
 class _Pending:
@@ -128,10 +188,12 @@ class _Connection:
         provider: str | None = None,
         model: str | None = None,
         interrupt_grace: float = INTERRUPT_GRACE_S,
+        liveness_timeout: float = LIVENESS_TIMEOUT_S,
     ) -> None:
         self.transport = transport
         self.request_timeout = request_timeout
         self.interrupt_grace = interrupt_grace
+        self.liveness_timeout = liveness_timeout
         self.approval_policy = approval_policy
         self.user_input_handler = user_input_handler
         self.provider = provider
@@ -141,6 +203,7 @@ class _Connection:
         self.record_sent = False
         self.server_requests: dict[Any, str] = {}  # id -> method, when ``record_sent``
         self.garbage_lines = 0
+        self.repaired_surrogates = 0
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
         self._subs: dict[str, list[_Subscription]] = {}
@@ -149,6 +212,8 @@ class _Connection:
         self._loaded_threads: set[str] = set()
         self._compaction_locks = _KeyedLocks()
         self._closed_error: AppServerClosed | None = None
+        self._probe: anyio.Event | None = None  # set when the running liveness probe is done
+        self._life: anyio.Event | None = None  # set by the reader on any line, while probing
         self._closed = anyio.Event()
         self._stop = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -170,6 +235,7 @@ class _Connection:
 
         ``sent_log``: append every message sent (requests, notifications, responses) to this
         list; the conformance tests validate it against the binary's JSON schema."""
+        spawned = transport is None
         if transport is None:
             transport = await AppServerProcess.spawn(config)
         client = cls(
@@ -180,6 +246,7 @@ class _Connection:
             provider=config.provider.id if config.provider else None,
             model=config.model,
             interrupt_grace=config.interrupt_grace,
+            liveness_timeout=config.liveness_timeout,
         )
         if sent_log is not None:
             client.record_sent = True
@@ -203,6 +270,13 @@ class _Connection:
                             raise AppServerStartError(
                                 f"codex app-server failed to initialize: {format_error(exc)}"
                             ) from exc
+                        if spawned:
+                            try:
+                                config.restrict_home()  # Codex re-opens a few modes at startup
+                            except OSError as exc:
+                                log.warning(
+                                    "appserver.home_not_restricted", error=format_error(exc)
+                                )
                         yield client
                     finally:
                         client._mark_closed(AppServerClosed("codex app-server client was closed"))
@@ -261,6 +335,8 @@ class _Connection:
         try:
             while True:
                 line = await self.transport.receive_line()
+                if self._life is not None:
+                    self._life.set()  # a sign of life for the running probe
                 self._dispatch(line)
         except AppServerClosed as exc:
             if self._closed_error is None:
@@ -300,13 +376,17 @@ class _Connection:
         if msg_id is not None and ("result" in message or "error" in message):
             pending = self._pending.pop(msg_id, None) if isinstance(msg_id, int) else None
             if pending is None:
-                log.warning("appserver.unexpected_response", id=str(msg_id))
+                log.warning("appserver.unexpected_response", id=capped(msg_id))
                 return
             error = message.get("error")
             if error is not None:
-                code = error.get("code", -32603) if isinstance(error, dict) else -32603
-                text = error.get("message", "") if isinstance(error, dict) else str(error)
-                pending.error = AppServerRpcError(int(code), str(text), method=pending.method)
+                code = error.get("code") if isinstance(error, dict) else None
+                if not isinstance(code, int) or isinstance(code, bool):
+                    code = -32603  # malformed: an internal error, never a crashed reader
+                text = error.get("message", "") if isinstance(error, dict) else error
+                if not isinstance(text, str):
+                    text = capped(text, MAX_MESSAGE_CHARS) or ""
+                pending.error = AppServerRpcError(code, text, method=pending.method)
             else:
                 pending.result = message.get("result")
             pending.event.set()
@@ -351,7 +431,15 @@ class _Connection:
     async def _send(self, message: dict[str, Any]) -> None:
         if self.record_sent:
             self.sent.append(message)
-        await self.transport.send_line(json.dumps(message, separators=(",", ":")).encode())
+        line, repaired = encode_message(message)
+        if repaired:
+            self.repaired_surrogates += repaired
+            log.warning(
+                "appserver.lone_surrogates_replaced",
+                method=capped(message.get("method")),
+                count=repaired,
+            )
+        await self.transport.send_line(line)
 
     async def request(
         self,
@@ -371,8 +459,11 @@ class _Connection:
                 msg_id, pending = await self._start_request(method, params)
                 await pending.event.wait()
         except TimeoutError:
+            await self._deadline_missed(method)
             raise AppServerTimeout(
-                f"{method} got no response within {seconds:g}s", method=method, seconds=seconds
+                f"{capped(method)} got no response within {seconds:g}s",
+                method=method,
+                seconds=seconds,
             ) from None
         finally:
             if msg_id is not None:
@@ -381,7 +472,7 @@ class _Connection:
             raise pending.error
         log.debug(
             "appserver.request",
-            method=method,
+            method=capped(method),
             id=msg_id,
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
@@ -441,19 +532,84 @@ class _Connection:
         await self.notify("initialized")
         return self.initialize_result
 
-    async def retire(self, reason: str) -> None:
+    async def retire(self, reason: str, *, dead: bool = False) -> None:
         """Take this connection out of service for good and stop its process.
 
         Every pending request and subscription fails with :class:`AppServerClosed` at once;
         the process is shut down (stdin closed, then terminate, then kill, shielded) before
-        this returns. :class:`~.manager.AppServer` starts a fresh process on its next call.
+        this returns; a ``dead`` one (it stopped answering) is killed first, as it would act
+        on neither. :class:`~.manager.AppServer` starts a fresh process on its next call.
         """
         if self._closed_error is None:
-            log.warning("appserver.retired", reason=reason)
-        self._mark_closed(AppServerClosed(f"codex app-server connection retired: {reason}"))
+            log.warning("appserver.retired", reason=reason, dead=dead)
+        what = "declared dead" if dead else "connection retired"
+        self._mark_closed(AppServerClosed(f"codex app-server {what}: {reason}"))
         self.request_stop()
+        if dead:
+            self.transport.kill()
         with anyio.CancelScope(shield=True):
             await self.transport.aclose()
+
+    # -- liveness ------------------------------------------------------------------------
+
+    async def _deadline_missed(self, what: str) -> None:
+        """``what`` got no answer in time: return once it is known whether the process is
+        alive; a dead one is retired by then (see "Liveness" in the module header). One probe
+        at a time: concurrent callers wait for the same verdict. Never raises."""
+        if self._closed_error is not None or self._tg is None:
+            return
+        done = self._probe
+        if done is None:
+            done = self._probe = anyio.Event()
+            self._tg.start_soon(self._probe_liveness, what, done)
+        await done.wait()
+
+    async def _probe_liveness(self, what: str, done: anyio.Event) -> None:
+        started = time.perf_counter()
+        try:
+            alive = await self._probe_once()
+            if self._closed_error is not None:
+                return  # closed meanwhile (a crash, a shutdown): nothing left to declare
+            if alive:
+                log.info(
+                    "appserver.liveness_probe",
+                    after=capped(what),
+                    alive=True,
+                    ms=round((time.perf_counter() - started) * 1000, 1),
+                )
+                return
+            log.error(
+                "appserver.liveness_probe",
+                after=capped(what),
+                alive=False,
+                seconds=self.liveness_timeout,
+            )
+            await self.retire(
+                f"no sign of life within {self.liveness_timeout:g}s after"
+                f" {capped(what)} missed its deadline",
+                dead=True,
+            )
+        finally:
+            self._probe = None
+            done.set()
+
+    async def _probe_once(self) -> bool:
+        """Send the probe; whether any line was read within ``liveness_timeout``."""
+        life = self._life = anyio.Event()
+        msg_id: int | None = None
+        try:
+            with anyio.move_on_after(self.liveness_timeout):
+                # Sending is bounded too: a stopped process stops draining its stdin.
+                msg_id, _ = await self._start_request(LIVENESS_PROBE_METHOD, _LIVENESS_PROBE_PARAMS)
+                await life.wait()
+                return True
+            return False
+        except AppServerClosed:
+            return False  # the caller sees the closed state
+        finally:
+            self._life = None
+            if msg_id is not None:
+                self._pending.pop(msg_id, None)
 
 
 class AppServerClient(_ThreadMethods, _TurnMethods, _CompactionMethods, _Connection):

@@ -11,6 +11,19 @@ Codex reads its configuration from ``$CODEX_HOME/config.toml``. There are two mo
 * **User home** (:meth:`AppServerConfig.user`): the user's own Codex config is used as is, for
   real runs; nothing is written, and ``config_overrides`` become ``-c key=value`` arguments.
 
+A private home holds conversations (rollouts and sqlite state carry every prompt), so it is
+owner-only: the directory is made ``0700`` (also when it already existed: the library owns
+it), ``config.toml`` is ``0600``, and the child starts with ``umask 0o077``
+(:attr:`AppServerConfig.umask`) so that everything Codex writes there is owner-only too.
+Codex sets a few modes explicitly, which no umask prevents (``installation_id`` is made
+``0644`` at every start), so :meth:`AppServerConfig.restrict_home` also strips group and
+other bits from the entries directly in the home, before the spawn and again once the
+process is initialised (:mod:`.client`); deeper files (rollouts, shell snapshots) follow the
+umask. The umask is inherited by the tools Codex runs, so files they create in the workspace
+are owner-only as well; set ``umask=None`` to keep the parent's. The user's own home is
+never re-permissioned and its child keeps the parent's umask (``user()`` sets
+``umask=None``); a user home the library has to create is created ``0700``.
+
 The environment puts the bundled ``rg`` and ``bwrap`` directories first on ``PATH`` (without
 ``bwrap``, Codex warns on every start) and leaves ``RUST_LOG`` unset unless asked (stderr then
 stays nearly silent).
@@ -22,16 +35,18 @@ home that one process has already initialised, is fine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .defaults import INTERRUPT_GRACE_S
+from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
 
 __all__ = [
     "AppServerConfig",
@@ -42,6 +57,9 @@ __all__ = [
 ]
 
 OFFLINE_PROVIDER_ID = "offline"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_UMASK = 0o077
 
 
 def bundled_codex_path() -> Path:
@@ -106,7 +124,10 @@ class AppServerConfig:
     otherwise the bundled binary (or ``codex_bin``) is run as ``codex app-server``.
 
     ``interrupt_grace``: how long an abandoned turn (cancelled, timed out) may take to be
-    acknowledged after its ``turn/interrupt``. ``log_stderr_text``: Codex's stderr is logged
+    acknowledged after its ``turn/interrupt``. ``liveness_timeout``: how long a process that
+    missed a deadline has to show a sign of life before it is declared dead and replaced
+    (see :mod:`.client`). ``umask``: the child's umask (``None``: the parent's; see the module
+    header). ``log_stderr_text``: Codex's stderr is logged
     as counts and levels only (``appserver.stderr`` at debug, with ``level`` and ``chars``);
     set this to also log each line's (secret-scrubbed, truncated) text. Off by default: with
     ``RUST_LOG`` set, Codex traces request and tool content there, outside any turn's
@@ -140,6 +161,8 @@ class AppServerConfig:
     stderr_burst: int = 50
     log_stderr_text: bool = False
     interrupt_grace: float = INTERRUPT_GRACE_S
+    liveness_timeout: float = LIVENESS_TIMEOUT_S
+    umask: int | None = PRIVATE_UMASK
 
     @classmethod
     def offline(
@@ -159,6 +182,7 @@ class AppServerConfig:
         """The user's own Codex configuration (``$CODEX_HOME`` or ``~/.codex``), unmodified."""
         home = codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex"
         kwargs.setdefault("model", None)
+        kwargs.setdefault("umask", None)  # the user's own conventions, not ours
         return cls(codex_home=Path(home), write_config=False, **kwargs)
 
     # -- config.toml -------------------------------------------------------------------
@@ -193,13 +217,37 @@ class AppServerConfig:
         return data
 
     def write(self) -> Path | None:
-        """Create CODEX_HOME and write config.toml (private mode); return its path."""
-        self.codex_home.mkdir(parents=True, exist_ok=True)
+        """Create CODEX_HOME and write config.toml (private mode); return its path.
+
+        A private home is made owner-only (see the module header); a user home is only
+        created when missing (``0700``), never re-permissioned."""
+        self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         if not self.write_config:
             return None
+        self.restrict_home()
         path = self.codex_home / "config.toml"
-        path.write_text(render_toml(self.config_data()), encoding="utf-8")
+        # Created owner-only (never briefly readable), and tightened if it existed.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+        with open(fd, "w", encoding="utf-8") as file:
+            os.fchmod(file.fileno(), PRIVATE_FILE_MODE)
+            file.write(render_toml(self.config_data()))
         return path
+
+    def restrict_home(self) -> None:
+        """Make a private home owner-only: the home ``0700``, and group and other bits
+        stripped from each entry directly in it (see the module header). A user home is
+        never touched. Raises ``OSError``."""
+        if not self.write_config:
+            return
+        self.codex_home.chmod(PRIVATE_DIR_MODE)
+        with os.scandir(self.codex_home) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):  # raced with Codex removing it
+                    if entry.is_symlink():
+                        continue  # chmod would follow it out of the home
+                    mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                    if mode & ~PRIVATE_DIR_MODE:
+                        os.chmod(entry.path, mode & PRIVATE_DIR_MODE)
 
     # -- process -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-""":class:`AppServer`: many threads over one app-server process, restarted after a crash.
+""":class:`AppServer`: many threads over one app-server process, replaced when it dies.
 
 One ``codex app-server`` process serves any number of threads concurrently; the client
 routes notifications per thread, so :class:`AppServer` is simply the owner of "the current
@@ -8,7 +8,11 @@ client" plus two policies:
   (anyio task groups must be exited by the task that entered them, so a restart triggered
   from any caller task is still torn down correctly). When the process dies, every in-flight
   call fails with :class:`AppServerClosed`; the *next* call spawns a fresh process on the same
-  CODEX_HOME (already initialised, so that is safe) and counts a restart.
+  CODEX_HOME (already initialised, so that is safe) and counts a restart. A process that
+  stops answering is the same case: the client declares it dead once it misses a deadline
+  and then a liveness probe (see "Liveness" in :mod:`.client`), kills it and closes, and the
+  manager replaces it exactly like a crashed one; threads and bindings are never dropped on
+  a timeout.
 * **Thread memory.** Threads started or resumed through the manager remember their resume
   parameters (developer instructions, cwd, model, Python tools, runtime policy). A thread that
   was loaded in a previous process is re-resumed automatically before its next turn or
@@ -39,12 +43,13 @@ import anyio
 import anyio.abc
 import attrs
 
-from codex_turn._log import get_logger
+from codex_turn._log import format_error, get_logger
 
 from .client import AppServerClient, NotificationListener, unwrap_single_group
 from .config import AppServerConfig
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed
+from .logsafe import capped
 from .native_compaction import CompactionResult, _KeyedLocks
 from .port import AppServerPort
 from .process import LineTransport
@@ -167,7 +172,12 @@ class AppServer:
                 raise AppServerClosed("AppServer is not running")
             if current is not None:
                 self.restarts += 1
-                log.warning("appserver.restart", restarts=self.restarts)
+                why = current.closed_error
+                log.warning(
+                    "appserver.restart",
+                    restarts=self.restarts,
+                    reason=None if why is None else format_error(why),
+                )
             client: AppServerClient = await self._tg.start(self._supervise)
             self.generation += 1
             self._client = client
@@ -190,7 +200,7 @@ class AppServer:
         self._threads.move_to_end(thread_id)
         while len(self._threads) > self.max_threads:
             evicted, _ = self._threads.popitem(last=False)
-            log.info("appserver.thread_memo_evicted", thread_id=evicted)
+            log.info("appserver.thread_memo_evicted", thread_id=capped(evicted))
 
     def forget_thread(self, thread_id: str) -> None:
         """Release everything kept locally for ``thread_id``: its resume memo (developer
@@ -293,7 +303,7 @@ class AppServer:
         if memo is not None:
             self._threads.move_to_end(thread_id)
         if self.auto_resume and memo is not None and memo.generation != self.generation:
-            log.info("appserver.auto_resume", thread_id=thread_id)
+            log.info("appserver.auto_resume", thread_id=capped(thread_id))
             await self.resume_thread(
                 thread_id,
                 developer_instructions=memo.developer_instructions,
@@ -383,7 +393,7 @@ class AppServer:
         async with self._compaction_locks.hold(thread_id):
             client = await self._client_for(thread_id)
             if not client.is_loaded(thread_id):
-                log.info("appserver.compaction_resume", thread_id=thread_id)
+                log.info("appserver.compaction_resume", thread_id=capped(thread_id))
                 memo = self._threads.get(thread_id)
                 await self.resume_thread(
                     thread_id,

@@ -7,8 +7,9 @@ Codex) to its end, serialised per thread (:class:`_KeyedLocks`, which
 :class:`~.manager.AppServer` uses too); :class:`_CompactionWatch` folds the thread's
 notifications into the compaction's state and its :class:`CompactionResult`. Past its deadline
 it interrupts the compaction turn and, when the interrupt is not acknowledged within a grace
-period, :meth:`~.client.AppServerClient.retire` s the connection before returning. Nothing is
-ever retried.
+period, :meth:`~.client.AppServerClient.retire` s the connection before returning (after asking
+whether the process is alive at all: a silent one is killed at once rather than shut down
+gracefully, see "Liveness" in :mod:`.client`). Nothing is ever retried.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from codex_turn._log import get_logger
 
 from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed, AppServerRpcError, AppServerTimeout
+from .logsafe import capped
 from .projector import Notification
 from .types import ThreadCompactStartParams, TurnInterruptParams, unstructure
 
@@ -119,21 +121,24 @@ class _CompactionMethods(_Connection):
                 except AppServerTimeout:
                     pass  # handled below as a compaction timeout
                 else:
-                    log.info("appserver.compaction_started", thread_id=thread_id)
+                    log.info("appserver.compaction_started", thread_id=capped(thread_id))
                     async for n in _until_closed(self, stream):
                         if watch.feed(n):
                             return watch.result(started)
             # The deadline passed: interrupt, wait for the acknowledgement, else retire.
             log.warning(
                 "appserver.compaction_timeout",
-                thread_id=thread_id,
-                turn_id=watch.turn_id,
+                thread_id=capped(thread_id),
+                turn_id=capped(watch.turn_id),
                 compacted=watch.signal is not None,
             )
             acknowledged = await self._interrupt_compaction(watch, stream, interrupt_grace)
             retired = False
             if not acknowledged and not self.closed:
-                await self.retire("compaction interrupt not acknowledged")
+                # A silent process is killed at once (declared dead); a live one is retired.
+                await self._deadline_missed("turn/interrupt")
+                if not self.closed:
+                    await self.retire("compaction interrupt not acknowledged")
                 retired = True
             return watch.result(
                 started,

@@ -4,7 +4,8 @@
 JSON-RPC client needs, as a :class:`LineTransport`: send one line, receive one line, and a
 background job (draining stderr). Everything OS-level is mapped here, once:
 
-* a failed spawn (missing binary, bad permissions) becomes :class:`AppServerStartError`;
+* a failed spawn (missing binary, bad permissions, a CODEX_HOME that cannot be prepared)
+  becomes :class:`AppServerStartError`;
 * end of stdout, a broken pipe, or a closed stream becomes :class:`AppServerClosed` with the
   exit code when the process has one. EOF on stdout is the *immediate* death signal: a killed
   process closes its pipes at once, so the client notices within milliseconds instead of
@@ -21,8 +22,13 @@ token bucket); excess lines are counted and reported as one summary line. The la
 are kept in memory for diagnostics but never put into exception messages (they may quote
 content).
 
+The child starts with :attr:`~.config.AppServerConfig.umask` (``0o077`` for a private home:
+what Codex writes there is owner-only).
+
 Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
-then kill. It is shielded from cancellation so a cancelled caller never leaks a process.
+then kill. It is shielded from cancellation so a cancelled caller never leaks a process. A
+process declared dead (see :mod:`.client`) is :meth:`AppServerProcess.kill` ed first: SIGKILL
+also ends a stopped process, which would never act on stdin EOF or SIGTERM.
 """
 
 from __future__ import annotations
@@ -81,6 +87,10 @@ class LineTransport(Protocol):
 
     async def aclose(self) -> None: ...
 
+    def kill(self) -> None:
+        """End the other side at once (a process: SIGKILL, also when it is stopped)."""
+        ...
+
     @property
     def returncode(self) -> int | None: ...
 
@@ -121,7 +131,12 @@ class AppServerProcess:
 
     @classmethod
     async def spawn(cls, config: AppServerConfig) -> AppServerProcess:
-        config.write()
+        try:
+            config.write()
+        except OSError as exc:
+            raise AppServerStartError(
+                f"cannot prepare CODEX_HOME for codex app-server: {format_error(exc)}"
+            ) from exc
         argv = config.argv()
         try:
             process = await anyio.open_process(
@@ -131,6 +146,7 @@ class AppServerProcess:
                 stderr=subprocess.PIPE,
                 env=config.environment(),
                 cwd=str(config.codex_home),
+                umask=-1 if config.umask is None else config.umask,
             )
         except OSError as exc:
             raise AppServerStartError(
@@ -221,7 +237,7 @@ class AppServerProcess:
         )
 
     def kill(self) -> None:
-        """Immediate SIGKILL (tests and last-resort shutdown)."""
+        """Immediate SIGKILL (a process declared dead, tests, last-resort shutdown)."""
         if self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):  # raced with exit
                 self._process.kill()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from codex_turn._log import format_error, get_logger
 
+from .logsafe import capped
 from .tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ async def serve_request(client: _Connection, msg_id: Any, method: str, params: A
             registry = client._tools.get(thread_id) or ToolRegistry()
             result = await registry.call(str(params.get("tool", "")), params.get("arguments"))
         elif method in APPROVAL_METHODS:
-            log.info("appserver.approval_request", method=method)
+            log.info("appserver.approval_request", method=capped(method))
             result = dict(await client.approval_policy(method, params))
         elif method == "item/tool/requestUserInput":
             if client.user_input_handler is not None:
@@ -80,13 +81,16 @@ async def serve_request(client: _Connection, msg_id: Any, method: str, params: A
             else:
                 result = {"answers": {}}
         else:
-            log.warning("appserver.unknown_server_request", method=method)
+            log.warning("appserver.unknown_server_request", method=capped(method))
             await client._respond(
-                msg_id, error={"code": -32601, "message": f"method not supported: {method}"}
+                msg_id,
+                error={"code": -32601, "message": f"method not supported: {capped(method)}"},
             )
             return
     except Exception as exc:
-        log.warning("appserver.server_request_failed", method=method, error=format_error(exc))
+        log.warning(
+            "appserver.server_request_failed", method=capped(method), error=format_error(exc)
+        )
         await client._respond(msg_id, error={"code": -32000, "message": "client handler failed"})
         return
     await client._respond(msg_id, result=result)

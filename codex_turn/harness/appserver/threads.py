@@ -10,6 +10,10 @@ it; :meth:`_ThreadMethods.forget_thread` releases both.
 keeps only what is re-sent there across a later compaction. The runtime policy
 (``approval_policy``, ``sandbox``, ``approvals_reviewer``, ``service_tier``) is sent only when
 given; see :meth:`_ThreadMethods.resume_thread` for what a resume without it loses.
+
+A resume that fails because Codex says the thread does not exist raises
+:class:`~.errors.ThreadNotFound` (mapped here, the one place ``thread/resume`` is sent); any
+other failure keeps its own type, so a caller can tell "gone" from "not now".
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from codex_turn._log import get_logger
 
+from .errors import AppServerRpcError, ThreadNotFound
+from .logsafe import capped
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
     ApprovalsReviewer,
@@ -107,7 +113,11 @@ class _ThreadMethods(_Connection):
         if registry is not None:
             self.register_tools(result.thread_id, registry)
         self._loaded_threads.add(result.thread_id)
-        log.info("appserver.thread_started", thread_id=result.thread_id, tools=len(registry or ()))
+        log.info(
+            "appserver.thread_started",
+            thread_id=capped(result.thread_id),
+            tools=len(registry or ()),
+        )
         return result
 
     async def resume_thread(
@@ -137,7 +147,10 @@ class _ThreadMethods(_Connection):
         (the result reports the effective values either way). A resume that loads the thread
         without it does not restore all of it: the sandbox comes from the process's config
         and the service tier is dropped (approval policy and reviewer survive), so re-send
-        it."""
+        it.
+
+        Raises :class:`~.errors.ThreadNotFound` when Codex says the thread does not exist;
+        a timeout, a closed process or any other refusal keeps its own error type."""
         params = ThreadResumeParams(
             thread_id=thread_id,
             developer_instructions=developer_instructions,
@@ -152,10 +165,17 @@ class _ThreadMethods(_Connection):
             approvals_reviewer=approvals_reviewer,
             service_tier=service_tier,
         )
-        raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
+        try:
+            raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
+        except AppServerRpcError as exc:
+            not_found = ThreadNotFound.match(exc, thread_id)
+            if not_found is None:
+                raise
+            log.info("appserver.thread_not_found", thread_id=capped(thread_id))
+            raise not_found from exc
         result = structure(raw, ThreadResult)
         if tools is not None:
             self.register_tools(result.thread_id, tools)
         self._loaded_threads.add(result.thread_id)
-        log.info("appserver.thread_resumed", thread_id=result.thread_id)
+        log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result

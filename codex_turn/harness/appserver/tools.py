@@ -15,10 +15,22 @@ call here.
 
 Return values: ``str`` (one text item), :class:`ToolResult`, a list of content-item dicts, or
 anything JSON-serialisable (sent as JSON text).
+
+Arguments are checked before the callable runs: Codex forwards whatever JSON the model wrote
+(it checks only that it parses), so a callable could otherwise receive anything. Each tool
+compiles its ``input_schema`` once, when it is declared, in the dialect its ``$schema`` names
+(Draft 2020-12 when it names none); a schema that is not valid in that dialect is refused
+there and then (``ValueError``). :meth:`ToolRegistry.call` answers arguments that do not
+conform with an error result (``success: false``) that names the problem: where, which
+keyword, and what the schema expects, never the offending value; the callable is not called.
+The log gets the tool, the keyword and a count. References are resolved within the schema
+and the bundled metaschemas only, never over the network: a schema that needs a remote
+``$ref`` cannot be applied, and its calls are refused the same way.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,9 +38,12 @@ from typing import Any
 
 import anyio
 import attrs
+import jsonschema  # type: ignore[import-untyped]
+import referencing  # jsonschema's own reference library (one of its dependencies)
 
 from codex_turn._log import format_error, get_logger
 
+from .logsafe import capped
 from .types import DynamicToolSpec
 
 __all__ = ["DynamicTool", "ToolRegistry", "ToolResult", "tool"]
@@ -53,6 +68,51 @@ BUILTIN_TOOL_NAMES = frozenset(
         "shell",
     }
 )
+_MAX_COUNTED_PROBLEMS = 20
+_MAX_EXPECTATION_CHARS = 80
+_MAX_PATH_PART_CHARS = 40
+# An empty registry: jsonschema adds the bundled metaschemas and never retrieves anything
+# (its default registry would fetch a remote $ref over HTTP).
+_NO_REMOTE_REFS: referencing.Registry[Any] = referencing.Registry()
+
+
+def compile_schema(name: str, schema: Mapping[str, Any]) -> Any:
+    """A validator for ``schema`` in the dialect it declares (Draft 2020-12 by default);
+    ``ValueError`` when the schema is not valid in that dialect."""
+    dialect = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        dialect.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(
+            f"input_schema of dynamic tool {name!r} is not a valid JSON schema: "
+            f"{capped(exc.message)}"
+        ) from None
+    return dialect(schema, registry=_NO_REMOTE_REFS)
+
+
+def _expectation(value: Any) -> str:
+    """The schema's side of a failed check, short (the schema is ours, the arguments are not)."""
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return capped(text, _MAX_EXPECTATION_CHARS) or ""
+
+
+def _describe(error: Any) -> str:
+    """One validation problem, without the instance's values."""
+    where = "$" + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{capped(part, _MAX_PATH_PART_CHARS)}"
+        for part in error.absolute_path
+    )
+    keyword, expected = error.validator, error.validator_value
+    if keyword == "required" and isinstance(error.instance, Mapping):
+        missing = [key for key in expected if key not in error.instance]
+        return f"{where}: missing required {_expectation(missing)}"
+    if keyword == "type":
+        return f"{where}: expected type {_expectation(expected)}"
+    if keyword in ("additionalProperties", "unevaluatedProperties") and expected is False:
+        return f"{where}: has properties the schema does not declare"
+    if keyword is None:  # the schema ``false``
+        return f"{where}: no value is allowed here"
+    return f"{where}: fails {keyword!s} {_expectation(expected)}"
 
 
 @attrs.frozen
@@ -79,6 +139,11 @@ class DynamicTool:
     input_schema: Mapping[str, Any]
     fn: ToolFunction
     timeout: float | None = 300.0
+    _validator: Any = attrs.field(init=False, repr=False, eq=False)
+
+    @_validator.default
+    def _compile(self) -> Any:
+        return compile_schema(self.name, self.input_schema)
 
     @name.validator
     def _check_name(self, _: attrs.Attribute[str], value: str) -> None:
@@ -89,6 +154,35 @@ class DynamicTool:
 
     def spec(self) -> DynamicToolSpec:
         return DynamicToolSpec(self.name, self.description, dict(self.input_schema))
+
+    def check_arguments(self, arguments: Any) -> str | None:
+        """``None`` when ``arguments`` conform to :attr:`input_schema`; otherwise the message
+        for the model (see the module header). Never raises."""
+        try:
+            problems = list(
+                itertools.islice(self._validator.iter_errors(arguments), _MAX_COUNTED_PROBLEMS)
+            )
+        except Exception as exc:  # the schema cannot be applied: an unresolvable $ref, ...
+            log.warning(
+                "appserver.tool.schema_unusable",
+                tool=capped(self.name),
+                error_type=type(exc).__name__,
+            )
+            return f"the argument schema of tool {self.name} cannot be applied; it was not run"
+        if not problems:
+            return None
+        best = jsonschema.exceptions.best_match(problems)
+        log.warning(
+            "appserver.tool.invalid_arguments",
+            tool=capped(self.name),
+            keyword=capped(best.validator),
+            problems=len(problems),
+        )
+        more = ""
+        if len(problems) > 1:
+            plus = "+" if len(problems) == _MAX_COUNTED_PROBLEMS else ""
+            more = f" (and {len(problems) - 1}{plus} more)"
+        return f"invalid arguments for tool {self.name}: {_describe(best)}{more}; it was not run"
 
 
 def tool(
@@ -151,8 +245,12 @@ class ToolRegistry:
         (except cancellation): every failure becomes ``success: false`` for the model."""
         found = self._tools.get(name)
         if found is None:
-            log.warning("appserver.tool.unknown", tool=name)
-            return ToolResult.text(f"unknown tool: {name}", success=False).wire()
+            log.warning("appserver.tool.unknown", tool=capped(name))
+            return ToolResult.text(f"unknown tool: {capped(name)}", success=False).wire()
+        arguments = {} if arguments is None else arguments  # no arguments at all: none given
+        refusal = found.check_arguments(arguments)
+        if refusal is not None:
+            return ToolResult.text(refusal, success=False).wire()
         args = arguments if isinstance(arguments, dict) else {"value": arguments}
         try:
             if found.timeout is None:

@@ -45,6 +45,7 @@ from codex_turn._log import format_error, get_logger
 
 from .defaults import INTERRUPT_GRACE_S
 from .errors import AppServerClosed, AppServerError, AppServerRpcError
+from .logsafe import capped
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
 
 __all__ = ["CodexTurnPhase", "TurnHandle"]
@@ -340,7 +341,11 @@ class TurnHandle:
             if on_event is not None:
                 await on_event(n)
         if timed_out is not None:
-            log.warning("appserver.turn_timeout", thread_id=self.thread_id, turn_id=self.turn_id)
+            log.warning(
+                "appserver.turn_timeout",
+                thread_id=capped(self.thread_id),
+                turn_id=capped(self.turn_id),
+            )
             try:
                 await self._give_up()
                 await self._drain(self.interrupt_grace)
@@ -348,8 +353,8 @@ class TurnHandle:
                 # The timeout stays the story: the interrupt could not even be delivered.
                 log.warning(
                     "appserver.turn_timeout_interrupt_failed",
-                    thread_id=self.thread_id,
-                    turn_id=self.turn_id,
+                    thread_id=capped(self.thread_id),
+                    turn_id=capped(self.turn_id),
                     error=format_error(exc),
                 )
             self.result = self.projector.build_result(
@@ -359,8 +364,8 @@ class TurnHandle:
             self.result = self.projector.build_result()
         log.info(
             "appserver.turn_completed",
-            thread_id=self.thread_id,
-            turn_id=self.turn_id,
+            thread_id=capped(self.thread_id),
+            turn_id=capped(self.turn_id),
             outcome=self.result.outcome.value,
         )
         return self.result

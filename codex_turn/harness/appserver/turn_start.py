@@ -11,6 +11,8 @@ refuses an earlier one and the turn runs on). That holds from the moment ``turn/
 sent: a caller cancelled (or timed out) before its response still interrupts the turn Codex
 started (:meth:`_TurnMethods._start_turn`). Each wait of an abandonment is bounded by the
 interrupt grace (:data:`~.defaults.INTERRUPT_GRACE_S`, or ``AppServerConfig.interrupt_grace``).
+A ``turn/start`` that gets no answer in time also asks whether the process is still alive
+(see "Liveness" in :mod:`.client`) before its :class:`~.errors.AppServerTimeout` is raised.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from codex_turn._log import get_logger
 
 from .defaults import INTERRUPT_GRACE_S
 from .errors import AppServerTimeout
+from .logsafe import capped
 from .projector import CodexTurnResult, Notification, TurnProjector
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
@@ -111,7 +114,11 @@ class _TurnMethods(_Connection):
                 projector,
                 interrupt_grace=self.interrupt_grace,
             )
-            log.info("appserver.turn_started", thread_id=thread_id, turn_id=started.turn.id)
+            log.info(
+                "appserver.turn_started",
+                thread_id=capped(thread_id),
+                turn_id=capped(started.turn.id),
+            )
             try:
                 yield handle
             finally:
@@ -144,6 +151,7 @@ class _TurnMethods(_Connection):
                     msg_id, pending = await self._start_request("turn/start", params)
                     await pending.event.wait()
             except TimeoutError:
+                await self._deadline_missed("turn/start")  # alive? a dead one is retired
                 raise AppServerTimeout(
                     f"turn/start got no response within {seconds:g}s",
                     method="turn/start",
@@ -181,7 +189,9 @@ class _TurnMethods(_Connection):
         with anyio.move_on_after(self.interrupt_grace):
             started_id = await self._watch_turn_start(pending, stream, seen, response_id)
         turn_id = started_id or (response_id[0] if response_id else None)
-        log.warning("appserver.turn_start_abandoned", thread_id=thread_id, turn_id=turn_id)
+        log.warning(
+            "appserver.turn_start_abandoned", thread_id=capped(thread_id), turn_id=capped(turn_id)
+        )
         if turn_id is None or self.closed:
             return  # refused, never answered within the grace, or the process is gone
         projector = TurnProjector(

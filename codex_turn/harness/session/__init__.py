@@ -13,11 +13,15 @@ One private module per concern; this package re-exports the public names of each
   :class:`SessionLockTimeout`.
 * ``_cache.py``: the per-transcript incremental read cache and the readers on it
   (:func:`load_session_context`, :func:`load_session_messages`, :func:`read_session`).
-* ``_mirror.py``: :func:`mirror_turn` (one idempotent append per turn under the write lock)
-  and :func:`reset_session`.
+* ``_writable.py``: :func:`ensure_transcript_writable`, the preflight made before anything
+  reaches Codex (:class:`TranscriptUnwritable`), and the recovery of a transcript that holds
+  only a torn header.
+* ``_mirror.py``: :func:`mirror_prompt` (the user's prompt, durable before ``turn/start``),
+  :func:`mirror_turn` (one idempotent append per turn under the write lock) and
+  :func:`reset_session`.
 
-The dependency order is ``_format`` <- ``_lock`` <- ``_cache`` <- ``_mirror``; nothing
-imports upwards. Every module keys a transcript by one name,
+The dependency order is ``_format`` <- ``_lock`` <- ``_cache`` <- ``_writable`` <- ``_mirror``;
+nothing imports upwards. Every module keys a transcript by one name,
 :func:`codex_turn.harness._fs.session_path`, as do the binding and the in-process turn gates.
 
 Everything here is synchronous file I/O. An async caller runs it in a worker thread
@@ -42,6 +46,7 @@ from codex_turn.harness.session._format import (
     SessionContext,
     SessionError,
     SessionFormatError,
+    TranscriptUnwritable,
     build_session_context,
     migrate_session_entries,
     parse_session_bytes,
@@ -55,9 +60,11 @@ from codex_turn.harness.session._lock import (
 from codex_turn.harness.session._mirror import (
     MirrorInputError,
     MirrorResult,
+    mirror_prompt,
     mirror_turn,
     reset_session,
 )
+from codex_turn.harness.session._writable import ensure_transcript_writable
 
 __all__ = [
     "CURRENT_SESSION_VERSION",
@@ -73,11 +80,14 @@ __all__ = [
     "SessionFormatError",
     "SessionLockTimeout",
     "SessionTranscript",
+    "TranscriptUnwritable",
     "build_session_context",
     "clear_session_cache",
+    "ensure_transcript_writable",
     "load_session_context",
     "load_session_messages",
     "migrate_session_entries",
+    "mirror_prompt",
     "mirror_turn",
     "parse_session_bytes",
     "read_session",

@@ -474,6 +474,26 @@ def _utc_now_iso() -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
+def _dumps(obj: object) -> bytes:
+    """``JSON.stringify`` bytes: compact, raw non-ASCII, no NaN; lone surrogates escaped."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _header_line(session_id: str, cwd: str) -> bytes:
+    """A new v3 header line, in pi's writer key order, newline included."""
+    header = {
+        "type": "session",
+        "version": CURRENT_SESSION_VERSION,
+        "id": session_id,
+        "timestamp": _utc_now_iso(),
+        "cwd": cwd,
+    }
+    return _dumps(header) + b"\n"
+
+
 def _copy_present(target: dict[str, Any], source: Mapping[str, Any], *keys: str) -> None:
     for key in keys:
         if key in source:  # JSON.stringify drops undefined: absent stays absent

@@ -11,6 +11,17 @@ missing. Existing bytes are never rewritten or truncated, and a new file is crea
 header already complete (:func:`codex_turn.harness._fs.create_exclusive`: a temp file
 ``link``\\ed into place, an exclusive create that cannot be observed half-written).
 
+**The prompt is written first.** :func:`mirror_prompt` appends the user's prompt before
+``turn/start`` under the key the turn's mirror will use for it (a run-unique identity, since
+Codex's turn id is not known yet), so a host killed mid-turn still has the user's words, and
+the completed turn's :func:`mirror_turn` skips the prompt and appends the rest, exactly once.
+
+**What cannot take a mirror is refused, what holds nothing is recovered** (``_writable.py``):
+a directory, a FIFO or a dangling symbolic link at the path is :class:`TranscriptUnwritable`
+at once (nothing is opened that could block, nothing loops), a foreign first object is
+:class:`SessionFormatError`, and a file holding only a torn header is replaced by a fresh
+header before the append.
+
 A mirror holds the session write lock (``_lock.py``) and then the read cache's state lock
 (``_cache.py``), and refreshes the cached fold under both: the idempotency keys, the PR-era
 per-index keys and the append leaf all come from that fold, so deduplication costs
@@ -22,7 +33,6 @@ Everything here is synchronous file I/O; an async caller runs it in a worker thr
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import uuid
@@ -33,27 +43,28 @@ import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.harness import binding as _binding
-from codex_turn.harness._fs import create_exclusive, write_all
+from codex_turn.harness._fs import create_exclusive, open_regular, session_path, write_all
 from codex_turn.harness.session._cache import (
-    _header_problem,
     _refresh,
     _state_for,
     clear_session_cache,
 )
 from codex_turn.harness.session._format import (
     _MISSING,
-    CURRENT_SESSION_VERSION,
     AgentMessage,
     SessionError,
-    SessionFormatError,
+    TranscriptUnwritable,
+    _dumps,
     _Fold,
+    _header_line,
     _idempotency_key,
     _is_tool_result,
     _utc_now_iso,
 )
 from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
+from codex_turn.harness.session._writable import _settle_header, _unwritable_reason
 
-__all__ = ["MirrorInputError", "MirrorResult", "mirror_turn", "reset_session"]
+__all__ = ["MirrorInputError", "MirrorResult", "mirror_prompt", "mirror_turn", "reset_session"]
 
 _log = get_logger(__name__)
 
@@ -83,14 +94,6 @@ class MirrorResult:
         return len(self.skipped_keys)
 
 
-def _dumps(obj: object) -> bytes:
-    """``JSON.stringify`` bytes: compact, raw non-ASCII, no NaN; lone surrogates escaped."""
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    except UnicodeEncodeError:
-        return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
-
-
 def _new_entry_id(existing: Mapping[str, object], fresh: set[str]) -> str:
     """pi's id: 8 hex chars, unique in the file, with up to 100 tries, then a full UUID."""
     for _ in range(100):
@@ -105,7 +108,7 @@ def _new_entry_id(existing: Mapping[str, object], fresh: set[str]) -> str:
 
 def _append(path: str, data: bytes) -> int:
     """One ``O_APPEND`` write (plus a separating newline after a torn tail), then fsync."""
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path, os.O_RDWR | os.O_APPEND)
     try:
         size = os.fstat(fd).st_size
         if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
@@ -177,14 +180,57 @@ def mirror_turn(
     appended as ``message`` entries in one write + fsync, chained from the last parent-linked
     entry (a ``user`` message skips trailing ``toolResult`` entries, as OpenClaw does). A
     missing file is created with a v3 header carrying ``session_id`` and ``cwd``. Existing
-    content is never rewritten; a file whose first object is not a valid session header is
-    refused with :class:`SessionFormatError`.
+    content is never rewritten (a file that holds only a torn header holds nothing, and is
+    replaced by a fresh header first); a file whose first object is not a valid session
+    header is refused with :class:`SessionFormatError`, a path that cannot take writes
+    (a directory, a FIFO, a dangling symbolic link, no permission) with
+    :class:`TranscriptUnwritable`, other failures with :class:`SessionError`.
     """
     _validate_mirror_input(messages, scope, identities)
     try:
         return _mirror_locked(path, messages, scope, identities, session_id, cwd, lock_timeout)
     except OSError as error:  # mapped once, here, at the boundary
-        raise SessionError(f"failed to mirror into {os.fspath(path)}: {error}") from error
+        where = os.fspath(path)
+        why = _unwritable_reason(error)
+        if why is not None:
+            raise TranscriptUnwritable(
+                session_path(path), why, message=f"failed to mirror into {where}: {why}"
+            ) from error
+        raise SessionError(f"failed to mirror into {where}: {error}") from error
+
+
+def mirror_prompt(
+    path: str | os.PathLike[str],
+    prompt_message: AgentMessage,
+    *,
+    scope: str,
+    identity: str,
+    session_id: str,
+    cwd: str,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> MirrorResult:
+    """Make the user's prompt durable before the model sees it (one append + fsync).
+
+    The prompt is appended exactly as :func:`mirror_turn` would append it, keyed
+    ``<scope>:<identity>`` (or by its own ``idempotencyKey``), so the turn's mirror later
+    skips it when given the *same* scope and identity for the prompt, and appends only the
+    rest. Codex's turn id is not known before ``turn/start``, so ``identity`` is a run-unique
+    one the caller keeps for the turn's mirror (``<runId>:prompt``), in place of the
+    projector's ``<turnId>:prompt``. A host that dies mid-turn leaves the prompt in the
+    transcript; a retried pre-mirror appends nothing. Raises as :func:`mirror_turn` does, and
+    :class:`MirrorInputError` unless ``prompt_message`` is a ``user`` message.
+    """
+    if not isinstance(prompt_message, dict) or prompt_message.get("role") != "user":
+        raise MirrorInputError("the prompt message must be a dict with role 'user'")
+    return mirror_turn(
+        path,
+        [prompt_message],
+        scope=scope,
+        identities=[identity],
+        session_id=session_id,
+        cwd=cwd,
+        lock_timeout=lock_timeout,
+    )
 
 
 def _mirror_locked(
@@ -195,17 +241,15 @@ def _mirror_locked(
     session_id: str,
     cwd: str,
     lock_timeout: float,
+    *,
+    may_retry: bool = True,
 ) -> MirrorResult:
     with session_write_lock(path, timeout=lock_timeout) as target:
         state = _state_for(target)  # the lock target is the cache key: one session_path
         with state.lock:
-            view = _refresh(state)
+            view = _settle_header(_refresh(state), session_id=session_id, cwd=cwd)
             created = not view.exists
             needs_header = not view.exists or view.size == 0
-            if not needs_header:
-                problem = _header_problem(view)
-                if problem is not None:
-                    raise SessionFormatError(target, problem)
             fold = state.fold
             written_keys: set[str] = set()  # keys of this call and of the unterminated tail
             last_linked = fold.last_linked_id
@@ -229,14 +273,7 @@ def _mirror_locked(
                             last_non_tool = tentative_id
             lines: list[bytes] = []
             if needs_header:
-                header = {
-                    "type": "session",
-                    "version": CURRENT_SESSION_VERSION,
-                    "id": session_id,
-                    "timestamp": _utc_now_iso(),
-                    "cwd": cwd,
-                }
-                lines.append(_dumps(header) + b"\n")
+                lines.append(_header_line(session_id, cwd))
             appended: list[str] = []
             entry_ids: list[str] = []
             skipped: list[str] = []
@@ -279,9 +316,14 @@ def _mirror_locked(
                 else:
                     raced = True  # created meanwhile by a writer that ignores the lock
         if raced:
+            if not may_retry:
+                raise SessionError(f"failed to mirror into {target}: the file keeps changing")
             # Nothing was written; the file now exists, so the retry appends (the RLock is
-            # re-entrant) and dedupes against whatever the other writer put there.
-            return _mirror_locked(path, messages, scope, identities, session_id, cwd, lock_timeout)
+            # re-entrant) and dedupes against whatever the other writer put there. Once: a
+            # name that exists yet cannot be opened is refused by the retry's header check.
+            return _mirror_locked(
+                path, messages, scope, identities, session_id, cwd, lock_timeout, may_retry=False
+            )
     _log.debug(
         "session turn mirrored",
         path=target,
