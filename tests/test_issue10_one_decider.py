@@ -352,7 +352,7 @@ async def test_a_tools_change_without_context_keeps_the_conversation_for_that_tu
 async def test_after_a_refused_resume_the_hooks_see_the_prompt_the_fresh_thread_gets(
     session_file: str,
 ) -> None:
-    from codex_turn.harness.appserver import AppServerRpcError
+    from codex_turn.harness.appserver import ThreadNotFound
 
     seen: list[str] = []
 
@@ -363,7 +363,7 @@ async def test_after_a_refused_resume_the_hooks_see_the_prompt_the_fresh_thread_
     engine = bootstrap_engine()
     server = FakeAppServer()
     await run_codex_turn(params(session_file, "one"), app_server=server, engine=engine)
-    server.resume_error = AppServerRpcError(-32600, "no rollout found")
+    server.resume_error = ThreadNotFound(-32600, "no rollout found for thread id t")
     result = await run_codex_turn(
         params(session_file, "two"),
         app_server=server,
@@ -410,3 +410,21 @@ async def test_a_hung_on_turn_end_cannot_hold_a_cancelled_turn(session_file: str
             params(session_file, "hello", cleanup_timeout=0.2), app_server=server, on_turn_end=hang
         )
     assert caller.cancelled_caught
+
+
+async def test_a_resume_that_merely_times_out_keeps_the_binding(session_file: str) -> None:
+    # Issue 11 item 3. Before: any resume failure cleared the binding and the next turn
+    # started a fresh thread; the model forgot the conversation.
+    from codex_turn.harness.appserver import AppServerTimeout
+
+    server = FakeAppServer()
+    first = await run_codex_turn(params(session_file, "one"), app_server=server)
+    server.resume_error = AppServerTimeout("thread/resume timed out")
+    failed = await run_codex_turn(params(session_file, "two"), app_server=server)
+    assert failed.outcome is TurnOutcome.THREAD_START_FAILED
+    binding = read_binding(session_file)
+    assert binding is not None
+    assert binding.thread_id == first.thread_id
+    server.resume_error = None
+    third = await run_codex_turn(params(session_file, "three"), app_server=server)
+    assert third.thread_id == first.thread_id

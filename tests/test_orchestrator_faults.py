@@ -58,6 +58,7 @@ from codex_turn.harness.appserver import (
     AppServerRpcError,
     AppServerStartError,
     AppServerTimeout,
+    ThreadNotFound,
 )
 from codex_turn.harness.binding import read_binding
 from codex_turn.harness.engine import AssembleResult, ContextProjection, LegacyContextEngine
@@ -527,6 +528,13 @@ def check(obs: Observed) -> None:
         assert result.outcome is TurnOutcome.CANCELLED
         assert triggers[-1] == T.CANCELLED
         assert not obs.server.calls_to("turn")
+    elif T.THREAD_START_FAILED in triggers and resumes and not starts:
+        # A transient resume failure: the turn fails, the binding (the conversation) stays.
+        assert isinstance(ex.resume_error, AppServerError)
+        assert not isinstance(ex.resume_error, ThreadNotFound)
+        assert result.outcome is TurnOutcome.THREAD_START_FAILED
+        assert obs.binding is not None
+        assert obs.binding.thread_id == resumes[0].args["thread_id"]
     elif T.THREAD_START_FAILED in triggers:
         assert ex.start_error is not None, "thread start failed without a cause"
         assert starts
@@ -561,7 +569,7 @@ def check(obs: Observed) -> None:
         else:
             assert len(starts) == 1
             assert len(resumes) == (1 if decision.reason == "resume-failed" else 0)
-        if resumes and ex.resume_error is not None:
+        if resumes and isinstance(ex.resume_error, ThreadNotFound):
             assert decision.reason == "resume-failed"
     if ran:
         assert obs.binding is not None
@@ -852,7 +860,14 @@ def examples(draw: st.DrawFn) -> Example:
             )
         ),
         resume_error=draw(
-            st.sampled_from([None, None, AppServerRpcError(-32600, "no rollout found")])
+            st.sampled_from(
+                [
+                    None,
+                    None,
+                    ThreadNotFound(-32600, "no rollout found for thread id t"),
+                    AppServerTimeout("thread/resume timed out"),
+                ]
+            )
         ),
         yield_tool=draw(st.booleans()),
         base_instructions=draw(st.booleans()),
@@ -1095,7 +1110,7 @@ def test_resume_failure_rotates_with_the_projected_context() -> None:
     obs = _run(
         prior="setup_same",
         assemble_mode="bootstrap_epoch",
-        resume_error=AppServerRpcError(-32600, "no rollout found"),
+        resume_error=ThreadNotFound(-32600, "no rollout found for thread id t"),
     )
     result = obs.final
     decision = result.thread_decision

@@ -42,6 +42,7 @@ from codex_turn.harness.appserver import (
     AppServerError,
     CodexTurnStatus,
     Notification,
+    ThreadNotFound,
     TurnHandlePort,
 )
 from codex_turn.harness.binding import (
@@ -325,13 +326,22 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         assert bound is not None
         try:
             result = await ctx.app_server.resume_thread(bound.thread_id, **settings)
-        except AppServerError as error:
+        except ThreadNotFound as error:
+            # Codex's definitive "no such thread": the binding is worthless, rotate.
             ctx.log.warning(
                 "codex app-server thread resume failed; starting a new thread",
-                thread_id=bound.thread_id,
                 error=format_error(error),
             )
             return T.THREAD_RESUME_FAILED
+        except AppServerError as error:
+            # A timeout or a dead process says nothing about the thread: keep the binding
+            # (the conversation) and fail this turn; the next one resumes it.
+            ctx.log.warning(
+                "codex app-server thread resume failed; keeping the binding",
+                error=format_error(error),
+            )
+            ctx.start_error = format_error(error)
+            return T.THREAD_START_FAILED
         # The thread keeps the projection it carries (a matching epoch, or none); a resume
         # that kept the thread for want of context keeps the binding's engine record and
         # tools fingerprint, so the change still takes effect on the next turn with context.
