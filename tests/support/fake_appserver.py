@@ -47,13 +47,13 @@ compaction, token usage, and how the turn ends). Endings:
 ending (a dangling item: never mirrored as the reply). ``tool_calls`` makes the model call
 dynamic tools (``(name, arguments)`` each, in order, before the reply of any ending): each
 runs through the thread's REAL :class:`ToolRegistry` (so arguments are checked against the
-tool's schema exactly as in the product) and is recorded as a ``tool_call``
-(``name``, ``success``), with the text it answered in ``server.tool_outputs``. ``turn_start_error`` makes ``turn/start`` itself fail.
-Thread-level failures are attributes, applied to every call while set: ``start_error``
-(``thread/start``) and ``resume_error`` (``thread/resume``). A resume can fail two ways, as
-with the real client: definitively (:class:`ThreadNotFound`: what resuming an unknown
-thread raises, as Codex reports a missing rollout; set ``resume_error =
-FakeAppServer.not_found(thread_id)`` to force it) or transiently (any other
+tool's schema exactly as in the product) and is recorded as a ``tool_call`` (``name``,
+``success``), with the text it answered in ``server.tool_outputs``. ``turn_start_error``
+makes ``turn/start`` itself fail. Thread-level failures are attributes, applied to every call
+while set: ``start_error`` (``thread/start``) and ``resume_error`` (``thread/resume``). A
+resume can fail two ways, as with the real client: definitively (:class:`ThreadNotFound`:
+what resuming an unknown thread raises, as Codex reports a missing rollout; set
+``resume_error = FakeAppServer.not_found(thread_id)`` to force it) or transiently (any other
 :class:`AppServerError`, e.g. ``FakeAppServer.resume_timeout()``: the thread still exists).
 
 Scripts are consumed one per ``turn()`` from ``server.scripts`` (``default`` when empty).
