@@ -161,17 +161,6 @@ def test_unwritable_files_and_directories_are_refused(
         _check(tmp_path / "new" / "s.jsonl")  # the nearest existing ancestor decides
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write to any file")
-def test_a_read_only_file_is_refused_for_real(tmp_path: Path) -> None:
-    path = tmp_path / "s.jsonl"
-    _mirror(path)
-    path.chmod(0o400)
-    with pytest.raises(TranscriptUnwritable):
-        _check(path)
-    with pytest.raises(TranscriptUnwritable):
-        _mirror(path, 1)
-
-
 # --- hostile paths: at once, typed, never a hang ------------------------------------------------
 
 
