@@ -10,8 +10,11 @@ This module is a dispatch loop over it, in the shape of h2's ``stream.py``::
 ``STAGES`` maps every non-final state to its stage (:mod:`codex_turn.harness.stages`): an
 async function that does the I/O of that state and returns the past-tense trigger saying
 what happened. Stages never fire, never read the trace and never choose the next state; the
-loop never branches on a stage's result. The only thing the loop adds is *shelter*, the part
-of a stage's behaviour that depends on the caller rather than the turn, given per state:
+loop never branches on a stage's result. The one thing a stage may report besides its result
+is an *in-state* event (Codex's native compaction during running_turn) through ``ctx.emit``,
+which accepts internal edges only (the state cannot change). The only thing the loop adds is
+*shelter*, the part of a stage's behaviour that depends on the caller rather than the turn,
+given per state:
 
 * ``cancellable`` (the pre-Codex states): the caller's cancellation ends the stage with the
   trigger the table names for a stage cut short (``cancelled``), and the turn ends ``failed``;
@@ -42,7 +45,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import anyio
 
 from codex_turn._log import format_error, get_logger, mask_session_key, sensitive
-from codex_turn.fsm import TurnFacts, TurnModel, TurnOutcome, TurnState, TurnTrigger
+from codex_turn.fsm import (
+    IllegalTransition,
+    TurnFacts,
+    TurnModel,
+    TurnOutcome,
+    TurnState,
+    TurnTrigger,
+)
 from codex_turn.harness import stages, turn_context
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
@@ -298,9 +308,9 @@ def _internal_only(turn: TurnModel) -> Callable[[TurnTrigger], None]:
     """``emit`` for the stages: in-state events only; a stage cannot move the turn."""
 
     def emit(trigger: TurnTrigger) -> None:
-        state = turn.state_name
+        if turn.machine.select(turn, str(trigger)).dest is not None:
+            raise IllegalTransition(turn.state_name, str(trigger), why="not an in-state event")
         turn.fire(trigger)
-        assert turn.state_name == state, f"{trigger} is not an in-state event"
 
     return emit
 
