@@ -2,7 +2,8 @@
 
 Hypothesis draws a session of a few turns; each turn meets one fault at a random stage: the
 app-server killed (SIGKILL) or stopped (SIGSTOP, a wedged process) while the model answers,
-the model failing, the disk failing when the reply is mirrored, or the host "restarting"
+the model failing, the disk failing when the prompt is made durable (before ``turn/start``)
+or when the reply is mirrored, or the host "restarting"
 after the turn (a new ``AppServer`` on the same Codex home, with every in-process cache
 dropped, as a new host process would start). After the faults, one clean turn runs. Then:
 
@@ -38,7 +39,7 @@ from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = pytest.mark.codex
 
-FAULTS = ("none", "kill", "stall", "model_error", "disk", "host_restart")
+FAULTS = ("none", "kill", "stall", "model_error", "disk", "disk_early", "host_restart")
 SESSION = "crash-session"
 
 
@@ -113,13 +114,16 @@ async def _session(plan: list[str], workdir: Path, codex_binary: Path) -> None:
                     turn_timeout=20.0,
                     cleanup_timeout=5.0,
                 )
-                real_mirror = stages.mirror_turn
+                real_mirror, real_prompt_mirror = stages.mirror_turn, stages.mirror_prompt
                 if fault == "model_error":
                     model.script(Reply.http_error(400, "model refused"), user_contains=prompt)
                 elif fault in ("kill", "stall"):
                     model.script(Reply.fixed("never", delay=30.0), user_contains=prompt)
                 elif fault == "disk":
                     stages.mirror_turn = _disk_full  # type: ignore[assignment]
+                elif fault == "disk_early":
+                    # The disk fails when the prompt is made durable, before turn/start.
+                    stages.mirror_prompt = _disk_full  # type: ignore[assignment]
                 requests_before = len(model.turn_requests())
 
                 async def fault_soon(
@@ -137,6 +141,11 @@ async def _session(plan: list[str], workdir: Path, codex_binary: Path) -> None:
                             result = await run(params, server)
                 finally:
                     stages.mirror_turn = real_mirror  # type: ignore[assignment]
+                    stages.mirror_prompt = real_prompt_mirror  # type: ignore[assignment]
+                if fault == "disk_early":
+                    # Nothing reached the model: the turn failed and says why.
+                    assert result.outcome is TurnOutcome.FAILED
+                    assert len(model.turn_requests()) == requests_before
                 if any(
                     e.trigger in ("turn_completed", "turn_failed", "turn_aborted", "turn_timed_out")
                     for e in result.trace
@@ -189,7 +198,7 @@ async def run(params: TurnParams, server: AppServer) -> Any:
 @given(plan=st.lists(st.sampled_from(FAULTS), min_size=2, max_size=4))
 # Every fault at least once, whatever the generator draws.
 @example(plan=["stall", "none"])
-@example(plan=["kill", "host_restart", "disk"])
+@example(plan=["kill", "host_restart", "disk", "disk_early"])
 @example(plan=["model_error", "host_restart", "kill"])
 def test_no_fault_loses_the_conversation(plan: list[str], codex_binary: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="codex-turn-crash-") as directory:

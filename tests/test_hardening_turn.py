@@ -11,6 +11,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -298,3 +299,66 @@ async def test_a_copied_sidecar_is_ignored(tmp_path: Any) -> None:
     assert second.thread_id != first.thread_id
     assert second.thread_decision is not None
     assert second.thread_decision.reason == "missing-thread-binding"
+
+
+async def test_an_old_sidecar_copied_from_a_live_session_is_ignored(tmp_path: Any) -> None:
+    # Found in review: a pre-upgrade sidecar (no sessionId/transcriptId) copied next to
+    # another session's transcript was accepted, then "upgraded" into looking legitimate.
+    from codex_turn.harness.binding import binding_path
+
+    server = FakeAppServer()
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    first = await run_codex_turn(params(a, "secret of A", session_id="A"), app_server=server)
+
+    def copy_as_old_sidecar() -> None:
+        raw = json.loads(Path(binding_path(a)).read_text())
+        for key in ("sessionId", "transcriptId"):
+            raw.pop(key, None)  # as written before the ownership fields existed
+        Path(binding_path(b)).write_text(json.dumps(raw))
+
+    copy_as_old_sidecar()
+    second = await run_codex_turn(params(b, "hello from B", session_id="B"), app_server=server)
+    assert second.thread_id != first.thread_id
+
+
+def test_a_torn_header_with_an_entry_glued_on_is_refused_not_wiped(tmp_path: Path) -> None:
+    # Found in review: "holds only a torn header" accepted any one unparseable line naming a
+    # session header, so an entry glued onto a torn header was replaced (the words lost).
+    from codex_turn import TranscriptUnwritable
+    from codex_turn.harness.session import ensure_transcript_writable
+
+    path = tmp_path / "s.jsonl"
+    glued = (
+        '{"type":"session","id":"x{"type":"message","message":{"role":"user","content":"MY WORDS"}}'
+    )
+    path.write_text(glued)
+    with pytest.raises(TranscriptUnwritable):
+        ensure_transcript_writable(path, session_id="s", cwd=str(tmp_path))
+    assert path.read_text() == glued  # untouched
+    torn = tmp_path / "t.jsonl"
+    torn.write_text('{"type":"session","version":3,"id":"ab')
+    ensure_transcript_writable(torn, session_id="s", cwd=str(tmp_path))  # recovered
+    assert json.loads(torn.read_text().splitlines()[0])["type"] == "session"
+
+
+async def test_a_sidecar_that_cannot_be_written_refuses_the_turn(tmp_path: Path) -> None:
+    # Found in review: with a directory at the binding path every turn started a new thread
+    # and reported "completed" while the model forgot the conversation.
+    from codex_turn import TranscriptUnwritable
+    from codex_turn.harness.binding import binding_path
+
+    session = str(tmp_path / "s.jsonl")
+    os.mkdir(binding_path(session))
+    server = FakeAppServer()
+    with pytest.raises(TranscriptUnwritable, match="binding"):
+        await run_codex_turn(params(session, "hello"), app_server=server)
+    assert server.calls == []
+
+
+def test_images_from_a_generator_are_kept() -> None:
+    # Found in review: the validation consumed a generator and the turn had no images.
+    urls = (f"data:image/png;base64,AA{i}" for i in range(2))
+    assert params("/tmp/s.jsonl", "look", images=urls).images == (
+        "data:image/png;base64,AA0",
+        "data:image/png;base64,AA1",
+    )

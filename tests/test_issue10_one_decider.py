@@ -428,3 +428,41 @@ async def test_a_resume_that_merely_times_out_keeps_the_binding(session_file: st
     server.resume_error = None
     third = await run_codex_turn(params(session_file, "three"), app_server=server)
     assert third.thread_id == first.thread_id
+
+
+async def test_the_in_turn_owns_compaction_diagnostic_is_logged_by_default(
+    session_file: str,
+) -> None:
+    # Before: only sent to a host sink (none configured here: nothing was logged).
+    from support.fake_appserver import CodexScript
+
+    engine = RecordingEngine(engine_id="lossless-claw", owns_compaction=True)
+    with capture_logs() as logs:
+        result = await run_codex_turn(
+            params(session_file, "hello"),
+            app_server=FakeAppServer(scripts=[CodexScript(compaction="completed")]),
+            engine=engine,
+        )
+    assert result.native_compactions == 1
+    diagnostics = [e for e in logs if e["event"] == "codex native compaction diagnostic"]
+    assert {(e["phase"], e["backend"], e["ownsCompaction"]) for e in diagnostics} == {
+        ("start", "codex-app-server", True),
+        ("end", "codex-app-server", True),
+    }
+
+
+async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_session(
+    session_file: str,
+) -> None:
+    # Found in review: a corrupt rollout (-32603 "failed to read thread") was treated as
+    # transient, the binding kept, and every later turn failed the same way.
+    from codex_turn.harness.appserver import AppServerRpcError
+
+    server = FakeAppServer()
+    first = await run_codex_turn(params(session_file, "one"), app_server=server)
+    server.resume_error = AppServerRpcError(-32603, "failed to read thread: bad metadata")
+    second = await run_codex_turn(params(session_file, "two"), app_server=server)
+    assert second.outcome is TurnOutcome.COMPLETED
+    assert second.thread_decision is not None
+    assert second.thread_decision.reason == "resume-failed"
+    assert second.thread_id != first.thread_id

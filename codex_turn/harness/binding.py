@@ -383,6 +383,9 @@ def _identity_field(raw: dict[str, Any], key: str) -> str | _Unknown | None:
     return value
 
 
+_MAX_PATH_CHARS = 4096
+
+
 def _foreign(
     path: str,
     session_file: str | os.PathLike[str],
@@ -410,6 +413,21 @@ def _foreign(
             session_id=cap_identifier(session_id),
         )
         return True
+    if recorded_session is None and recorded_transcript is None:
+        # A sidecar from before the ownership fields still names the transcript it was
+        # written for. If that transcript is elsewhere *and still exists*, this is a copy made
+        # next to another session's transcript; a session moved with its sidecar (the old
+        # path gone) keeps its thread, as OpenClaw's reader would.
+        recorded_file = raw.get("sessionFile")
+        if (
+            isinstance(recorded_file, str)
+            and recorded_file
+            and len(recorded_file) <= _MAX_PATH_CHARS
+            and session_path(recorded_file) != session_path(session_file)
+            and os.path.lexists(recorded_file)
+        ):
+            _ignored(path, "copied from another transcript that still exists")
+            return True
     if isinstance(recorded_transcript, str):
         current = _transcript_identity(session_file)
         if isinstance(current, str) and current != recorded_transcript:

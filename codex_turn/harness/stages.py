@@ -40,6 +40,7 @@ from codex_turn.fsm.turn import THREAD_TRIGGERS, RunEnd, run_end_trigger
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
+    AppServerRpcError,
     CodexTurnStatus,
     Notification,
     ThreadNotFound,
@@ -326,11 +327,14 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         assert bound is not None
         try:
             result = await ctx.app_server.resume_thread(bound.thread_id, **settings)
-        except ThreadNotFound as error:
-            # Codex's definitive "no such thread": the binding is worthless, rotate.
+        except AppServerRpcError as error:
+            # A live Codex answered that it cannot resume this thread: no such thread
+            # (ThreadNotFound), or a rollout it cannot read. Asking again gets the same
+            # answer, so the binding is worthless: rotate (with the projected context).
             ctx.log.warning(
                 "codex app-server thread resume failed; starting a new thread",
                 error=format_error(error),
+                definitive=isinstance(error, ThreadNotFound),
             )
             return T.THREAD_RESUME_FAILED
         except AppServerError as error:

@@ -30,6 +30,11 @@ __all__ = [
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 
 
+def _images(value: Any) -> Any:
+    # A string stays a string, so the validation refuses it instead of iterating characters.
+    return value if isinstance(value, str) or value is None else tuple(value)
+
+
 class InvalidTurnParams(CodexTurnError, ValueError, TypeError):
     """A :class:`TurnParams` field has a wrong type or value (raised when the params are built,
     before anything is read, written or sent). A ``ValueError`` and a ``TypeError`` too."""
@@ -56,8 +61,9 @@ class TurnParams:
     #: The sandbox's session key when it differs: reaches the engine only as a runtime-context
     #: fact (``sandboxSessionKey``), never as the session key its calls are bound to.
     sandbox_session_key: str | None = None
-    #: Image inputs as URLs (``data:<mime>;base64,...`` included).
-    images: tuple[str, ...] = ()
+    #: Image inputs as URLs (``data:<mime>;base64,...`` included). Any iterable is taken once
+    #: (a generator is not consumed by the validation); a single string is refused.
+    images: tuple[str, ...] = attrs.field(default=(), converter=_images)
     model: str | None = None
     context_token_budget: int | None = None
     reserve_tokens: int | None = None

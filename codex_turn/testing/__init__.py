@@ -1,13 +1,21 @@
-"""Test kit for context-engine authors: run the *real* ``codex app-server`` with no network.
+"""Test kit for context-engine and runner authors: no network, no model, real contracts.
 
-Everything here is public and meant for code that tests an engine (or the harness itself)
-end to end: :class:`OfflineModel` is a local, scriptable Responses-API server on
-``127.0.0.1`` that the real binary talks to instead of OpenAI (point
-``AppServerConfig.offline(home, model.base_url)`` at it). It records every request Codex
-sends (:class:`RecordedRequest`: developer and user messages, tools, function-call outputs,
-turn or compaction), answers each from a FIFO script of :class:`Reply` values (echo by
-default), and traps any attempt to reach the internet through the proxy variables
-(:meth:`OfflineModel.proxy_env`, :attr:`OfflineModel.proxy_attempts`).
+Everything here is public and meant for code that tests an engine or a runner (a host):
+
+* :class:`OfflineModel` (:mod:`.offline_model`): a local, scriptable Responses-API server on
+  ``127.0.0.1`` that the *real* ``codex app-server`` talks to instead of OpenAI (point
+  ``AppServerConfig.offline(home, model.base_url)`` at it). It records every request Codex
+  sends (:class:`RecordedRequest`), answers each from a FIFO script of :class:`Reply` values
+  (echo by default), and traps any attempt to reach the internet through the proxy variables
+  (:meth:`OfflineModel.proxy_env`, :attr:`OfflineModel.proxy_attempts`).
+* :class:`RecordingEngine` (:mod:`.recording_engine`): an engine that records every call
+  (:class:`Call`), answers as scripted, omits methods and fails or stalls on demand: for
+  testing what a host calls and how it copes.
+* The engine conformance suite (:mod:`.conformance`): :func:`check_engine_conformance` runs
+  :data:`CONFORMANCE_CHECKS` against engines made by your factory and returns a
+  :class:`ConformanceReport`; each :class:`ConformanceCheck` also runs alone (one pytest test
+  per check). What applies is decided by declared :data:`Storage` and the engine's own info,
+  and stated in every :class:`CheckResult`.
 
 Nothing in the product imports this package; it has no dependencies beyond the library's.
 
@@ -20,10 +28,42 @@ Usage sketch::
             ...
         assert model.turn_requests()[-1].last_user_text == "hi"
         assert model.proxy_attempts == []
+
+    report = await check_engine_conformance(MyEngine, workdir=tmp_path, storage="durable")
+    report.assert_conforms()
 """
 
 from __future__ import annotations
 
+from .conformance import (
+    CONFORMANCE_CHECKS,
+    CheckResult,
+    CheckStatus,
+    ConformanceCheck,
+    ConformanceFailure,
+    ConformanceReport,
+    EngineFactory,
+    Storage,
+    check_engine_conformance,
+)
 from .offline_model import OfflineModel, RecordedRequest, Reply, ReplyKind, running_model
+from .recording_engine import Call, RecordingEngine
 
-__all__ = ["OfflineModel", "RecordedRequest", "Reply", "ReplyKind", "running_model"]
+__all__ = [
+    "CONFORMANCE_CHECKS",
+    "Call",
+    "CheckResult",
+    "CheckStatus",
+    "ConformanceCheck",
+    "ConformanceFailure",
+    "ConformanceReport",
+    "EngineFactory",
+    "OfflineModel",
+    "RecordedRequest",
+    "RecordingEngine",
+    "Reply",
+    "ReplyKind",
+    "Storage",
+    "check_engine_conformance",
+    "running_model",
+]

@@ -47,6 +47,7 @@ from codex_turn.harness._fs import (
     open_regular,
     session_path,
 )
+from codex_turn.harness.binding import BINDING_SUFFIX
 from codex_turn.harness.session._cache import (
     _header_problem,
     _pread_exact,
@@ -91,7 +92,15 @@ def _holds_nothing(view: _View) -> bool:
     if b"\n" in text or not text.startswith(b"{"):
         return False
     compact = text.translate(None, _WHITESPACE)  # other writers may put spaces after ':'
-    return _HEADER_START.startswith(compact) or b'"type":"session"' in compact
+    if _HEADER_START.startswith(compact):
+        return True
+    # A torn header, and only that: one object opened, never closed, naming itself a session
+    # header. A second object glued on (an entry appended without a newline) holds content.
+    return (
+        compact.count(b"{") == 1
+        and b"}" not in compact
+        and compact.startswith(b'{"type":"session"')
+    )
 
 
 def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
@@ -157,12 +166,14 @@ def _check_path(target: str) -> None:
         raise TranscriptUnwritable(target, "a parent of the path is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise TranscriptUnwritable(target, "its directory is not writable")
-    try:
-        lock = os.lstat(target + ".lock")
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(lock.st_mode):
-        raise TranscriptUnwritable(target, f"its lock file is {file_kind(lock.st_mode)}")
+    for suffix, what in ((".lock", "lock file"), (BINDING_SUFFIX, "thread binding sidecar")):
+        try:
+            beside = os.lstat(target + suffix)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(beside.st_mode):
+            # A sidecar that cannot be written would make every turn forget its thread.
+            raise TranscriptUnwritable(target, f"its {what} is {file_kind(beside.st_mode)}")
 
 
 _OS_REASONS: Final = {

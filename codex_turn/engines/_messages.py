@@ -1,0 +1,337 @@
+"""What the engine needs to know about one message: its identity, its size, its tool links.
+
+Theory
+------
+*Identity is a function of the conversation, not of who delivered it.* A message's
+**source id** is ``<digest>.<n>``: ``digest`` is the first 16 bytes of SHA-256 over the
+message's canonical JSON (keys sorted, fixed separators) *without* its ``idempotencyKey``
+(the mirror adds that key; a fallback snapshot of the same turn does not have it, and both
+must be the same message), and ``n`` counts the earlier messages of the same path with the
+same digest. So the third ``"ok"`` of a session is ``<digest("ok")>.2`` whether it arrives
+through ``after_turn``, a retried ``after_turn``, or a ``bootstrap`` that reads the
+transcript after a restart; a unique index on ``(conversation, source_id)`` then makes a
+second copy impossible. Real messages carry a millisecond ``timestamp``, so ``n`` is almost
+always 0; it only matters for exact repeats.
+
+:class:`PathIndex` keeps, per session, the digests of the path it saw last time, keyed by the
+*objects* it was handed. The harness shares message dicts between turns (the transcript read
+cache), so a turn costs O(new messages) of hashing, not O(history); a runner that hands fresh
+copies every turn costs O(history) per turn (correct, slower).
+
+*Size is an estimate of what the model reads.* :func:`model_text` is the text a model is
+shown for a message (text parts, tool-call names and canonical arguments, tool-result text,
+pi's summary roles; reasoning is not shown), and :func:`estimate_tokens` the default
+character heuristic over it: 4 characters per token, 1 per CJK character, 2 per astral
+character (emoji). Deterministic by construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import operator
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+__all__ = [
+    "PathIndex",
+    "TokenEstimator",
+    "canonical_json",
+    "digest",
+    "encode_message",
+    "estimate_tokens",
+    "message_text",
+    "message_timestamp",
+    "message_tokens",
+    "model_text",
+    "tool_call_ids",
+    "tool_result_ids",
+]
+
+#: ``(text) -> tokens``: the engine's pluggable token estimator.
+TokenEstimator = Callable[[str], int]
+
+_CJK: Final = re.compile(
+    "[\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]"
+)
+_ASTRAL: Final = re.compile("[\U00010000-\U0010ffff]")
+#: Fixed per-message overhead (role, separators) added to the text estimate.
+MESSAGE_OVERHEAD_TOKENS: Final = 4
+#: What an image costs in the estimate (it is rendered as a placeholder, but a model that
+#: sees it pays far more; the estimate errs on the side of the budget).
+IMAGE_TOKENS: Final = 256
+
+_CALL_TYPES: Final = frozenset({"toolCall", "tool_use", "function_call"})
+_RESULT_TYPES: Final = frozenset({"toolResult", "tool_result", "function_call_output"})
+_RESULT_ID_KEYS: Final = ("toolCallId", "toolUseId", "tool_use_id", "callId", "call_id")
+_SUMMARY_ROLES: Final = frozenset({"compactionSummary", "branchSummary"})
+
+
+def estimate_tokens(text: str) -> int:
+    """The default estimator: ~4 characters per token, CJK 1, astral (emoji) 2."""
+    if text.isascii():
+        return (len(text) + 3) // 4
+    cjk = len(_CJK.findall(text))
+    astral = len(_ASTRAL.findall(text))
+    rest = len(text) - cjk - astral
+    return (rest + 3) // 4 + cjk + 2 * astral
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON: sorted keys, compact separators, raw non-ASCII, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def digest(message: Mapping[str, Any]) -> bytes:
+    """16 bytes of SHA-256 over the canonical message without its ``idempotencyKey``."""
+    if "idempotencyKey" in message:
+        message = {k: v for k, v in message.items() if k != "idempotencyKey"}
+    data = canonical_json(message).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).digest()[:16]
+
+
+def source_id(message_digest: bytes, occurrence: int) -> str:
+    return f"{message_digest.hex()}.{occurrence}"
+
+
+def encode_message(message: Mapping[str, Any]) -> bytes:
+    """The stored form: the message's own JSON (key order kept), compact, UTF-8."""
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _text_of(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _block_text(part: Mapping[str, Any]) -> str:
+    kind = part.get("type")
+    if kind == "text":
+        text = part.get("text")
+        return text if isinstance(text, str) else ""
+    if kind in _CALL_TYPES:
+        name = part.get("name")
+        arguments = part["arguments"] if "arguments" in part else part.get("input")
+        try:
+            shown = canonical_json(arguments)
+        except (TypeError, ValueError):
+            shown = ""
+        return f"tool call {name if isinstance(name, str) else ''} {shown}".rstrip()
+    if kind in _RESULT_TYPES:
+        return f"tool result {_text_of(part.get('content', part.get('output')))}".rstrip()
+    return ""  # thinking, images and unknown blocks carry no text a model is shown
+
+
+def model_text(message: Mapping[str, Any]) -> str:
+    """The text a model is shown for ``message`` (used for token estimates)."""
+    role = message.get("role")
+    if "content" not in message and role in _SUMMARY_ROLES:
+        summary = message.get("summary")
+        return summary if isinstance(summary, str) else ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    parts = [_block_text(part) for part in content if isinstance(part, Mapping)]
+    return "\n".join(part for part in parts if part)
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The prose of ``message`` for a summary: text parts and tool names, no reasoning,
+    no tool payloads (results keep their text)."""
+    role = message.get("role")
+    if "content" not in message and role in _SUMMARY_ROLES:
+        summary = message.get("summary")
+        return summary if isinstance(summary, str) else ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    out: list[str] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in _CALL_TYPES:
+            name = part.get("name")
+            out.append(f"(called tool {name if isinstance(name, str) else '?'})")
+        elif kind in _RESULT_TYPES:
+            out.append(_text_of(part.get("content", part.get("output"))))
+    return "\n".join(text for text in out if text)
+
+
+def message_tokens(message: Mapping[str, Any], estimator: TokenEstimator) -> int:
+    images = 0
+    content = message.get("content")
+    if isinstance(content, list):
+        images = sum(
+            1 for part in content if isinstance(part, Mapping) and part.get("type") == "image"
+        )
+    return max(0, int(estimator(model_text(message)))) + MESSAGE_OVERHEAD_TOKENS + (
+        IMAGE_TOKENS * images
+    )
+
+
+def tool_call_ids(message: Mapping[str, Any]) -> tuple[str, ...]:
+    """Ids of the tool calls an assistant message makes (pi ``toolCall``, ``tool_use``)."""
+    if message.get("role") != "assistant":
+        return ()
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ()
+    ids: list[str] = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") in _CALL_TYPES:
+            call_id = part.get("id", part.get("callId", part.get("call_id")))
+            if isinstance(call_id, str) and call_id:
+                ids.append(call_id)
+    return tuple(ids)
+
+
+def tool_result_ids(message: Mapping[str, Any]) -> tuple[str, ...]:
+    """Ids of the calls a message answers (a pi ``toolResult`` message, or result blocks)."""
+    ids: list[str] = []
+    if message.get("role") == "toolResult":
+        call_id = message.get("toolCallId", message.get("toolUseId"))
+        if isinstance(call_id, str) and call_id:
+            ids.append(call_id)
+    content = message.get("content")
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") in _RESULT_TYPES:
+                call_id = next(
+                    (v for k in _RESULT_ID_KEYS if isinstance(v := part.get(k), str) and v), None
+                )
+                if call_id is not None:
+                    ids.append(call_id)
+    return tuple(ids)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def message_timestamp(message: Mapping[str, Any]) -> int | None:
+    """The message's ``timestamp`` in epoch milliseconds (number or ISO string), else None."""
+    value = message.get("timestamp")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        delta = parsed - _EPOCH
+        return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+    return None
+
+
+class PathIndex:
+    """The source ids of one session's path, kept incrementally (see the module docstring).
+
+    Thread-safe: :meth:`identities` runs in worker threads.
+    """
+
+    __slots__ = ("_counts", "_digests", "_lock", "_occurrences", "_refs")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: list[object] = []
+        self._digests: list[bytes] = []
+        self._occurrences: list[int] = []
+        self._counts: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def _common_prefix(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        refs = self._refs
+        size = min(len(refs), len(messages))
+        if size == 0:
+            return 0
+        head = messages[:size] if not isinstance(messages, list) else messages
+        if all(map(operator.is_, refs[:size], head)):
+            return size
+        for index, (old, new) in enumerate(zip(refs, head, strict=False)):
+            if old is not new:
+                return index
+        return size  # pragma: no cover - the all() above said otherwise
+
+    def _refresh(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        keep = self._common_prefix(messages)
+        if keep < len(self._refs):
+            del self._refs[keep:], self._digests[keep:], self._occurrences[keep:]
+            counts: dict[bytes, int] = {}
+            for value in self._digests:
+                counts[value] = counts.get(value, 0) + 1
+            self._counts = counts
+        counts = self._counts
+        for index in range(keep, len(messages)):
+            message = messages[index]
+            value = digest(message)
+            seen = counts.get(value, 0)
+            counts[value] = seen + 1
+            self._refs.append(message)
+            self._digests.append(value)
+            self._occurrences.append(seen)
+
+    def plan(
+        self, messages: Sequence[Mapping[str, Any]], synced_len: int, anchor: str | None
+    ) -> tuple[int, list[str]]:
+        """``(start, ids)``: where a sync of ``messages`` must start, and the source ids of
+        ``messages[start:]``. ``start`` is ``synced_len`` when the path still holds the
+        message the store last synced at ``synced_len - 1`` (its id is ``anchor``), else 0
+        (the path was rewritten or branched: reconcile all of it)."""
+        with self._lock:
+            self._refresh(messages)
+            start = 0
+            if 0 < synced_len <= len(self._refs) and anchor is not None:
+                at = synced_len - 1
+                if source_id(self._digests[at], self._occurrences[at]) == anchor:
+                    start = synced_len
+            return start, [
+                source_id(self._digests[i], self._occurrences[i])
+                for i in range(start, len(self._refs))
+            ]
+
+    def range(self, messages: Sequence[Mapping[str, Any]], start: int) -> list[str]:
+        """The source ids of ``messages[start:]`` (``messages`` being the whole path)."""
+        with self._lock:
+            self._refresh(messages)
+            return [
+                source_id(self._digests[i], self._occurrences[i])
+                for i in range(start, len(self._refs))
+            ]
+
+
+def delivery_identities(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Source ids for a delivery without its history (``ingest``/``ingest_batch``): the
+    occurrence counts only within the delivery, so a re-delivered message is a duplicate."""
+    counts: dict[bytes, int] = {}
+    out: list[str] = []
+    for message in messages:
+        value = digest(message)
+        seen = counts.get(value, 0)
+        counts[value] = seen + 1
+        out.append(source_id(value, seen))
+    return out

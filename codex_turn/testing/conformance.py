@@ -1,0 +1,946 @@
+"""The engine conformance suite: what every context engine must do, checked against yours.
+
+Hand the suite a factory that makes your engine on a store path, declare how your engine
+stores what it ingests, and it drives the engine through scripted sessions exactly as the
+harness does (bootstrap, assemble, the transcript mirror, after_turn / ingest_batch / ingest,
+maintain, compact; see :mod:`codex_turn.testing._conformance_host`) and reports, check by
+check, what held, what broke and what did not apply. No model, no Codex binary, no network.
+
+Usage
+-----
+
+One report (any async test; ``anyio.run`` from synchronous code)::
+
+    from codex_turn.testing import check_engine_conformance
+
+    async def test_my_engine_conforms(tmp_path):
+        report = await check_engine_conformance(
+            lambda path: MyEngine(path), workdir=tmp_path, storage="durable"
+        )
+        report.assert_conforms()            # raises with the whole report on any failure
+
+One pytest test per check (the checks are values; their ``str`` is their name)::
+
+    import pytest
+    from codex_turn.testing import CONFORMANCE_CHECKS
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("check", CONFORMANCE_CHECKS, ids=str)
+    async def test_my_engine(check, tmp_path):
+        result = await check.run(MyEngine, workdir=tmp_path, storage="durable")
+        expected = "not_applicable" if check.name in {"epoch_stable"} else "passed"
+        assert result.status == expected, result.format()
+
+``assert_conforms(not_applicable=...)`` and the ``expected`` above make a check that does not
+apply a *stated* expectation of your test: a check is never passed because it did not run.
+
+Theory of operation
+-------------------
+
+*Declared, then verified.* Two facts decide which checks apply. ``storage`` is declared by
+the author: ``"none"`` (the engine keeps nothing; its assembly is a function of the params,
+like the legacy engine or the recording engine's echo), ``"memory"`` (it keeps what it
+ingested for the life of the instance) or ``"durable"`` (it keeps it under the path the
+factory receives; a new instance there sees it). The check ``storage_declaration`` verifies the
+declaration, so it cannot be used to dodge checks: a "none" engine must assemble exactly what
+a fresh instance assembles, a storing one must still assemble what it stored when the live
+history is empty (as the harness hands it when the transcript is unreadable), a durable one
+must do so from a new instance. The other facts are the engine's own: ``info.owns_compaction``
+and the projection its assemblies carry (``context_projection.mode``).
+
+*Applicability is a rule, stated in every result.* Each check carries its rule
+(:attr:`ConformanceCheck.applies_to`). A check that does not apply ends ``not_applicable``
+with the rule and the fact that excluded it; it is never reported as passed. A step inside an
+applicable check that depends on a capability (a bootstrap, a compaction) is listed in the
+result's ``notes`` as run or not run, with the reason.
+
+*Identical means byte-identical.* Assemblies are compared as canonical JSON (sorted keys,
+fixed separators) of the whole result: messages, ``estimated_tokens``,
+``system_prompt_addition`` and ``context_projection``. A raw message is recognised by its role
+and content (a tool result by its ``toolCallId``), so an engine may drop or add message keys.
+
+*Every check is independent*: its own directory under ``workdir``, its own stores (paths the
+factory receives, nothing there yet), its own transcripts, its own instances, all disposed at
+the end (a ``dispose`` that raises fails the check). Each check is bounded by ``timeout``.
+
+The checks (rules in brackets; "stores" means storage "memory" or "durable")
+----------------------------------------------------------------------------
+
+``storage_declaration`` [every engine]  ``results_valid`` [every engine]
+``reingest_adds_nothing`` [stores]  ``retried_after_turn_adds_nothing`` [stores]
+``restart_adds_nothing`` [durable]  ``within_budget`` [stores]  ``tool_pairs_intact`` [stores]
+``deterministic`` [every engine]  ``prefix_stable`` [stores]
+``epoch_stable`` [assemblies carry a thread_bootstrap projection]
+``compaction_honest`` [every engine]  ``compaction_converges`` [info.owns_compaction]
+``sessions_isolated`` [stores]. Their docstrings below say exactly what each proves.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Final, Literal
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from codex_turn.errors import CodexTurnError
+from codex_turn.harness.engine import AgentMessage, AssembleResult, CompactResult
+from codex_turn.testing._conformance_host import (
+    HUGE_BUDGET,
+    CheckFailed,
+    DrivenEngine,
+    EngineFactory,
+    Host,
+    NotApplicable,
+    Session,
+    Storage,
+    canonical_json,
+    conversation,
+    duplicates,
+    first_difference,
+    is_prefix,
+    missing,
+    result_json,
+    text_chars,
+    tool_pair_problems,
+)
+
+__all__ = [
+    "CONFORMANCE_CHECKS",
+    "CheckResult",
+    "CheckStatus",
+    "ConformanceCheck",
+    "ConformanceFailure",
+    "ConformanceReport",
+    "EngineFactory",
+    "Storage",
+    "check_engine_conformance",
+]
+
+CheckStatus = Literal["passed", "failed", "not_applicable"]
+
+DEFAULT_TIMEOUT: Final = 120.0
+
+_EVERY: Final = "every engine"
+_STORES: Final = 'storage is "memory" or "durable" (declared; verified by storage_declaration)'
+_DURABLE: Final = 'storage is "durable" (declared; verified by storage_declaration)'
+_OWNS: Final = "info.owns_compaction is true"
+_THREAD_BOOTSTRAP: Final = (
+    'the engine\'s assemblies carry context_projection.mode == "thread_bootstrap" '
+    "(observed on the first three turns)"
+)
+#: Budgets of the budget checks, as fractions of the whole conversation's assembled size.
+_BUDGET_FRACTIONS: Final = (1.0, 0.8, 0.65, 0.5, 0.4, 0.3, 0.22, 0.15, 0.1, 0.06)
+#: An engine estimating fewer tokens than this many characters of text each is not counting.
+_CHARS_PER_TOKEN_CEILING: Final = 8
+_MAX_COMPACTIONS: Final = 16
+
+
+class ConformanceFailure(CodexTurnError, AssertionError):
+    """An engine did not conform; ``str(err)`` is the report, ``err.report`` the object."""
+
+    def __init__(self, report: ConformanceReport, problem: str) -> None:
+        super().__init__(f"{problem}\n{report.format()}")
+        self.report = report
+
+
+@attrs.frozen
+class CheckResult:
+    """What one check found. ``reason`` says why it failed or did not apply."""
+
+    check: str
+    status: CheckStatus
+    #: The applicability rule of the check, verbatim.
+    rule: str
+    reason: str = ""
+    #: What was verified, and which capability-dependent steps ran or did not (and why).
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def format(self) -> str:
+        lines = [f"{self.check}: {self.status} ({self.seconds:.2f}s)", f"  applies to: {self.rule}"]
+        if self.reason:
+            label = "why" if self.status == "not_applicable" else "failed"
+            lines.append(f"  {label}: {self.reason}")
+        lines.extend(f"  - {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class ConformanceReport:
+    """The results of the checks run on one engine, in suite order."""
+
+    engine_id: str
+    storage: Storage
+    results: tuple[CheckResult, ...]
+
+    def _named(self, status: CheckStatus) -> tuple[str, ...]:
+        return tuple(r.check for r in self.results if r.status == status)
+
+    @property
+    def passed(self) -> tuple[str, ...]:
+        return self._named("passed")
+
+    @property
+    def failed(self) -> tuple[str, ...]:
+        return self._named("failed")
+
+    @property
+    def not_applicable(self) -> tuple[str, ...]:
+        return self._named("not_applicable")
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (checks that do not apply are listed, not counted as passed)."""
+        return not self.failed
+
+    def result(self, check: str) -> CheckResult:
+        return next(r for r in self.results if r.check == check)
+
+    def format(self) -> str:
+        head = (
+            f"conformance of engine {self.engine_id!r} (storage {self.storage!r}): "
+            f"{len(self.passed)} passed, {len(self.failed)} failed, "
+            f"{len(self.not_applicable)} not applicable"
+        )
+        return "\n".join([head, *(r.format() for r in self.results)])
+
+    def assert_conforms(self, *, not_applicable: Iterable[str] = ()) -> None:
+        """Raise :class:`ConformanceFailure` unless no check failed and exactly the checks
+        named in ``not_applicable`` did not apply."""
+        if self.failed:
+            raise ConformanceFailure(self, f"failed checks: {', '.join(self.failed)}")
+        expected = set(not_applicable)
+        if set(self.not_applicable) != expected:
+            raise ConformanceFailure(
+                self,
+                f"not applicable: {sorted(self.not_applicable)}, expected {sorted(expected)}",
+            )
+
+
+# --- The check runner -----------------------------------------------------------------------
+
+
+@attrs.define
+class _Run:
+    """What a check body gets: the host, the declaration, and a notebook."""
+
+    host: Host
+    storage: Storage
+    notes: list[str] = attrs.Factory(list)
+    _sessions: int = 0
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    async def engine(self, store: Path | None = None) -> DrivenEngine:
+        return await self.host.start(store or self.host.new_store())
+
+    def session(self, name: str, turns: int, root: Path | None = None, **sizes: int) -> Session:
+        return Session(
+            root or self.host.new_sessions_dir(), name, conversation(name, turns, **sizes)
+        )
+
+    def fresh_copy(self, session: Session) -> Session:
+        """The same scripted session with a new, empty transcript (for a replay)."""
+        return Session(self.host.new_sessions_dir(), session.id, session.turns)
+
+
+_Body = Callable[[_Run], Awaitable[None]]
+
+
+@attrs.frozen
+class ConformanceCheck:
+    """One check of the suite; ``str(check)`` is its name (use it as a pytest id)."""
+
+    name: str
+    #: What the check proves, in one line.
+    title: str
+    #: When it applies, in one line (also in every :class:`CheckResult`).
+    applies_to: str
+    _body: _Body = attrs.field(repr=False, alias="body")
+    _requires: Callable[[Storage], str | None] = attrs.field(repr=False, alias="requires")
+
+    def __str__(self) -> str:
+        return self.name
+
+    async def run(
+        self,
+        make_engine: EngineFactory,
+        *,
+        workdir: str | os.PathLike[str],
+        storage: Storage,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 (a bound per check, by design)
+    ) -> CheckResult:
+        """Run this check on engines made by ``make_engine`` under ``workdir/<name>``."""
+        if storage not in ("none", "memory", "durable"):
+            raise ValueError(f'storage must be "none", "memory" or "durable" (got {storage!r})')
+        root = Path(workdir) / self.name
+        root.mkdir(parents=True, exist_ok=True)
+        run = _Run(Host(make_engine, root), storage)
+        started = time.monotonic()
+        status: CheckStatus = "passed"
+        reason = ""
+        excluded = self._requires(storage)
+        try:
+            if excluded is not None:
+                raise NotApplicable(excluded)
+            with anyio.fail_after(timeout):
+                await self._body(run)
+        except NotApplicable as err:
+            status, reason = "not_applicable", str(err)
+        except CheckFailed as err:
+            status, reason = "failed", str(err)
+        except TimeoutError:
+            status, reason = "failed", f"did not finish within {timeout:g}s"
+        finally:
+            with anyio.CancelScope(shield=True):
+                problems = await run.host.dispose_all()
+        if problems and status != "failed":
+            status, reason = "failed", "; ".join(problems)
+        return CheckResult(
+            check=self.name,
+            status=status,
+            rule=self.applies_to,
+            reason=reason,
+            notes=tuple(run.notes),
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+
+async def check_engine_conformance(
+    make_engine: EngineFactory,
+    *,
+    workdir: str | os.PathLike[str],
+    storage: Storage,
+    checks: Iterable[ConformanceCheck | str] = (),
+    timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 (a bound per check, by design)
+) -> ConformanceReport:
+    """Run the checks (all of :data:`CONFORMANCE_CHECKS` by default, or those named) one after
+    another on engines made by ``make_engine(path)``; every check gets fresh store paths.
+
+    ``storage`` is the author's declaration (see the module docstring); ``timeout`` bounds each
+    check. Never raises for what the engine does: everything is in the report.
+    """
+    by_name = {check.name: check for check in CONFORMANCE_CHECKS}
+    chosen: list[ConformanceCheck] = []
+    for item in checks or CONFORMANCE_CHECKS:
+        if isinstance(item, str):
+            if item not in by_name:
+                raise ValueError(f"no conformance check named {item!r}")
+            item = by_name[item]
+        chosen.append(item)
+    results = [
+        await check.run(make_engine, workdir=workdir, storage=storage, timeout=timeout)
+        for check in chosen
+    ]
+    return ConformanceReport(await _engine_id(make_engine, Path(workdir)), storage, tuple(results))
+
+
+async def _engine_id(make_engine: EngineFactory, workdir: Path) -> str:
+    host = Host(make_engine, workdir / "_info")
+    try:
+        return (await host.start(host.new_store())).info.id
+    except CheckFailed:
+        return "<unknown>"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await host.dispose_all()
+
+
+# --- Helpers shared by the checks -----------------------------------------------------------
+
+
+def _no_duplicates(what: str, result: AssembleResult, source: Sequence[AgentMessage]) -> None:
+    found = duplicates(result.messages, source)
+    if found:
+        raise CheckFailed(f"{what}: duplicated messages: {'; '.join(found[:3])}")
+
+
+def _same(what: str, expected: AssembleResult, actual: AssembleResult) -> None:
+    if result_json(expected) != result_json(actual):
+        raise CheckFailed(f"{what}: the assembly changed ({first_difference(expected, actual)})")
+
+
+def _stores(storage: Storage) -> str | None:
+    return None if storage != "none" else 'declared storage "none": the engine keeps nothing'
+
+
+def _durable(storage: Storage) -> str | None:
+    return None if storage == "durable" else f"declared storage {storage!r}, not durable"
+
+
+def _always(storage: Storage) -> str | None:
+    return None
+
+
+async def _long_session(run: _Run, engine: DrivenEngine, name: str = "long") -> Session:
+    """48 turns: 24 large ones, then 24 small ones (a budget can keep the recent turns)."""
+    session = run.session(name, 48, words=10, large_turns=24, large_words=90)
+    await engine.turns(session, len(session.turns))
+    return session
+
+
+def _budgets(full: AssembleResult, session: Session) -> list[int]:
+    """Budgets from the whole size down to a few times the newest turn, in the engine's
+    own units (its estimate of the whole conversation)."""
+    # The newest turn's bytes: about four times its tokens at a generous 3-4 bytes a token.
+    floor = len(canonical_json(list(session.turns[session.mirrored - 1].messages)).encode())
+    return sorted(
+        {max(floor, int(full.estimated_tokens * f)) for f in _BUDGET_FRACTIONS}, reverse=True
+    )
+
+
+def _newest_user(session: Session) -> AgentMessage:
+    return session.turns[session.mirrored - 1].messages[0]
+
+
+def _honesty_problem(result: CompactResult) -> str | None:
+    details = result.result
+    before = details.tokens_before if details else None
+    after = details.tokens_after if details else None
+    if not result.ok and result.compacted:
+        return "ok=false yet compacted=true"
+    if result.compacted:
+        if before is None or after is None:
+            return "compacted=true without tokens_before and tokens_after"
+        if after >= before:
+            return f"compacted=true but tokens_after {after} >= tokens_before {before}"
+    elif before is not None and after is not None and after < before:
+        return f"compacted=false but tokens_after {after} < tokens_before {before}"
+    return None
+
+
+# --- The checks -----------------------------------------------------------------------------
+
+
+async def _storage_declaration(run: _Run) -> None:
+    """The declared storage is true.
+
+    ``none``: after ingesting a session, the engine assembles byte-identically to a fresh
+    instance, for the live history and for an empty one. ``memory``/``durable``: with an
+    empty live history (the harness reads an unreadable transcript as empty) the engine still
+    assembles every stored message; ``durable``: so does a new instance on the same store,
+    with no bootstrap in between.
+    """
+    store = run.host.new_store()
+    engine = await run.engine(store)
+    session = run.session("decl", 5)
+    await engine.turns(session, 5)
+    history = await session.history()
+    if run.storage == "none":
+        fresh = await run.engine()
+        for label, messages in (("the live history", history), ("an empty history", [])):
+            used = await engine.assemble(session, messages=list(messages))
+            new = await fresh.assemble(session, messages=list(messages))
+            if result_json(used) != result_json(new):
+                raise CheckFailed(
+                    f'declared storage "none", but after ingesting a session it assembles '
+                    f"{label} unlike a fresh instance ({first_difference(new, used)})"
+                )
+        run.note("assembles like a fresh instance after ingesting: it keeps nothing")
+        return
+    stored = await engine.assemble(session, messages=[])
+    lost = missing(stored.messages, session.source())
+    if lost:
+        raise CheckFailed(
+            f"declared storage {run.storage!r}, but with an empty live history it assembled "
+            f"{len(session.source()) - len(lost)} of {len(session.source())} stored messages "
+            f"(first missing: {lost[0]})"
+        )
+    run.note("with an empty live history it assembles every stored message")
+    if run.storage == "durable":
+        again = await (await run.engine(store)).assemble(session, messages=[])
+        _same("a new instance on the same store (no bootstrap)", stored, again)
+        run.note("a new instance on the same store assembles the same, byte for byte")
+
+
+async def _results_valid(run: _Run) -> None:
+    """Every method answers in the contract's shape, through the harness's own validation.
+
+    The whole turn sequence (bootstrap, assemble, after_turn or ingest_batch or ingest,
+    maintain), ``compact`` both ways, and ``ingest`` and ``ingest_batch`` called directly on
+    another session; ``assemble`` returns a new list (never the host's own), and the messages
+    it was given are read-only (an engine that edits one gets a ``TypeError`` and fails).
+    """
+    engine = await run.engine()
+    session = run.session("valid", 4)
+    await engine.turns(session, 4)
+    history = await session.history()
+    result = await engine.assemble(session, messages=history)
+    if result.messages is history:
+        raise CheckFailed("assemble() returned the host's own messages list, not a new one")
+    await engine.compact(session, budget=HUGE_BUDGET, force=False, current_token_count=100)
+    await engine.compact(session, budget=HUGE_BUDGET, force=True)
+    other = run.session("valid-direct", 2)
+    direct = [m for turn in other.turns for m in turn.messages]
+    if engine.capabilities.ingest_batch:
+        await engine.ingest_batch(other, direct[:2])
+    for message in direct[2:]:
+        await engine.ingest(other, message)
+    present = [name for name, has in attrs.asdict(engine.capabilities).items() if has]
+    run.note(
+        f"optional methods present: {', '.join(present) or 'none'}; "
+        f"finalize path: {engine.finalize_path}"
+    )
+
+
+async def _reingest_adds_nothing(run: _Run) -> None:
+    """Delivering a session it already holds again adds nothing, by every ingestion path.
+
+    After five turns: ``bootstrap`` over the transcript (it must report 0 imported),
+    ``after_turn`` with the whole session as new (pre-prompt count 0), ``ingest_batch`` of the
+    whole session (count 0) and ``ingest`` of each message (``ingested`` false), each path the
+    engine has; after each the assembly is byte-identical to before.
+    """
+    engine = await run.engine()
+    session = run.session("reingest", 5)
+    await engine.turns(session, 5)
+    history = await session.history()
+    expected = await engine.assemble(session)
+    _no_duplicates("before re-ingesting", expected, session.source())
+    ran: list[str] = []
+    if engine.capabilities.bootstrap:
+        boot = await engine.bootstrap(session)
+        if boot is not None and boot.imported_messages:
+            raise CheckFailed(
+                f"bootstrap over a transcript it holds imported {boot.imported_messages}"
+            )
+        _same("bootstrap over a transcript it holds", expected, await engine.assemble(session))
+        ran.append("bootstrap")
+    if engine.capabilities.after_turn:
+        await engine.finalize(session, [], history)
+        _same("after_turn with the whole session as new", expected, await engine.assemble(session))
+        ran.append("after_turn")
+    if engine.capabilities.ingest_batch:
+        batch = await engine.ingest_batch(session, history)
+        if batch.ingested_count:
+            raise CheckFailed(f"ingest_batch of held messages counted {batch.ingested_count}")
+        _same("ingest_batch of the whole session", expected, await engine.assemble(session))
+        ran.append("ingest_batch")
+    counted = [m for m in history if (await engine.ingest(session, m)).ingested]
+    if counted:
+        raise CheckFailed(f"ingest of {len(counted)} held messages answered ingested=true")
+    _same("ingest of every message", expected, await engine.assemble(session))
+    ran.append("ingest")
+    run.note("re-delivered through: " + ", ".join(ran))
+
+
+async def _retried_after_turn_adds_nothing(run: _Run) -> None:
+    """A retried finalize adds nothing: sequential or concurrent with the original.
+
+    Turn 4 is finalized twice in a row, turn 5 twice concurrently, by the harness's finalize
+    path (``after_turn``, else ``ingest_batch``, else ``ingest``). The assembly after the
+    sequential retry is unchanged, and the final one has no duplicate and is byte-identical
+    to a replay of the same turns without retries on a fresh store.
+    """
+    engine = await run.engine()
+    session = run.session("retry", 6)
+    await engine.turns(session, 4)
+    once = await engine.assemble(session)
+    await engine.refinalize(session)
+    _same("a sequential retry of after_turn", once, await engine.assemble(session))
+    await engine.turn(session, finalize=False)
+    history = await session.history()
+    before = history[: len(session.source(session.mirrored - 1))]
+    async with anyio.create_task_group() as tasks:
+        for _ in range(2):
+            tasks.start_soon(engine.finalize, session, before, history)
+    await engine.turn(session)
+    retried = await engine.assemble(session)
+    _no_duplicates("after retries", retried, session.source())
+    replay_session = run.fresh_copy(session)
+    replay = await run.engine()
+    await replay.turns(replay_session, len(session.turns))
+    _same("compared with a replay without retries", await replay.assemble(replay_session), retried)
+    run.note(f"finalize path retried: {engine.finalize_path} (sequentially and concurrently)")
+
+
+async def _restart_adds_nothing(run: _Run) -> None:
+    """A restart (a new instance on the same store, the old one never disposed) adds nothing.
+
+    After four turns, a new instance's bootstrap and assembly equal the old assembly byte for
+    byte; a retry of turn 4's finalize on it changes nothing. Then turn 5 is mirrored but never
+    finalized (the host died), a third instance runs turn 6: no duplicate; with ``bootstrap``
+    nothing is lost (turn 5 comes from the transcript) and the assembly equals a replay of the
+    six turns without restarts.
+    """
+    store = run.host.new_store()
+    first = await run.engine(store)
+    session = run.session("restart", 6)
+    await first.turns(session, 4)
+    expected = await first.assemble(session)
+    second = await run.engine(store)
+    if second.capabilities.bootstrap or second.capabilities.maintain:
+        await second.bootstrap(session)
+        run.note("the new instance bootstrapped over the transcript first")
+    _same("after a restart", expected, await second.assemble(session))
+    await second.refinalize(session)
+    _same("after a restart and a retried after_turn", expected, await second.assemble(session))
+    await second.turn(session, finalize=False)
+    third = await run.engine(store)
+    await third.turn(session)
+    final = await third.assemble(session)
+    _no_duplicates("after a restart that lost a finalize", final, session.source())
+    if not third.capabilities.bootstrap:
+        run.note("no bootstrap: turn 5 (mirrored, never finalized) may be lost; not required")
+        return
+    lost = missing(final.messages, session.source())
+    if lost:
+        raise CheckFailed(f"after a restart that lost a finalize, lost: {lost[0]}")
+    replay_session = run.fresh_copy(session)
+    replay = await run.engine()
+    await replay.turns(replay_session, len(session.turns))
+    _same("compared with a replay without restarts", await replay.assemble(replay_session), final)
+    run.note("with bootstrap: nothing lost, and byte-identical to a replay without restarts")
+
+
+async def _within_budget(run: _Run) -> None:
+    """Every assembly fits its budget, and not by dropping the newest turn.
+
+    A 48-turn conversation (large old turns, small recent ones) assembled at budgets from its
+    whole size down to 6% of it (never below a few times the newest turn): ``estimated_tokens``
+    <= budget, the estimate is plausible (at least one token per 8 characters of text in the
+    assembly) and the newest user message is in it.
+    """
+    engine = await run.engine()
+    session = await _long_session(run, engine)
+    full = await engine.assemble(session)
+    for budget in _budgets(full, session):
+        result = await engine.assemble(session, budget=budget)
+        share = f"budget {budget} ({budget / max(1, full.estimated_tokens):.0%} of the whole)"
+        if result.estimated_tokens > budget:
+            raise CheckFailed(f"{share}: assembled {result.estimated_tokens} tokens")
+        chars = text_chars(result.messages, result.system_prompt_addition)
+        if result.estimated_tokens * _CHARS_PER_TOKEN_CEILING < chars:
+            raise CheckFailed(
+                f"{share}: estimated_tokens {result.estimated_tokens} for {chars} characters "
+                f"of text (fewer than one token per {_CHARS_PER_TOKEN_CEILING} characters)"
+            )
+        if missing(result.messages, [_newest_user(session)]):
+            raise CheckFailed(f"{share}: the newest user message is not in the assembly")
+    run.note(f"budgets checked: {_budgets(full, session)} (whole: {full.estimated_tokens})")
+
+
+async def _tool_pairs_intact(run: _Run) -> None:
+    """No assembly splits, orphans, duplicates or invents a tool call or result.
+
+    The 48-turn conversation (one or two parallel calls every third turn) assembled whole and
+    at every budget of ``within_budget``: each call has exactly one result after it, each result
+    follows its call, and every id exists in the source conversation.
+    """
+    engine = await run.engine()
+    session = await _long_session(run, engine)
+    full = await engine.assemble(session)
+    budgets = sorted({*_budgets(full, session), *_pair_edges(full, session)}, reverse=True)
+    for budget in [HUGE_BUDGET, *budgets]:
+        result = await engine.assemble(session, budget=budget)
+        problems = tool_pair_problems(result.messages, session.source())
+        if problems:
+            raise CheckFailed(f"budget {budget}: {'; '.join(problems[:3])}")
+    run.note(f"{len(budgets) + 1} budgets, {len(budgets) - len(_budgets(full, session))} "
+             "of them where a cut would fall between a tool call and its result")  # fmt: skip
+
+
+def _pair_edges(full: AssembleResult, session: Session) -> set[int]:
+    """Budgets at which a message-by-message fill would keep a tool result but not its call.
+
+    The engine's units are estimated from the whole assembly (tokens in proportion to bytes);
+    three budgets around each edge absorb the estimate's error.
+    """
+    sizes = [len(canonical_json(m).encode()) for m in full.messages]
+    per_byte = full.estimated_tokens / max(1, sum(sizes))
+    floor = min(_budgets(full, session))
+    edges: set[int] = set()
+    for position, message in enumerate(full.messages):
+        if isinstance(message, dict) and message.get("role") == "toolResult":
+            suffix = sum(sizes[position:]) * per_byte
+            edges.update(int(suffix * f) for f in (0.97, 1.0, 1.03) if suffix * f >= floor)
+    return edges
+
+
+async def _deterministic(run: _Run) -> None:
+    """Identical state gives byte-identical assemblies.
+
+    Eight turns; every assembly (each turn's, then the whole and half budget) is made twice in
+    a row and must match; a second instance on a fresh store, driven through the same turns,
+    must produce the same sequence of assemblies, byte for byte.
+    """
+
+    async def drive() -> list[str]:
+        engine = await run.engine()
+        session = run.session("determinism", 8)
+        seen = [result_json(await engine.turn(session)) for _ in session.turns]
+        full = await engine.assemble(session)
+        _same("assembled twice in a row", full, await engine.assemble(session))
+        seen.append(result_json(full))
+        half = max(1, full.estimated_tokens // 2)
+        halved = await engine.assemble(session, budget=half)
+        again = await engine.assemble(session, budget=half)
+        _same("assembled twice in a row at half budget", halved, again)
+        seen.append(result_json(halved))
+        return seen
+
+    first, second = await drive(), await drive()
+    for index, (a, b) in enumerate(zip(first, second, strict=True)):
+        if a != b:
+            raise CheckFailed(f"assembly {index} differs between two identical runs")
+    run.note(f"{len(first)} assemblies identical within and across two runs")
+
+
+async def _prefix_stable(run: _Run) -> None:
+    """Each turn's assembly extends the previous one (prompt caches survive) until a
+    compaction.
+
+    The 48-turn conversation with nothing to leave out (a huge budget): every turn's assembled
+    messages start with the previous turn's. With ``info.owns_compaction``, one forced
+    compaction follows; if it compacted, the chain restarts after it and three more turns must
+    extend it again.
+    """
+    engine = await run.engine()
+    session = run.session("prefix", 51, words=10, large_turns=24, large_words=90)
+    previous: AssembleResult | None = None
+    for _ in range(48):
+        current = await engine.turn(session)
+        if previous is not None and not is_prefix(previous.messages, current.messages):
+            raise CheckFailed(
+                f"turn {session.mirrored - 1}: the previous assembly is not a prefix "
+                f"({first_difference(previous, current)})"
+            )
+        previous = current
+    if not engine.info.owns_compaction:
+        run.note("no compaction step: info.owns_compaction is false")
+        return
+    result = await engine.compact(session, budget=_small_budget(previous), force=True)
+    run.note(f"forced compaction: compacted={result.compacted}")
+    if result.compacted:
+        previous = None
+    for _ in range(3):
+        current = await engine.turn(session)
+        if previous is not None and not is_prefix(previous.messages, current.messages):
+            raise CheckFailed(
+                f"turn {session.mirrored - 1} (after a compaction that compacted "
+                f"{result.compacted}): the previous assembly is not a prefix "
+                f"({first_difference(previous, current)})"
+            )
+        previous = current
+
+
+def _small_budget(result: AssembleResult | None) -> int:
+    return max(1000, (result.estimated_tokens if result else 0) // 5)
+
+
+async def _epoch_stable(run: _Run) -> None:
+    """A ``thread_bootstrap`` engine keeps its epoch while only raw messages are added.
+
+    The 48-turn conversation at a huge budget: every non-empty assembly carries
+    ``thread_bootstrap`` with the same non-empty epoch (bootstraps, maintenance and new turns
+    in between). With ``info.owns_compaction``, a forced compaction that compacted must change
+    the epoch (the summary layer changed, so the thread must be replaced), and three more turns
+    keep the new one.
+    """
+    engine = await run.engine()
+    session = run.session("epoch", 51, words=10, large_turns=24, large_words=90)
+    seen: list[AssembleResult] = []
+    for index in range(48):
+        seen.append(await engine.turn(session))
+        if index == 2 and not any(
+            r.context_projection and r.context_projection.mode == "thread_bootstrap" for r in seen
+        ):
+            modes = sorted(
+                {r.context_projection.mode if r.context_projection else "none" for r in seen}
+            )
+            raise NotApplicable(f"observed projection modes: {', '.join(modes)}")
+    epoch = _one_epoch(seen, "without a compaction")
+    run.note(f"epoch {epoch!r} stable over {len(seen)} turns")
+    if not engine.info.owns_compaction:
+        run.note("no compaction step: info.owns_compaction is false")
+        return
+    result = await engine.compact(session, budget=_small_budget(seen[-1]), force=True)
+    if not result.compacted:
+        run.note("the forced compaction compacted nothing: epoch change not checked")
+        return
+    after = [await engine.turn(session) for _ in range(3)]
+    new_epoch = _one_epoch(after, "after a compaction")
+    if new_epoch == epoch:
+        raise CheckFailed(f"a compaction that compacted kept the epoch {epoch!r}")
+    run.note("a compaction changed the epoch, then it stayed stable")
+
+
+def _one_epoch(results: Sequence[AssembleResult], when: str) -> str:
+    epochs: set[str | None] = set()
+    for result in results:
+        if not result.messages:
+            continue
+        projection = result.context_projection
+        if projection is None or projection.mode != "thread_bootstrap":
+            raise CheckFailed(f"{when}: an assembly without a thread_bootstrap projection")
+        epochs.add(projection.epoch)
+    if None in epochs or "" in epochs:
+        raise CheckFailed(f"{when}: a thread_bootstrap projection without an epoch")
+    if len(epochs) != 1:
+        raise CheckFailed(f"{when}: the epoch changed: {sorted(e or '' for e in epochs)}")
+    return str(next(iter(epochs)))
+
+
+async def _compaction_honest(run: _Run) -> None:
+    """``compact`` tells the truth: compacted iff tokens_after < tokens_before, and the
+    assembly agrees.
+
+    The 48-turn conversation; a budget compaction (current count over the budget), then two
+    forced ones. For each: ``ok=false`` implies ``compacted=false``; ``compacted=true``
+    requires both token counts with after < before and a whole-conversation assembly smaller
+    than before; ``compacted=false`` forbids after < before and leaves the assembly
+    byte-identical.
+    """
+    engine = await run.engine()
+    session = await _long_session(run, engine)
+    before = await engine.assemble(session)
+    budget = _small_budget(before)
+    outcomes: list[str] = []
+    for force in (False, True, True):
+        current = max(before.estimated_tokens, 2 * budget)
+        result = await engine.compact(
+            session, budget=budget, force=force, current_token_count=current
+        )
+        kind = "forced" if force else "budget"
+        problem = _honesty_problem(result)
+        if problem:
+            raise CheckFailed(f"{kind} compaction: {problem}")
+        after = await engine.assemble(session)
+        if result.compacted and after.estimated_tokens >= before.estimated_tokens:
+            raise CheckFailed(
+                f"{kind} compaction reported compacted=true, but the whole assembly went "
+                f"from {before.estimated_tokens} to {after.estimated_tokens} tokens"
+            )
+        if not result.compacted:
+            _same(f"{kind} compaction that reported compacted=false", before, after)
+        outcomes.append(f"{kind}: compacted={result.compacted}")
+        before = after
+    run.note("; ".join(outcomes))
+
+
+async def _compaction_converges(run: _Run) -> None:
+    """An engine that owns compaction compacts when forced, converges, and stays intact.
+
+    The 48-turn conversation, forced compactions at a fifth of its size: the first compacts,
+    one reports compacted=false within 16 calls, the whole assembly shrank, and the assembly at
+    that budget fits it, keeps the newest user message, duplicates nothing and keeps tool pairs.
+    """
+    engine = await run.engine()
+    if not engine.info.owns_compaction:
+        raise NotApplicable("info.owns_compaction is false")
+    session = await _long_session(run, engine)
+    whole = await engine.assemble(session)
+    budget = _small_budget(whole)
+    calls = 0
+    for calls in range(1, _MAX_COMPACTIONS + 1):
+        result = await engine.compact(session, budget=budget, force=True)
+        problem = _honesty_problem(result)
+        if problem:
+            raise CheckFailed(f"compaction {calls}: {problem}")
+        if calls == 1 and not result.compacted:
+            raise CheckFailed(
+                f"a forced compaction at budget {budget} of a conversation of "
+                f"{whole.estimated_tokens} tokens compacted nothing ({result.reason})"
+            )
+        if not result.compacted:
+            break
+    else:
+        raise CheckFailed(f"still compacting after {_MAX_COMPACTIONS} forced compactions")
+    after = await engine.assemble(session)
+    if after.estimated_tokens >= whole.estimated_tokens:
+        raise CheckFailed(
+            f"the whole assembly did not shrink ({whole.estimated_tokens} -> "
+            f"{after.estimated_tokens})"
+        )
+    fitted = await engine.assemble(session, budget=budget)
+    if fitted.estimated_tokens > budget:
+        raise CheckFailed(f"after compaction, budget {budget}: {fitted.estimated_tokens}")
+    if missing(fitted.messages, [_newest_user(session)]):
+        raise CheckFailed("after compaction the newest user message is not in the assembly")
+    _no_duplicates("after compaction", fitted, session.source())
+    problems = tool_pair_problems(fitted.messages, session.source())
+    if problems:
+        raise CheckFailed(f"after compaction: {'; '.join(problems[:3])}")
+    run.note(
+        f"converged after {calls} calls; whole assembly {whole.estimated_tokens} -> "
+        f"{after.estimated_tokens} tokens"
+    )
+
+
+async def _sessions_isolated(run: _Run) -> None:
+    """Sessions sharing one instance do not see or disturb each other.
+
+    Three sessions run their eight turns concurrently on one instance; each one's assembly
+    holds nothing of the others and is byte-identical to the same session run alone on a fresh
+    store. With ``info.owns_compaction``, a forced compaction of one leaves the others'
+    assemblies byte-identical.
+    """
+    engine = await run.engine()
+    root = run.host.new_sessions_dir()
+    sessions = [run.session(f"iso{name}", 8, root=root) for name in "abc"]
+
+    async def drive(session: Session) -> None:
+        for _ in session.turns:
+            await engine.turn(session)
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tasks:
+        for session in sessions:
+            tasks.start_soon(drive, session)
+    assembled = {s.id: await engine.assemble(s) for s in sessions}
+    for session in sessions:
+        text = canonical_json(list(assembled[session.id].messages))
+        foreign = [o.id for o in sessions if o is not session and f"[{o.id}:" in text]
+        if foreign:
+            raise CheckFailed(f"session {session.id}'s assembly holds messages of {foreign}")
+        alone = run.fresh_copy(session)
+        solo = await run.engine()
+        await solo.turns(alone, len(alone.turns))
+        expected = await solo.assemble(alone)
+        _same(f"session {session.id} compared with a run alone", expected, assembled[session.id])
+    run.note("three concurrent sessions: disjoint, and each identical to a run alone")
+    if not engine.info.owns_compaction:
+        run.note("no compaction step: info.owns_compaction is false")
+        return
+    result = await engine.compact(sessions[0], budget=1000, force=True)
+    for other in sessions[1:]:
+        unchanged = await engine.assemble(other)
+        _same(f"session {other.id} after compacting another", assembled[other.id], unchanged)
+    run.note(f"compacting one session (compacted={result.compacted}) left the others unchanged")
+
+
+def _check(
+    body: _Body, applies_to: str, requires: Callable[[Storage], str | None]
+) -> ConformanceCheck:
+    doc = (body.__doc__ or "").strip()
+    return ConformanceCheck(
+        name=body.__name__.lstrip("_"),
+        title=doc.split("\n\n")[0].replace("\n", " "),
+        applies_to=applies_to,
+        body=body,
+        requires=requires,
+    )
+
+
+#: Every check, in the order a report lists them.
+CONFORMANCE_CHECKS: Final[tuple[ConformanceCheck, ...]] = (
+    _check(_storage_declaration, _EVERY, _always),
+    _check(_results_valid, _EVERY, _always),
+    _check(_reingest_adds_nothing, _STORES, _stores),
+    _check(_retried_after_turn_adds_nothing, _STORES, _stores),
+    _check(_restart_adds_nothing, _DURABLE, _durable),
+    _check(_within_budget, _STORES, _stores),
+    _check(_tool_pairs_intact, _STORES, _stores),
+    _check(_deterministic, _EVERY, _always),
+    _check(_prefix_stable, _STORES, _stores),
+    _check(_epoch_stable, _THREAD_BOOTSTRAP, _always),
+    _check(_compaction_honest, _EVERY, _always),
+    _check(_compaction_converges, _OWNS, _always),
+    _check(_sessions_isolated, _STORES, _stores),
+)
