@@ -55,7 +55,12 @@ def _add_compact_parser(commands: Any) -> None:
         ),
     )
     compact.add_argument("session_file", metavar="SESSION_FILE", help="the session transcript")
-    compact.add_argument("--engine", metavar="MODULE:ATTR", help="the context engine to load")
+    compact.add_argument(
+        "--engine",
+        metavar="MODULE:ATTR|none",
+        help="the context engine: a spec to load, or 'none' for Codex native only (default: "
+        "the reference SqliteContextEngine, its store context.sqlite next to the session)",
+    )
     compact.add_argument("--session-id", help="default: the transcript header's id")
     compact.add_argument("--session-key")
     compact.add_argument("--workspace", help="default: the transcript's cwd, else the current dir")
@@ -101,14 +106,14 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     if args.model_base_url and not args.codex_home:
         parser.error("--model-base-url needs --codex-home (a private home gets a new config)")
-    engine = None
-    if args.engine:
+    session_file = os.fspath(args.session_file)
+    engine: object | None = None
+    if args.engine and args.engine != "none":
         try:
             engine = load_engine(args.engine)
         except EngineLoadError as err:
             print(f"codex-turn compact: {err}", file=sys.stderr)
             return 2
-    session_file = os.fspath(args.session_file)
     header: dict[str, Any] = {}
     try:
         header = dict(read_session(session_file).header or {})
@@ -117,6 +122,10 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 2
     binding = read_binding(session_file)
     session_id = args.session_id or header.get("id") or Path(session_file).stem
+    if args.engine is None:
+        from codex_turn.engines import SqliteContextEngine
+
+        engine = SqliteContextEngine.next_to(session_file)  # the embedded default
     workspace = (
         args.workspace
         or (header.get("cwd") if isinstance(header.get("cwd"), str) else None)
@@ -163,6 +172,9 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         result = anyio.run(run)
     finally:
         structlog.configure(**previous)
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
     print(json.dumps(to_json(result), indent=2, ensure_ascii=False))
     return 0 if result.ok else 1
 

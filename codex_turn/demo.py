@@ -3,9 +3,12 @@
 Everything is real except the model: the pinned ``codex app-server`` binary runs the loop and
 talks to the offline Responses-API server on 127.0.0.1, with every proxy variable pointed at
 that server's 403 trap, so any attempt to reach the internet would be counted (and the demo
-prints the count). A small in-memory context engine projects its memory once per epoch
-(``thread_bootstrap``); the demo shows the thread decision of each turn, the FSM trace with
-the time spent per state, a dynamic tool call, and what the model was actually sent.
+prints the count). The context engine is the embedded default, the reference
+:class:`~codex_turn.engines.SqliteContextEngine` with its store next to the transcript: it
+keeps every message losslessly and projects its context once per epoch
+(``thread_bootstrap``). The demo shows the thread decision of each turn, the FSM trace with
+the time spent per state, a dynamic tool call, what the model was actually sent, and what the
+engine's store holds at the end.
 """
 
 from __future__ import annotations
@@ -19,62 +22,12 @@ from typing import Any
 import anyio
 import structlog
 
+from codex_turn.engines import SqliteContextEngine
 from codex_turn.harness.appserver import AppServer, AppServerConfig, DynamicTool
-from codex_turn.harness.engine import (
-    AfterTurnParams,
-    AssembleParams,
-    AssembleResult,
-    CompactParams,
-    CompactResult,
-    ContextEngineInfo,
-    ContextProjection,
-    IngestParams,
-    IngestResult,
-    MaintainParams,
-    MaintenanceResult,
-)
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
 from codex_turn.testing import OfflineModel, Reply
 
-__all__ = ["DemoMemoryEngine", "run_demo"]
-
-
-class DemoMemoryEngine:
-    """A tiny context engine: remembers every message it is given, recalls the newest ones.
-
-    It projects with ``thread_bootstrap``: the recalled context enters a Codex thread once per
-    epoch, and resumed turns get the raw prompt (no quadratic re-sending).
-    """
-
-    info = ContextEngineInfo(id="demo-memory", name="Demo memory", version="1.0")
-
-    def __init__(self, *, recall: int = 6) -> None:
-        self.memory: list[dict[str, Any]] = []
-        self.recall = recall
-        self.epoch = 1
-
-    async def ingest(self, params: IngestParams) -> IngestResult:
-        self.memory.append(params.message)
-        return IngestResult(ingested=True)
-
-    async def after_turn(self, params: AfterTurnParams) -> None:
-        self.memory.extend(params.messages[params.pre_prompt_message_count :])
-
-    async def assemble(self, params: AssembleParams) -> AssembleResult:
-        recalled = list(params.messages[-self.recall :])
-        return AssembleResult(
-            messages=recalled,
-            estimated_tokens=sum(len(str(m.get("content", ""))) for m in recalled) // 4,
-            system_prompt_addition=f"You remember {len(self.memory)} earlier messages.",
-            context_projection=ContextProjection(mode="thread_bootstrap", epoch=f"e{self.epoch}"),
-        )
-
-    async def maintain(self, params: MaintainParams) -> MaintenanceResult:
-        return MaintenanceResult(changed=False, bytes_freed=0, rewritten_entries=0)
-
-    async def compact(self, params: CompactParams) -> CompactResult:
-        self.epoch += 1  # a compacted memory is a new epoch: the next turn re-projects
-        return CompactResult(ok=True, compacted=True)
+__all__ = ["run_demo"]
 
 
 async def _weather(arguments: dict[str, Any]) -> str:
@@ -135,7 +88,7 @@ async def _main(workdir: Path) -> int:
         workspace = workdir / "workspace"
         workspace.mkdir()
         session_file = workdir / "session.jsonl"
-        engine = DemoMemoryEngine()
+        engine = SqliteContextEngine.next_to(session_file)  # the embedded default
         print(f"offline model on {model.base_url}; session transcript {session_file.name}")
         async with AppServer.start(config) as server:
             for index, prompt in enumerate(PROMPTS, start=1):
@@ -154,9 +107,12 @@ async def _main(workdir: Path) -> int:
                 )
                 _print_turn(index, result, model.turn_requests()[-1])
         lines = session_file.read_text(encoding="utf-8").splitlines()
+        store = await engine.doctor(repair=False)
+        engine.close()
         print(
-            f"\ntranscript: {len(lines)} lines (OpenClaw JSONL v3); "
-            f"engine memory: {len(engine.memory)} messages"
+            f"\ntranscript: {len(lines)} lines (OpenClaw JSONL v3); engine store "
+            f"context.sqlite: {store.messages} messages, {store.summaries} summaries, "
+            f"{'healthy' if store.ok else 'problems: ' + ', '.join(store.problems)}"
         )
         print(
             f"model requests: {len(model.requests)}; internet attempts (proxy CONNECTs): "

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ class Defects:
 
     trusts_counts: bool = False  # after_turn appends messages[pre:] without deduplicating
     instance_epoch: bool = False  # the epoch depends on the instance (not on state)
+    clock_in_prompt: bool = False  # the prompt addition renders now()
     splits_pairs: bool = False  # fills the budget message by message, not by tool-pair unit
     ignores_budget: bool = False  # returns everything whatever the budget
     lies_about_compaction: bool = False  # reports compacted=true and changes nothing
@@ -202,6 +204,9 @@ class ToyStore:
         return AssembleResult(
             messages=older + chosen,
             estimated_tokens=used,
+            system_prompt_addition=f"as of {time.time_ns()}"
+            if self.defects.clock_in_prompt
+            else None,
             context_projection=ContextProjection("thread_bootstrap", self._epoch(items)),
         )
 
@@ -295,7 +300,14 @@ async def test_a_correct_memory_engine_passes_all_but_the_restart_check(tmp_path
             {"reingest_adds_nothing", "retried_after_turn_adds_nothing", "restart_adds_nothing"},
             id="trusts-counts",
         ),
-        pytest.param(Defects(instance_epoch=True), {"deterministic"}, id="instance-epoch"),
+        pytest.param(Defects(clock_in_prompt=True), {"deterministic"}, id="clock-in-prompt"),
+        # Within one store the epoch must not change on a restart; across two stores
+        # (deterministic) only where it changes must coincide, and it does here.
+        pytest.param(
+            Defects(instance_epoch=True),
+            {"restart_adds_nothing", "storage_declaration"},
+            id="instance-epoch",
+        ),
         pytest.param(Defects(splits_pairs=True), {"tool_pairs_intact"}, id="splits-pairs"),
         pytest.param(Defects(ignores_budget=True), {"within_budget"}, id="ignores-budget"),
         pytest.param(
@@ -316,7 +328,7 @@ async def test_a_correct_memory_engine_passes_all_but_the_restart_check(tmp_path
 async def test_each_defect_fails_the_check_meant_to_catch_it(
     tmp_path: Path, defects: Defects, caught_by: set[str]
 ) -> None:
-    report = await run(tmp_path, defects, checks=frozenset(caught_by))
+    report = await run(tmp_path, defects, checks=frozenset(caught_by | {"deterministic"}))
     assert set(report.failed) == caught_by, report.format()
 
 

@@ -40,9 +40,11 @@ from typing import Any, Final
 __all__ = [
     "PathIndex",
     "TokenEstimator",
+    "analyze",
     "canonical_json",
+    "delivery_identities",
     "digest",
-    "encode_message",
+    "encode",
     "estimate_tokens",
     "message_text",
     "message_timestamp",
@@ -70,6 +72,7 @@ _CALL_TYPES: Final = frozenset({"toolCall", "tool_use", "function_call"})
 _RESULT_TYPES: Final = frozenset({"toolResult", "tool_result", "function_call_output"})
 _RESULT_ID_KEYS: Final = ("toolCallId", "toolUseId", "tool_use_id", "callId", "call_id")
 _SUMMARY_ROLES: Final = frozenset({"compactionSummary", "branchSummary"})
+_NO_KEY: Final = object()
 
 
 def estimate_tokens(text: str) -> int:
@@ -84,25 +87,37 @@ def estimate_tokens(text: str) -> int:
 
 def canonical_json(value: Any) -> str:
     """Canonical JSON: sorted keys, compact separators, raw non-ASCII, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def encode(message: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """``(digest, stored)`` for one message, with one JSON encoding.
+
+    ``digest`` is 16 bytes of SHA-256 over the canonical JSON of the message without its
+    ``idempotencyKey``; ``stored`` is that JSON with the key (when present) appended as the
+    last member, so the stored message is the whole message."""
+    body: Mapping[str, Any] = message
+    key: object = _NO_KEY
+    if "idempotencyKey" in message:
+        key = message["idempotencyKey"]
+        body = {k: v for k, v in message.items() if k != "idempotencyKey"}
+    text = canonical_json(body).encode("utf-8", "surrogatepass")
+    value = hashlib.sha256(text).digest()[:16]
+    if key is _NO_KEY:
+        return value, text
+    member = b'"idempotencyKey":' + canonical_json(key).encode("utf-8", "surrogatepass")
+    return value, text[:-1] + (b"," if len(text) > 2 else b"") + member + b"}"
 
 
 def digest(message: Mapping[str, Any]) -> bytes:
     """16 bytes of SHA-256 over the canonical message without its ``idempotencyKey``."""
-    if "idempotencyKey" in message:
-        message = {k: v for k, v in message.items() if k != "idempotencyKey"}
-    data = canonical_json(message).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(data).digest()[:16]
+    return encode(message)[0]
 
 
 def source_id(message_digest: bytes, occurrence: int) -> str:
     return f"{message_digest.hex()}.{occurrence}"
-
-
-def encode_message(message: Mapping[str, Any]) -> bytes:
-    """The stored form: the message's own JSON (key order kept), compact, UTF-8."""
-    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return text.encode("utf-8", "surrogatepass")
 
 
 def _text_of(content: object) -> str:
@@ -126,7 +141,9 @@ def _block_text(part: Mapping[str, Any]) -> str:
         name = part.get("name")
         arguments = part["arguments"] if "arguments" in part else part.get("input")
         try:
-            shown = canonical_json(arguments)
+            # Not canonical: only the characters count, and their classes do not depend on
+            # key order.
+            shown = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError):
             shown = ""
         return f"tool call {name if isinstance(name, str) else ''} {shown}".rstrip()
@@ -137,17 +154,26 @@ def _block_text(part: Mapping[str, Any]) -> str:
 
 def model_text(message: Mapping[str, Any]) -> str:
     """The text a model is shown for ``message`` (used for token estimates)."""
-    role = message.get("role")
-    if "content" not in message and role in _SUMMARY_ROLES:
+    content = message.get("content")
+    if type(content) is str:
+        return content
+    if content is None and message.get("role") in _SUMMARY_ROLES:
         summary = message.get("summary")
         return summary if isinstance(summary, str) else ""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
     if not isinstance(content, list):
-        return ""
-    parts = [_block_text(part) for part in content if isinstance(part, Mapping)]
-    return "\n".join(part for part in parts if part)
+        return content if isinstance(content, str) else ""
+    parts: list[str] = []
+    for part in content:
+        if type(part) is dict or isinstance(part, Mapping):
+            if part.get("type") == "text":
+                text = part.get("text")
+                if type(text) is str:
+                    parts.append(text)
+                continue
+            text = _block_text(part)
+            if text:
+                parts.append(text)
+    return "\n".join(parts)
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -184,8 +210,10 @@ def message_tokens(message: Mapping[str, Any], estimator: TokenEstimator) -> int
         images = sum(
             1 for part in content if isinstance(part, Mapping) and part.get("type") == "image"
         )
-    return max(0, int(estimator(model_text(message)))) + MESSAGE_OVERHEAD_TOKENS + (
-        IMAGE_TOKENS * images
+    return (
+        max(0, int(estimator(model_text(message))))
+        + MESSAGE_OVERHEAD_TOKENS
+        + (IMAGE_TOKENS * images)
     )
 
 
@@ -224,6 +252,56 @@ def tool_result_ids(message: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(ids)
 
 
+def analyze(
+    message: Mapping[str, Any], estimator: TokenEstimator
+) -> tuple[str, int, tuple[str, ...], tuple[str, ...]]:
+    """``(role, tokens, call ids, result ids)`` in one pass over the content (the hot path
+    of ingestion; the same answers as :func:`message_tokens`, :func:`tool_call_ids` and
+    :func:`tool_result_ids`)."""
+    role = message.get("role")
+    role = role if isinstance(role, str) else "unknown"
+    content = message.get("content")
+    if type(content) is str:
+        return role, max(0, int(estimator(content))) + MESSAGE_OVERHEAD_TOKENS, (), ()
+    if not isinstance(content, list):
+        return role, message_tokens(message, estimator), (), tool_result_ids(message)
+    parts: list[str] = []
+    calls: list[str] = []
+    results: list[str] = []
+    images = 0
+    if role == "toolResult":
+        call_id = message.get("toolCallId", message.get("toolUseId"))
+        if isinstance(call_id, str) and call_id:
+            results.append(call_id)
+    for part in content:
+        if type(part) is not dict and not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if type(text) is str:
+                parts.append(text)
+            continue
+        if kind == "image":
+            images += 1
+            continue
+        text = _block_text(part)
+        if text:
+            parts.append(text)
+        if kind in _CALL_TYPES and role == "assistant":
+            call_id = part.get("id", part.get("callId", part.get("call_id")))
+            if isinstance(call_id, str) and call_id:
+                calls.append(call_id)
+        elif kind in _RESULT_TYPES:
+            found = next(
+                (v for k in _RESULT_ID_KEYS if isinstance(v := part.get(k), str) and v), None
+            )
+            if found is not None:
+                results.append(found)
+    tokens = max(0, int(estimator("\n".join(parts)))) + MESSAGE_OVERHEAD_TOKENS
+    return role, tokens + IMAGE_TOKENS * images, tuple(calls), tuple(results)
+
+
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -249,10 +327,10 @@ def message_timestamp(message: Mapping[str, Any]) -> int | None:
 class PathIndex:
     """The source ids of one session's path, kept incrementally (see the module docstring).
 
-    Thread-safe: :meth:`identities` runs in worker threads.
+    Thread-safe: :meth:`plan`, :meth:`range` and :meth:`stored` run in worker threads.
     """
 
-    __slots__ = ("_counts", "_digests", "_lock", "_occurrences", "_refs")
+    __slots__ = ("_counts", "_digests", "_fresh", "_lock", "_occurrences", "_refs")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -260,6 +338,9 @@ class PathIndex:
         self._digests: list[bytes] = []
         self._occurrences: list[int] = []
         self._counts: dict[bytes, int] = {}
+        #: Stored forms of the messages the last refresh hashed (so a sync that inserts
+        #: them does not encode them twice); dropped by the next refresh.
+        self._fresh: dict[int, bytes] = {}
 
     def __len__(self) -> int:
         return len(self._refs)
@@ -285,10 +366,14 @@ class PathIndex:
             for value in self._digests:
                 counts[value] = counts.get(value, 0) + 1
             self._counts = counts
+        if keep == len(messages):
+            return  # nothing new: the stored forms of the last new messages stay available
         counts = self._counts
+        fresh: dict[int, bytes] = {}
+        self._fresh = fresh
         for index in range(keep, len(messages)):
             message = messages[index]
-            value = digest(message)
+            value, fresh[index] = encode(message)
             seen = counts.get(value, 0)
             counts[value] = seen + 1
             self._refs.append(message)
@@ -314,6 +399,12 @@ class PathIndex:
                 for i in range(start, len(self._refs))
             ]
 
+    def stored(self, start: int, stop: int) -> list[bytes | None]:
+        """The stored forms the last refresh computed for ``[start, stop)`` (``None`` where it
+        did not hash the message: it was already known)."""
+        with self._lock:
+            return [self._fresh.get(i) for i in range(start, stop)]
+
     def range(self, messages: Sequence[Mapping[str, Any]], start: int) -> list[str]:
         """The source ids of ``messages[start:]`` (``messages`` being the whole path)."""
         with self._lock:
@@ -324,14 +415,17 @@ class PathIndex:
             ]
 
 
-def delivery_identities(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Source ids for a delivery without its history (``ingest``/``ingest_batch``): the
-    occurrence counts only within the delivery, so a re-delivered message is a duplicate."""
+def delivery_identities(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[bytes]]:
+    """Source ids (and stored forms) for a delivery without its history (``ingest``,
+    ``ingest_batch``): occurrences count only within the delivery, so a re-delivered message
+    is a duplicate."""
     counts: dict[bytes, int] = {}
-    out: list[str] = []
+    ids: list[str] = []
+    stored: list[bytes] = []
     for message in messages:
-        value = digest(message)
+        value, text = encode(message)
         seen = counts.get(value, 0)
         counts[value] = seen + 1
-        out.append(source_id(value, seen))
-    return out
+        ids.append(source_id(value, seen))
+        stored.append(text)
+    return ids, stored

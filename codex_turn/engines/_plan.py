@@ -128,7 +128,8 @@ def summary_text(
 
 def summary_message(item: Item) -> dict[str, Any]:
     """A summary item as the user-role message the model reads (stored fields only)."""
-    assert item.summary_id is not None and item.kind is not None
+    assert item.summary_id is not None
+    assert item.kind is not None
     content = item.content if isinstance(item.content, str) else ""
     text = summary_text(
         item.summary_id,
@@ -224,7 +225,9 @@ class Selection(NamedTuple):
     truncated: bool
 
 
-def select(items_newest_first: Iterator[Item], budget: int, tail_count: int, tail_cap: int) -> Selection:
+def select(
+    items_newest_first: Iterator[Item], budget: int, tail_count: int, tail_cap: int
+) -> Selection:
     source = _Peek(items_newest_first)
     tail = _fresh_tail(source, tail_count, tail_cap, budget)
     tokens = sum(item.tokens for item in tail)
@@ -312,9 +315,9 @@ def repair_pairs(
 
 def leaf_chunks(
     items: Sequence[Item], end: int, chunk_tokens: int, min_tokens: int
-) -> list[list[Item]]:
-    """Chunks of raw messages in ``items[:end]``, oldest first (module docstring)."""
-    chunks: list[list[Item]] = []
+) -> Iterator[tuple[int, list[Item]]]:
+    """``(index, chunk)`` for the chunks of raw messages in ``items[:end]``, oldest first
+    (module docstring); chunks under ``min_tokens`` are not worth a summary and skipped."""
     index = 0
     while index < end:
         if items[index].is_summary:
@@ -324,6 +327,7 @@ def leaf_chunks(
         while run_end < end and not items[run_end].is_summary:
             run_end += 1
         while index < run_end:
+            start = index
             chunk: list[Item] = []
             tokens = 0
             pending: set[str] = set()
@@ -339,8 +343,7 @@ def leaf_chunks(
                 if pending and tokens > 4 * chunk_tokens:
                     pending.clear()  # a call never answered must not swallow the run
             if tokens >= min_tokens:
-                chunks.append(chunk)
-    return chunks
+                yield start, chunk
 
 
 def condensed_chunk(
@@ -350,17 +353,22 @@ def condensed_chunk(
     fanout: Callable[[int], int],
     max_depth: int,
     chunk_tokens: int,
-) -> list[Item] | None:
-    """The oldest run of >= ``fanout(depth)`` consecutive summaries of the shallowest depth
-    that has one, in ``items[:end]``; at most ``chunk_tokens`` beyond the fan-out."""
+) -> tuple[int, list[Item]] | None:
+    """``(index, chunk)``: the oldest run of >= ``fanout(depth)`` consecutive summaries of
+    the shallowest depth that has one, in ``items[:end]``; beyond the fan-out, members are
+    added while the chunk stays within ``chunk_tokens``."""
     depths = sorted({item.depth for item in items[:end] if item.is_summary})
     for depth in depths:
         if depth >= max_depth:
             break
         need = max(2, fanout(depth))
+        run_start = 0
         run: list[Item] = []
-        for item in [*items[:end], None]:
+        for index in range(end + 1):
+            item = items[index] if index < end else None
             if item is not None and item.is_summary and item.depth == depth:
+                if not run:
+                    run_start = index
                 run.append(item)
                 continue
             if len(run) >= need:
@@ -371,6 +379,6 @@ def condensed_chunk(
                         break
                     chunk.append(member)
                     tokens += member.tokens
-                return chunk
+                return run_start, chunk
             run = []
     return None

@@ -11,6 +11,10 @@ proceeds, and can never deadlock half-way through as a deferred transaction upgr
 writer can (``SQLITE_BUSY_SNAPSHOT``). Transactions hold no model call and no file I/O other
 than SQLite's own: callers prepare rows before ``BEGIN`` and summarise between transactions.
 
+*The one asynchronous piece* is :class:`StoreAccess`: it runs each unit of work in a worker
+thread (``anyio.to_thread``) and turns a database error (not lock contention) into "the store
+is unhealthy", which is what ``info.owns_compaction`` reports.
+
 *Connections are pooled, not shared.* A :class:`Pool` hands each worker thread a connection
 of its own for the duration of one operation (``check_same_thread=False``, so a connection
 may move between pool threads, but never serves two at once). There is no process-wide lock
@@ -23,7 +27,8 @@ alike.
                    a transaction needs (``next_seq``, ``next_ordinal``, ``context_tokens``),
                    the projection ``epoch``, the path sync checkpoint (``synced_len``,
                    ``synced_anchor``) and the transcript checkpoint (``boot_*``).
-``messages``       every message, never deleted by compaction: ``source_id`` is unique per
+``messages``       every message, never deleted by compaction (ids are never reused, not even
+                   after retention: ``AUTOINCREMENT``): ``source_id`` is unique per
                    conversation (``_messages.py``), ``content`` the message's JSON (zlib'd
                    when large), ``calls``/``results`` its tool-call links.
 ``summaries``      the DAG's nodes, ids derived from their sources (deterministic), linked to
@@ -43,16 +48,26 @@ whole conversations table by table.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Final, ParamSpec, TypeVar
 
-__all__ = ["SCHEMA_VERSION", "Pool", "StoreError", "read_tx", "write_tx"]
+import anyio
+import anyio.to_thread
+
+from codex_turn._log import format_error, get_logger
+
+__all__ = ["SCHEMA_VERSION", "Pool", "StoreAccess", "StoreError", "read_tx", "write_tx"]
 
 SCHEMA_VERSION: Final = 1
+
+_log = get_logger("codex_turn.engines.sqlite")
+T = TypeVar("T")
+P = ParamSpec("P")
 
 _TABLES: Final = (
     """CREATE TABLE conversations(
@@ -75,7 +90,7 @@ _TABLES: Final = (
     """CREATE UNIQUE INDEX conversations_active ON conversations(session_key)
         WHERE archived_at IS NULL""",
     """CREATE TABLE messages(
-        id INTEGER PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
         conversation_id INTEGER NOT NULL REFERENCES conversations(id),
         seq INTEGER NOT NULL,
         source_id TEXT NOT NULL,
@@ -267,10 +282,14 @@ class Pool:
             if conn is not None:
                 conn.close()
 
-    def write(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def write(
+        self, conn: sqlite3.Connection
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return write_tx(conn, self.busy_timeout_s)
 
-    def read(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+    def read(
+        self, conn: sqlite3.Connection
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return read_tx(conn, self.busy_timeout_s)
 
     def release(self) -> None:
@@ -286,3 +305,41 @@ class Pool:
             free, self._free = self._free, []
         for conn in free:
             conn.close()
+
+
+class StoreAccess:
+    """The pool and its health, shared by the engine and its compactor (no reference back
+    to the engine, so a dropped engine is freed at once, without waiting for the GC)."""
+
+    def __init__(self, path: str, busy_timeout_s: float) -> None:
+        self.error: str | None = None
+        self.pool: Pool | None = None
+        try:
+            self.pool = Pool(path, busy_timeout_s=busy_timeout_s)
+        except (sqlite3.Error, StoreError, OSError) as error:
+            self.error = format_error(error)
+            _log.warning("sqlite context store unavailable", error=self.error)
+
+    def require(self) -> Pool:
+        if self.pool is None:
+            raise StoreError(f"the context store is unavailable: {self.error}")
+        return self.pool
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run blocking store work in a worker thread; a database error marks the store
+        unhealthy (lock contention does not)."""
+        try:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        except sqlite3.OperationalError as error:
+            text = str(error).lower()
+            if "locked" not in text and "busy" not in text:
+                self.mark_unhealthy(error)
+            raise
+        except sqlite3.DatabaseError as error:
+            self.mark_unhealthy(error)
+            raise
+
+    def mark_unhealthy(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = format_error(error)
+            _log.warning("sqlite context store failed", error=self.error)

@@ -59,10 +59,11 @@ __all__ = [
 
 T = TypeVar("T")
 _IN_BATCH: Final = 400  # host parameters per IN (...) query
+_HELD: Final = "SELECT source_id FROM messages WHERE conversation_id=? AND source_id IN"
 
-_CONVERSATION_COLUMNS: Final = (
-    "id, uid, session_key, next_seq, next_ordinal, context_tokens, epoch, synced_len, "
-    "synced_anchor, boot_path, boot_dev, boot_ino, boot_size, boot_mtime_ns"
+_SELECT_CONVERSATION: Final = (
+    "SELECT id, uid, session_key, next_seq, next_ordinal, context_tokens, epoch, synced_len, "
+    "synced_anchor, boot_path, boot_dev, boot_ino, boot_size, boot_mtime_ns FROM conversations "
 )
 
 
@@ -81,7 +82,7 @@ class Conversation(NamedTuple):
     @classmethod
     def of(cls, row: Sequence[Any]) -> Conversation:
         boot = None if row[9] is None else (row[9], row[10], row[11], row[12], row[13])
-        return cls(*row[:9], boot)
+        return cls(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], boot)
 
 
 class Prepared(NamedTuple):
@@ -105,7 +106,7 @@ class Debt(NamedTuple):
 
 def encode_content(raw: bytes, compress_over: int | None) -> bytes:
     if compress_over is not None and len(raw) > compress_over:
-        packed = zlib.compress(raw, 6)
+        packed = zlib.compress(raw, 1)
         if len(packed) < len(raw):
             return packed
     return raw
@@ -116,16 +117,19 @@ def decode_content(stored: bytes) -> str:
     return raw.decode("utf-8", "surrogatepass")
 
 
-def _in_batches(values: Sequence[str]) -> Iterator[tuple[str, Sequence[str]]]:
+def _in_batches(sql: str, values: Sequence[str]) -> Iterator[tuple[str, Sequence[str]]]:
+    """``sql`` (ending in ``IN``) completed with one ``?`` per value, batch by batch.
+
+    SQL text here and everywhere in the engine is built only from constants and ``?``
+    placeholders; values are always bound, never formatted in."""
     for start in range(0, len(values), _IN_BATCH):
         batch = values[start : start + _IN_BATCH]
-        yield ",".join("?" * len(batch)), batch
+        yield sql + " (" + ",".join("?" * len(batch)) + ")", batch
 
 
 def conversation(pool: Pool, key: str, *, create: bool = True) -> Conversation | None:
     """The active conversation of ``key`` (created when missing and ``create``)."""
-    select = f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
-    select += "WHERE session_key=? AND archived_at IS NULL"
+    select = _SELECT_CONVERSATION + "WHERE session_key=? AND archived_at IS NULL"
     with pool.connection() as conn:
         row = conn.execute(select, (key,)).fetchone()
         if row is not None or not create:
@@ -144,9 +148,7 @@ def conversation(pool: Pool, key: str, *, create: bool = True) -> Conversation |
 
 
 def read_conversation(conn: sqlite3.Connection, conversation_id: int) -> Conversation:
-    row = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id=?", (conversation_id,)
-    ).fetchone()
+    row = conn.execute(_SELECT_CONVERSATION + "WHERE id=?", (conversation_id,)).fetchone()
     if row is None:
         raise LookupError(f"conversation {conversation_id} does not exist")
     return Conversation.of(row)
@@ -161,15 +163,8 @@ def held_ids(pool: Pool, conversation_id: int, source_ids: Sequence[str]) -> set
     """Which of ``source_ids`` the conversation already holds (a read, no transaction)."""
     held: set[str] = set()
     with pool.connection() as conn:
-        for marks, batch in _in_batches(source_ids):
-            held.update(
-                row[0]
-                for row in conn.execute(
-                    "SELECT source_id FROM messages WHERE conversation_id=? "
-                    f"AND source_id IN ({marks})",
-                    (conversation_id, *batch),
-                )
-            )
+        for sql, batch in _in_batches(_HELD, source_ids):
+            held.update(row[0] for row in conn.execute(sql, (conversation_id, *batch)))
     return held
 
 
@@ -186,19 +181,14 @@ def insert_messages(
     with pool.connection() as conn, pool.write(conn):
         held: set[str] = set()
         ids = [p.source_id for p in prepared]
-        for marks, batch in _in_batches(ids):
-            held.update(
-                row[0]
-                for row in conn.execute(
-                    "SELECT source_id FROM messages WHERE conversation_id=? "
-                    f"AND source_id IN ({marks})",
-                    (conversation_id, *batch),
-                )
-            )
+        for sql, batch in _in_batches(_HELD, ids):
+            held.update(row[0] for row in conn.execute(sql, (conversation_id, *batch)))
         seq, ordinal = conn.execute(
             "SELECT next_seq, next_ordinal FROM conversations WHERE id=?", (conversation_id,)
         ).fetchone()
-        next_id = int(conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0])
+        # AUTOINCREMENT's high-water mark: ids are never reused (the decode cache relies on it).
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='messages'").fetchone()
+        next_id = int(row[0]) if row is not None else 0
         rows: list[tuple[Any, ...]] = []
         items: list[tuple[int, int, int, int]] = []
         added_tokens = 0
@@ -223,12 +213,16 @@ def insert_messages(
                 "VALUES (?, ?, ?, ?)",
                 items,
             )
-        sync_sql = ", synced_len=?, synced_anchor=?" if synced is not None else ""
         conn.execute(
-            f"UPDATE conversations SET next_seq=?, next_ordinal=?, "
-            f"context_tokens=context_tokens+?{sync_sql} WHERE id=?",
-            (seq, ordinal, added_tokens, *(synced or ()), conversation_id),
+            "UPDATE conversations SET next_seq=?, next_ordinal=?, context_tokens=context_tokens+? "
+            "WHERE id=?",
+            (seq, ordinal, added_tokens, conversation_id),
         )
+        if synced is not None:
+            conn.execute(
+                "UPDATE conversations SET synced_len=?, synced_anchor=? WHERE id=?",
+                (*synced, conversation_id),
+            )
         return len(rows)
 
 
@@ -276,28 +270,36 @@ ORDER BY ci.ordinal {order}
 
 
 def _item(row: Sequence[Any]) -> Item:
+    # Positional construction: this runs once per row assembly reads.
     if row[9] is None:
+        calls, results = row[4], row[5]
         return Item(
-            ordinal=row[0],
-            tokens=row[1],
-            message_id=row[2],
-            role=row[3],
-            calls=split_ids(row[4]),
-            results=split_ids(row[5]),
-            content=row[6],
-            source_id=row[7],
-            ts=row[8],
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            split_ids(calls) if calls else (),
+            split_ids(results) if results else (),
+            row[6],
+            row[7],
+            row[8],
         )
     return Item(
-        ordinal=row[0],
-        tokens=row[1],
-        summary_id=row[9],
-        kind=row[10],
-        depth=row[11],
-        content=row[12],
-        descendant_count=row[13],
-        earliest=row[14],
-        latest=row[15],
+        row[0],
+        row[1],
+        None,
+        None,
+        (),
+        (),
+        row[12],
+        None,
+        None,
+        row[9],
+        row[10],
+        row[11],
+        row[13],
+        row[14],
+        row[15],
     )
 
 
@@ -347,15 +349,11 @@ def chunk_contents(pool: Pool, chunk: Sequence[Item]) -> dict[int | str, str]:
     message_ids = [str(i.message_id) for i in chunk if i.message_id is not None]
     summary_ids = [i.summary_id for i in chunk if i.summary_id is not None]
     with pool.connection() as conn, pool.read(conn):
-        for marks, batch in _in_batches(message_ids):
-            for message_id, content in conn.execute(
-                f"SELECT id, content FROM messages WHERE id IN ({marks})", batch
-            ):
+        for sql, batch in _in_batches("SELECT id, content FROM messages WHERE id IN", message_ids):
+            for message_id, content in conn.execute(sql, batch):
                 out[message_id] = decode_content(content)
-        for marks, batch in _in_batches(summary_ids):
-            for summary_id, content in conn.execute(
-                f"SELECT id, content FROM summaries WHERE id IN ({marks})", batch
-            ):
+        for sql, batch in _in_batches("SELECT id, content FROM summaries WHERE id IN", summary_ids):
+            for summary_id, content in conn.execute(sql, batch):
                 out[summary_id] = content
     return out
 
@@ -419,7 +417,9 @@ def commit_summary(
                 time.time(),
             ),
         )
-        tokens = conn.execute("SELECT tokens FROM summaries WHERE id=?", (summary.id,)).fetchone()[0]
+        tokens = conn.execute("SELECT tokens FROM summaries WHERE id=?", (summary.id,)).fetchone()[
+            0
+        ]
         conn.executemany(
             "INSERT OR IGNORE INTO summary_sources(summary_id, position, message_id, child_id) "
             "VALUES (?, ?, ?, ?)",
@@ -434,7 +434,9 @@ def commit_summary(
             "VALUES (?, ?, ?, ?)",
             (conversation_id, first, summary.id, tokens),
         )
-        uid = conn.execute("SELECT uid FROM conversations WHERE id=?", (conversation_id,)).fetchone()[0]
+        uid = conn.execute(
+            "SELECT uid FROM conversations WHERE id=?", (conversation_id,)
+        ).fetchone()[0]
         epoch = compute_epoch(uid, _summary_layer(conn, conversation_id))
         conn.execute(
             "UPDATE conversations SET context_tokens=context_tokens-?+?, epoch=? WHERE id=?",

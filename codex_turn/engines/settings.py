@@ -58,6 +58,8 @@ class EngineSettings:
     compress_over_bytes: int | None = attrs.field(default=512)
     #: Retention: prune archived conversations (oldest first) while the file is larger.
     max_db_bytes: int | None = attrs.field(default=None)
+    #: Decoded messages kept in memory for assembly (LRU, shared by all sessions).
+    decode_cache_messages: int = attrs.field(default=20_000, validator=v.ge(0))
     #: Sessions whose path identities are cached in memory (LRU).
     path_cache_sessions: int = attrs.field(default=32, validator=v.ge(1))
 

@@ -49,52 +49,39 @@ import hashlib
 import json
 import math
 import os
-import sqlite3
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, NamedTuple, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
-import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.engines import _doctor, _store
+from codex_turn.engines._compaction import Compactor
 from codex_turn.engines._messages import (
     PathIndex,
     TokenEstimator,
+    analyze,
     delivery_identities,
-    encode_message,
+    encode,
     estimate_tokens,
-    message_text,
     message_timestamp,
-    message_tokens,
-    tool_call_ids,
-    tool_result_ids,
 )
 from codex_turn.engines._plan import (
     Item,
-    condensed_chunk,
     join_ids,
-    leaf_chunks,
     repair_pairs,
     select,
-    summary_id_for,
-    summary_text,
-    summary_tokens,
-    tail_start,
 )
-from codex_turn.engines._schema import Pool, StoreError
+from codex_turn.engines._schema import StoreAccess
 from codex_turn.engines.settings import EngineSettings
 from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
     Summarizer,
-    SummarizerAuthError,
-    SummaryRequest,
-    SummarySource,
-    checked,
-    truncation_summary,
 )
 from codex_turn.harness.engine import (
     AfterTurnParams,
@@ -115,6 +102,7 @@ from codex_turn.harness.engine import (
     MaintainParams,
     MaintenanceResult,
 )
+from codex_turn.harness.frozen import freeze
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import SessionError, load_session_context
 
@@ -126,24 +114,8 @@ _TRUNCATION_ID: Final = "truncate/1"
 _DEFAULT_FILE: Final = "context.sqlite"
 
 _log = get_logger(__name__)
-T = TypeVar("T")
 
 Boot = tuple[str, int, int, int, int]
-
-
-class SweepReport(NamedTuple):
-    tokens_before: int
-    tokens_after: int
-    passes: int
-    leaf_passes: int
-    condensed_passes: int
-    conflicts: int
-    exhausted: bool
-    reason: str | None
-
-    @property
-    def compacted(self) -> bool:
-        return self.tokens_after < self.tokens_before
 
 
 def _stat(path: str) -> Boot | None:
@@ -196,15 +168,28 @@ class SqliteContextEngine:
         self._fallback = ExtractiveSummarizer(token_estimator)
         self._summarizer: Summarizer = summarizer or self._fallback
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self._locks_loop: object = None
         self._paths: OrderedDict[str, PathIndex] = OrderedDict()
-        self._breaker_until = 0.0
-        self._health_error: str | None = None
-        self._pool: Pool | None = None
-        try:
-            self._pool = Pool(target, busy_timeout_s=self.settings.busy_timeout_s)
-        except (sqlite3.Error, StoreError, OSError) as error:
-            self._health_error = format_error(error)
-            _log.warning("sqlite context store unavailable", error=self._health_error)
+        self._decoded: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._decoded_lock = threading.Lock()
+        self._access = StoreAccess(target, self.settings.busy_timeout_s)
+        self._db = self._access.run
+        self._require_pool = self._access.require
+        self._compactor = Compactor(
+            settings=self.settings,
+            estimator=token_estimator,
+            summarizer=self._summarizer,
+            fallback=self._fallback,
+            db=self._access.run,
+            pool=self._access.require,
+        )
+
+    @classmethod
+    def next_to(cls, session_file: str | os.PathLike[str], **kwargs: Any) -> SqliteContextEngine:
+        """The engine whose store sits next to ``session_file``: ``context.sqlite`` in the
+        transcript's directory, shared by every session there (the embedded default)."""
+        directory = os.path.dirname(os.path.abspath(os.fspath(session_file)))
+        return cls(os.path.join(directory, _DEFAULT_FILE), **kwargs)
 
     # -- info and health -----------------------------------------------------------------
 
@@ -221,37 +206,18 @@ class SqliteContextEngine:
     @property
     def healthy(self) -> bool:
         """The store opened and no database error has been seen since."""
-        return self._pool is not None and self._health_error is None
+        return self._access.pool is not None and self._access.error is None
 
     @property
     def summarizer(self) -> Summarizer:
         return self._summarizer
 
-    def _require_pool(self) -> Pool:
-        if self._pool is None:
-            raise StoreError(f"the context store is unavailable: {self._health_error}")
-        return self._pool
-
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking store work in a worker thread; a database error marks the store
-        unhealthy (lock contention does not)."""
-        try:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
-        except sqlite3.OperationalError as error:
-            text = str(error).lower()
-            if "locked" not in text and "busy" not in text:
-                self._mark_unhealthy(error)
-            raise
-        except sqlite3.DatabaseError as error:
-            self._mark_unhealthy(error)
-            raise
-
-    def _mark_unhealthy(self, error: BaseException) -> None:
-        if self._health_error is None:
-            self._health_error = format_error(error)
-            _log.warning("sqlite context store failed", error=self._health_error)
-
     def _lock(self, kind: str, key: str) -> anyio.Lock:
+        # Locks belong to an event loop: an engine reused by a later event loop (a host that
+        # runs one loop per command) starts with fresh ones.
+        token = anyio.lowlevel.current_token()
+        if token != self._locks_loop:
+            self._locks_loop, self._locks = token, {}
         lock = self._locks.get((kind, key))
         if lock is None:
             lock = self._locks[(kind, key)] = anyio.Lock()
@@ -272,25 +238,39 @@ class SqliteContextEngine:
             budget = _positive_int(runtime.get("tokenBudget"))
         return budget or self.settings.default_token_budget
 
-    def _conversation(self, key: str, create: bool = True) -> Any:
-        return self._db(_store.conversation, self._require_pool(), key, create=create)
+    async def _conversation(self, key: str) -> _store.Conversation:
+        """The session's active conversation, created when it has none."""
+        conv = await self._db(_store.conversation, self._require_pool(), key, create=True)
+        assert conv is not None
+        return conv
+
+    async def _existing(self, key: str) -> _store.Conversation | None:
+        return await self._db(_store.conversation, self._require_pool(), key, create=False)
 
     # -- ingestion -----------------------------------------------------------------------
 
-    def _prepare(self, source_ids: Sequence[str], messages: Sequence[AgentMessage]) -> list[_store.Prepared]:
+    def _prepare(
+        self,
+        source_ids: Sequence[str],
+        messages: Sequence[AgentMessage],
+        stored: Sequence[bytes | None],
+    ) -> list[_store.Prepared]:
         compress = self.settings.compress_over_bytes
+        estimator = self._estimate
         out = []
-        for source, message in zip(source_ids, messages, strict=True):
-            role = message.get("role")
+        for source, message, text in zip(source_ids, messages, stored, strict=True):
+            role, tokens, calls, results = analyze(message, estimator)
             out.append(
                 _store.Prepared(
-                    source_id=source,
-                    role=role if isinstance(role, str) else "unknown",
-                    tokens=message_tokens(message, self._estimate),
-                    ts=message_timestamp(message),
-                    calls=join_ids(tool_call_ids(message)),
-                    results=join_ids(tool_result_ids(message)),
-                    content=_store.encode_content(encode_message(message), compress),
+                    source,
+                    role,
+                    tokens,
+                    message_timestamp(message),
+                    join_ids(calls),
+                    join_ids(results),
+                    _store.encode_content(
+                        text if text is not None else encode(message)[1], compress
+                    ),
                 )
             )
         return out
@@ -300,17 +280,24 @@ class SqliteContextEngine:
         conversation_id: int,
         source_ids: Sequence[str],
         messages: Sequence[AgentMessage],
+        stored: Sequence[bytes | None],
         synced: tuple[int, str | None] | None,
     ) -> int:
         pool = self._require_pool()
         held = _store.held_ids(pool, conversation_id, source_ids)
-        fresh = [(s, m) for s, m in zip(source_ids, messages, strict=True) if s not in held]
-        prepared = self._prepare([s for s, _ in fresh], [m for _, m in fresh])
+        fresh = [
+            (s, m, t) for s, m, t in zip(source_ids, messages, stored, strict=True) if s not in held
+        ]
+        prepared = self._prepare(
+            [s for s, _, _ in fresh], [m for _, m, _ in fresh], [t for _, _, t in fresh]
+        )
         if not prepared and synced is None:
             return 0
         return _store.insert_messages(pool, conversation_id, prepared, synced=synced)
 
-    async def _sync_path(self, key: str, conversation_id: int, messages: Sequence[AgentMessage]) -> int:
+    async def _sync_path(
+        self, key: str, conversation_id: int, messages: Sequence[AgentMessage]
+    ) -> int:
         """Make the store hold every message of the session path ``messages``."""
         if not messages:
             return 0
@@ -330,6 +317,7 @@ class SqliteContextEngine:
                 conversation_id,
                 batch,
                 messages[start + offset : end],
+                index.stored(start + offset, end),
                 (end, anchor),
             )
         return imported
@@ -364,8 +352,10 @@ class SqliteContextEngine:
     async def _deliver(self, key: str, messages: Sequence[AgentMessage]) -> int:
         async with self._lock("ingest", key):
             conv = await self._conversation(key)
-            ids = delivery_identities(messages)
-            return await self._db(self._insert_chunk, conv.id, ids, list(messages), None)
+            ids, stored = delivery_identities(messages)
+            return await self._db(
+                self._insert_chunk, conv.id, ids, list(messages), list(stored), None
+            )
 
     async def ingest(self, params: IngestParams) -> IngestResult:
         count = await self._deliver(params.session_key or params.session_id, [params.message])
@@ -408,8 +398,21 @@ class SqliteContextEngine:
     # -- assembly ------------------------------------------------------------------------
 
     def _decode(self, item: Item) -> dict[str, Any]:
+        """The stored message, read-only, shared with the decode cache: message ids are never
+        reused and messages never change, so an id always decodes to the same message."""
         assert isinstance(item.content, bytes)
-        decoded: dict[str, Any] = json.loads(_store.decode_content(item.content))
+        assert item.message_id is not None
+        cache = self._decoded
+        with self._decoded_lock:
+            hit = cache.get(item.message_id)
+            if hit is not None:
+                cache.move_to_end(item.message_id)
+                return hit
+        decoded: dict[str, Any] = freeze(json.loads(_store.decode_content(item.content)))
+        with self._decoded_lock:
+            cache[item.message_id] = decoded
+            while len(cache) > self.settings.decode_cache_messages:
+                cache.popitem(last=False)
         return decoded
 
     def _assemble_from(
@@ -424,12 +427,12 @@ class SqliteContextEngine:
         key = params.session_key or params.session_id
         budget = self._budget(params.token_budget)
         conv = await self._conversation(key)
-        if params.messages:
-            index = self._path_index(key)
-            start, _ = await self._db(index.plan, params.messages, conv.synced_len, conv.synced_anchor)
-            if start < len(params.messages) or conv.synced_len != len(params.messages):
-                async with self._lock("ingest", key):
-                    await self._sync_path(key, conv.id, params.messages)
+        if params.messages and len(params.messages) != conv.synced_len:
+            # A safety net for runners without bootstrap (the harness bootstraps first, which
+            # checks the transcript itself): a history of the synced length is taken as
+            # synced, so assembly never hashes the history.
+            async with self._lock("ingest", key):
+                await self._sync_path(key, conv.id, params.messages)
         messages, tokens, epoch = await self._db(
             _store.stream_items,
             self._require_pool(),
@@ -443,223 +446,6 @@ class SqliteContextEngine:
         )
 
     # -- compaction ----------------------------------------------------------------------
-
-    def _usable_summarizer(self, allow_model: bool) -> Summarizer:
-        chosen = self._summarizer
-        if time.monotonic() < self._breaker_until or (chosen.uses_model and not allow_model):
-            return self._fallback
-        return chosen
-
-    def _request(
-        self, chunk: Sequence[Item], kind: str, contents: Mapping[int | str, str], previous: str | None,
-        custom_instructions: str | None,
-    ) -> SummaryRequest:
-        s = self.settings
-        sources: list[SummarySource] = []
-        for item in chunk:
-            if item.summary_id is not None:
-                text = contents.get(item.summary_id, "")
-                sources.append(SummarySource("summary", text, item.tokens, item.latest))
-            else:
-                assert item.message_id is not None
-                message = json.loads(contents.get(item.message_id, "{}"))
-                role = item.role or "unknown"
-                sources.append(SummarySource(role, message_text(message), item.tokens, item.ts))
-        source_tokens = sum(item.tokens for item in chunk)
-        goal = s.leaf_target_tokens if kind == "leaf" else s.condensed_target_tokens
-        return SummaryRequest(
-            kind="leaf" if kind == "leaf" else "condensed",
-            depth=0 if kind == "leaf" else chunk[0].depth + 1,
-            sources=tuple(sources),
-            source_tokens=source_tokens,
-            target_tokens=max(16, min(goal, source_tokens // 4)),
-            previous_summary=previous,
-            custom_instructions=custom_instructions,
-        )
-
-    async def _summarize(
-        self, request: SummaryRequest, render: Callable[[str], int], summarizer: Summarizer
-    ) -> tuple[str, str] | None:
-        """Escalation: normal -> aggressive -> deterministic truncation. ``None`` when no
-        output is smaller than the sources (the pass writes nothing)."""
-        for aggressive in (False, True):
-            attempt = attrs.evolve(request, aggressive=aggressive)
-            try:
-                with anyio.fail_after(self.settings.summary_timeout_s):
-                    raw = await summarizer.summarize(attempt)
-            except SummarizerAuthError:
-                raise
-            except Exception as error:
-                _log.warning(
-                    "summariser failed; escalating",
-                    summarizer=summarizer.id,
-                    aggressive=aggressive,
-                    error=format_error(error),
-                )
-                continue
-            text = checked(raw, attempt, self._estimate)
-            if text is not None and render(text) < request.source_tokens:
-                return text, summarizer.id
-        cap = min(self.settings.fallback_summary_tokens, max(16, request.source_tokens // 2))
-        text = checked(truncation_summary(request, cap, self._estimate), request, self._estimate)
-        if text is not None and render(text) < request.source_tokens:
-            return text, _TRUNCATION_ID
-        return None
-
-    async def _pass(
-        self,
-        conv: _store.Conversation,
-        items: list[Item],
-        position: int,
-        chunk: list[Item],
-        kind: str,
-        summarizer: Summarizer,
-        custom_instructions: str | None,
-    ) -> Item | bool | None:
-        """One compaction pass: the new summary item, ``False`` on a conflict (nothing
-        written), ``None`` when no acceptable summary exists."""
-        pool = self._require_pool()
-        previous_item = items[position - 1] if position > 0 else None
-        wanted = list(chunk)
-        if previous_item is not None and previous_item.is_summary:
-            wanted.append(previous_item)
-        contents = await self._db(_store.chunk_contents, pool, wanted)
-        previous = (
-            contents.get(previous_item.summary_id)
-            if previous_item is not None and previous_item.summary_id is not None
-            else None
-        )
-        request = self._request(chunk, kind, contents, previous, custom_instructions)
-        keys = [i.source_id or "" for i in chunk] if kind == "leaf" else [i.summary_id or "" for i in chunk]
-        summary_id = summary_id_for(conv.uid, request.kind, request.depth, keys)
-        if kind == "leaf":
-            count = len(chunk)
-            stamps = [i.ts for i in chunk if i.ts is not None]
-            earliest, latest = (min(stamps), max(stamps)) if stamps else (None, None)
-        else:
-            count = sum(i.descendant_count for i in chunk)
-            lows = [i.earliest for i in chunk if i.earliest is not None]
-            highs = [i.latest for i in chunk if i.latest is not None]
-            earliest, latest = (min(lows) if lows else None, max(highs) if highs else None)
-
-        def render(text: str) -> int:
-            rendered = summary_text(summary_id, request.kind, request.depth, count, earliest, latest, text)
-            return summary_tokens(rendered, self._estimate)
-
-        try:
-            outcome = await self._summarize(request, render, summarizer)
-        except SummarizerAuthError:
-            self._breaker_until = time.monotonic() + self.settings.breaker_cooldown_s
-            _log.warning("summariser auth failed; circuit breaker open", summarizer=summarizer.id)
-            return False
-        if outcome is None:
-            return None
-        text, used = outcome
-        tokens = render(text)
-        new = _store.NewSummary(
-            id=summary_id,
-            kind=request.kind,
-            depth=request.depth,
-            content=text,
-            tokens=tokens,
-            source_tokens=request.source_tokens,
-            descendant_count=count,
-            earliest=earliest,
-            latest=latest,
-            summarizer=used,
-        )
-        if not await self._db(_store.commit_summary, pool, conv.id, chunk, new):
-            return False
-        return Item(
-            ordinal=chunk[0].ordinal,
-            tokens=tokens,
-            summary_id=summary_id,
-            kind=request.kind,
-            depth=request.depth,
-            descendant_count=count,
-            earliest=earliest,
-            latest=latest,
-        )
-
-    async def _sweep(
-        self,
-        conversation_id: int,
-        budget: int,
-        *,
-        force: bool,
-        allow_model: bool,
-        custom_instructions: str | None = None,
-    ) -> SweepReport:
-        s = self.settings
-        pool = self._require_pool()
-        threshold = int(budget * s.threshold)
-        target = int(budget * s.compaction_target)
-        tail_cap = int(budget * s.fresh_tail_max_fraction)
-        condense_trigger = max(s.condensed_target_tokens, min(s.leaf_chunk_tokens, threshold // 2))
-        deadline = time.monotonic() + s.sweep_deadline_s
-        conv, items = await self._db(_store.planning_items, pool, conversation_id)
-        before = current = conv.context_tokens
-        if not force and before <= threshold:
-            return SweepReport(before, before, 0, 0, 0, 0, False, "below threshold")
-        passes = leaf = condensed = conflicts = 0
-        exhausted = False
-        reason: str | None = None
-
-        def fanout(depth: int) -> int:
-            return s.leaf_fanout if depth == 0 else s.condensed_fanout
-
-        while True:
-            if passes + conflicts >= s.max_passes:
-                reason = "pass limit reached"
-                break
-            if time.monotonic() >= deadline:
-                reason = "deadline reached"
-                break
-            end = tail_start(items, budget, s.fresh_tail_count, tail_cap)
-            chunk: list[Item] | None = None
-            kind = "leaf"
-            if force or current > target:
-                chunks = leaf_chunks(items, end, s.leaf_chunk_tokens, s.min_leaf_chunk_tokens)
-                chunk = chunks[0] if chunks else None
-            if chunk is None:
-                kind = "condensed"
-                layer = sum(i.tokens for i in items[:end] if i.is_summary)
-                if current > target or layer > condense_trigger:
-                    chunk = condensed_chunk(
-                        items, end, fanout=fanout, max_depth=s.max_depth, chunk_tokens=s.leaf_chunk_tokens
-                    )
-                    if chunk is None and current > target:
-                        chunk = condensed_chunk(
-                            items, end, fanout=lambda _d: 2, max_depth=s.max_depth,
-                            chunk_tokens=s.leaf_chunk_tokens,
-                        )
-            if chunk is None:
-                exhausted = current > target
-                if exhausted:
-                    reason = "exhausted: nothing left to compact outside the fresh tail"
-                break
-            position = items.index(chunk[0])
-            summarizer = self._usable_summarizer(allow_model)
-            outcome = await self._pass(conv, items, position, chunk, kind, summarizer, custom_instructions)
-            if outcome is None:
-                reason = "no summary smaller than its sources"
-                exhausted = current > target
-                break
-            if outcome is False:
-                conflicts += 1
-                conv, items = await self._db(_store.planning_items, pool, conversation_id)
-                current = conv.context_tokens
-                continue
-            assert isinstance(outcome, Item)
-            items[position : position + len(chunk)] = [outcome]
-            current -= sum(i.tokens for i in chunk) - outcome.tokens
-            passes += 1
-            if kind == "leaf":
-                leaf += 1
-            else:
-                condensed += 1
-        after = await self._db(_store.context_tokens, pool, conversation_id)
-        return SweepReport(before, after, passes, leaf, condensed, conflicts, exhausted, reason)
 
     async def compact(self, params: CompactParams) -> CompactResult:
         key = params.session_key or params.session_id
@@ -678,14 +464,14 @@ class SqliteContextEngine:
         conv = await self._conversation(key)
         started = time.monotonic()
         async with self._lock("compact", key):
-            report = await self._sweep(
+            report = await self._compactor.sweep(
                 conv.id,
                 budget,
                 force=params.force,
                 allow_model=True,
                 custom_instructions=params.custom_instructions,
             )
-        _log.info(
+        (_log.info if report.passes else _log.debug)(
             "sqlite context engine compaction",
             session_key=mask_session_key(key),
             passes=report.passes,
@@ -694,11 +480,14 @@ class SqliteContextEngine:
             exhausted=report.exhausted,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
         )
-        if report.tokens_after <= self.settings.threshold * budget or report.exhausted:
-            await self._db(
-                _store.settle_debt, self._require_pool(), conv.id, resolved=True, error=None,
-                backoff_s=0.0,
-            )
+        paid = report.tokens_after <= self.settings.threshold * budget or report.exhausted
+        if paid:
+            pool = self._require_pool()
+            debt = await self._db(_store.debt, pool, conv.id)
+            if debt is not None and debt.pending:
+                await self._db(
+                    _store.settle_debt, pool, conv.id, resolved=True, error=None, backoff_s=0.0
+                )
         return CompactResult(
             ok=True,
             compacted=report.compacted,
@@ -724,7 +513,7 @@ class SqliteContextEngine:
         key = params.session_key or params.session_id
         runtime = params.runtime_context or {}
         background = runtime.get("allowDeferredCompactionExecution") is True
-        conv = await self._conversation(key, create=False)
+        conv = await self._existing(key)
         reason: str | None = None
         if conv is not None:
             budget = _positive_int(runtime.get("tokenBudget"))
@@ -735,7 +524,9 @@ class SqliteContextEngine:
         if background and self.settings.max_db_bytes is not None:
             report = await self.prune(max_bytes=self.settings.max_db_bytes)
             freed = report.bytes_freed
-        return MaintenanceResult(changed=False, bytes_freed=freed, rewritten_entries=0, reason=reason)
+        return MaintenanceResult(
+            changed=False, bytes_freed=freed, rewritten_entries=0, reason=reason
+        )
 
     async def _drain(
         self, key: str, conversation_id: int, budget: int | None, background: bool
@@ -751,16 +542,26 @@ class SqliteContextEngine:
         budget = debt.budget or budget or self.settings.default_token_budget
         try:
             async with self._lock("compact", key):
-                report = await self._sweep(conversation_id, budget, force=False, allow_model=background)
+                report = await self._compactor.sweep(
+                    conversation_id, budget, force=False, allow_model=background
+                )
         except Exception as error:
             await self._db(
-                _store.settle_debt, pool, conversation_id, resolved=False,
-                error=format_error(error), backoff_s=self.settings.debt_backoff_s,
+                _store.settle_debt,
+                pool,
+                conversation_id,
+                resolved=False,
+                error=format_error(error),
+                backoff_s=self.settings.debt_backoff_s,
             )
             raise
         resolved = report.tokens_after <= self.settings.threshold * budget or report.exhausted
         await self._db(
-            _store.settle_debt, pool, conversation_id, resolved=resolved, error=report.reason,
+            _store.settle_debt,
+            pool,
+            conversation_id,
+            resolved=resolved,
+            error=report.reason,
             backoff_s=self.settings.debt_backoff_s,
         )
         return f"compacted {report.tokens_before} -> {report.tokens_after} tokens"
@@ -773,23 +574,33 @@ class SqliteContextEngine:
         self._paths.pop(session_key, None)
         return archived
 
-    async def prune(self, *, max_bytes: int | None = None, archived_before: float | None = None) -> _doctor.RetentionReport:
+    async def prune(
+        self, *, max_bytes: int | None = None, archived_before: float | None = None
+    ) -> _doctor.RetentionReport:
         """Delete archived conversations: all archived before ``archived_before`` (epoch
         seconds), then oldest first while the file exceeds ``max_bytes``. Active
         conversations are never deleted."""
         return await self._db(_doctor.prune, self._require_pool(), max_bytes, archived_before)
 
     async def doctor(self, *, repair: bool = True) -> _doctor.DoctorReport:
-        """Check (and by default repair) the store: the DAG, the projection, the counters."""
-        return await self._db(_doctor.doctor, self._require_pool(), repair)
+        """Check (and by default repair) the store: the DAG, the projection, the counters.
+
+        A store that passes (or was repaired) is healthy again: the engine owns compaction
+        once more after an operator ran this."""
+        report = await self._db(_doctor.doctor, self._require_pool(), repair)
+        if report.problems == report.repaired:
+            self._access.error = None
+        return report
 
     async def dispose(self) -> None:
         """Release pooled connections and cached path identities; the engine stays usable."""
         self._paths.clear()
-        if self._pool is not None:
-            await anyio.to_thread.run_sync(self._pool.release)
+        with self._decoded_lock:
+            self._decoded.clear()
+        if self._access.pool is not None:
+            await anyio.to_thread.run_sync(self._access.pool.release)
 
     def close(self) -> None:
         """Close the store for good (synchronous; for hosts that own the engine's lifetime)."""
-        if self._pool is not None:
-            self._pool.close()
+        if self._access.pool is not None:
+            self._access.pool.close()

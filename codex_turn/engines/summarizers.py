@@ -158,7 +158,8 @@ class ExtractiveSummarizer:
         lines: list[str] = []
         used = 0
         for index, source in enumerate(sources):
-            line = f"{source.role}: {_head(_collapse(source.text), share, self._estimate)}"
+            head = _head(_collapse(source.text), share, self._estimate)
+            line = head if source.role == "summary" else f"{source.role}: {head}"
             cost = self._estimate(line) + 1
             if lines and used + cost > target:
                 lines.append(f"(+{len(sources) - index} more)")

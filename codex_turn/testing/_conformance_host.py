@@ -37,7 +37,7 @@ import inspect
 import json
 import os
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -84,12 +84,15 @@ __all__ = [
     "Session",
     "Storage",
     "canonical_json",
+    "concurrently",
     "conversation",
     "duplicates",
+    "epoch_pattern",
     "first_difference",
     "is_prefix",
     "message_key",
     "missing",
+    "replay_json",
     "result_json",
     "text_chars",
     "tool_pair_problems",
@@ -138,6 +141,24 @@ def result_json(result: AssembleResult) -> str:
     return canonical_json(to_json(result))
 
 
+def replay_json(result: AssembleResult) -> str:
+    """:func:`result_json` with the projection's epoch left out: what must match between two
+    stores driven alike (an epoch may carry a store's own identity, e.g. a conversation id)."""
+    projection = result.context_projection
+    if projection is not None:
+        result = attrs.evolve(result, context_projection=attrs.evolve(projection, epoch=None))
+    return result_json(result)
+
+
+def epoch_pattern(results: Sequence[AssembleResult]) -> list[int]:
+    """Each result's epoch as the index of its first occurrence: where the epochs change."""
+    first: dict[str | None, int] = {}
+    return [
+        first.setdefault(r.context_projection.epoch if r.context_projection else None, i)
+        for i, r in enumerate(results)
+    ]
+
+
 def message_key(message: object) -> str:
     """How a raw message is recognised: ``toolResult:<id>``, else role + canonical content."""
     if not isinstance(message, dict):
@@ -149,18 +170,30 @@ def message_key(message: object) -> str:
 
 
 def text_chars(messages: Iterable[object], addition: str | None = None) -> int:
-    """Characters of text an assembly carries (every string leaf), for plausibility."""
+    """Characters of text a model reads in an assembly, for plausibility: string contents,
+    text parts, tool-call names and arguments, summaries, and the prompt addition."""
 
-    def count(value: object) -> int:
+    def part(value: object) -> int:
         if isinstance(value, str):
             return len(value)
-        if isinstance(value, dict):
-            return sum(count(v) for v in value.values())
-        if isinstance(value, list):
-            return sum(count(v) for v in value)
+        if not isinstance(value, dict):
+            return 0
+        if isinstance(value.get("text"), str):
+            return len(value["text"])
+        if value.get("type") == "toolCall":
+            return len(str(value.get("name", ""))) + len(canonical_json(value.get("arguments")))
         return 0
 
-    return sum(count(m) for m in messages) + len(addition or "")
+    total = len(addition or "")
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        parts = content if isinstance(content, list) else [content]
+        total += sum(part(p) for p in parts)
+        summary = message.get("summary")
+        total += len(summary) if isinstance(summary, str) else 0
+    return total
 
 
 def _label(message: object) -> str:
@@ -395,6 +428,22 @@ class Session:
             )
         )
         self.mirrored = max(self.mirrored, turn.index + 1)
+
+
+async def concurrently(*calls: Callable[[], Coroutine[Any, Any, object]]) -> None:
+    """Run ``calls`` concurrently; a :class:`CheckFailed` in any comes out as itself."""
+    try:
+        async with anyio.create_task_group() as tasks:
+            for call in calls:
+                tasks.start_soon(call)
+    except BaseExceptionGroup as group:
+        failed = group.subgroup(lambda e: isinstance(e, CheckFailed))
+        if failed is None:
+            raise
+        leaf: BaseException = failed
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise leaf from None
 
 
 async def _checked(what: str, call: Awaitable[T]) -> T:

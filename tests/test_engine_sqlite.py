@@ -1,0 +1,662 @@
+"""SqliteContextEngine, behaviour by behaviour (no Codex binary; see the _e2e module for that).
+
+Idempotency (retried after_turn, fallback snapshot vs mirrored copy, bootstrap after a
+restart, incremental and rewritten transcripts, repeats), assembly (budget, fresh tail,
+contiguity, tool pairs, determinism, prefix, epoch, summary template), compaction (honest
+results, forced target below the threshold, lossless DAG, debt and maintenance, the
+foreground never calling a model, escalation, the circuit breaker, optimistic conflicts),
+health, doctor, retention, concurrency of sessions in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from support.engine_sqlite_workload import SMALL, Message, history, marker, texts, turn
+
+from codex_turn.engines import (
+    DoctorReport,
+    EngineSettings,
+    SqliteContextEngine,
+    Summarizer,
+    SummarizerAuthError,
+    SummaryRequest,
+    _store,
+)
+from codex_turn.engines._plan import summary_text
+from codex_turn.harness.engine import (
+    AfterTurnParams,
+    AssembleParams,
+    AssembleResult,
+    BootstrapParams,
+    CompactParams,
+    IngestBatchParams,
+    IngestParams,
+    MaintainParams,
+)
+from codex_turn.harness.frozen import freeze
+from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+
+pytestmark = pytest.mark.anyio
+
+HUGE = 10_000_000
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the trio smoke test below covers the other backend
+
+
+def engine_at(tmp_path: Path, **kwargs: Any) -> SqliteContextEngine:
+    kwargs.setdefault("settings", SMALL)
+    return SqliteContextEngine(tmp_path / "store" / "context.sqlite", **kwargs)
+
+
+async def deliver(
+    engine: SqliteContextEngine, session: str, messages: list[Message], pre: int, budget: int = HUGE
+) -> None:
+    await engine.after_turn(
+        AfterTurnParams(
+            session_id=session,
+            session_file="",
+            messages=messages,
+            pre_prompt_message_count=pre,
+            token_budget=budget,
+        )
+    )
+
+
+async def play(
+    engine: SqliteContextEngine, session: str, turns: int, budget: int = HUGE
+) -> list[Message]:
+    """``turns`` turns delivered one after_turn each; returns the history."""
+    messages: list[Message] = []
+    for index in range(turns):
+        pre = len(messages)
+        messages = [*messages, *turn(session, index, tools=int(index % 3 == 1))]
+        await deliver(engine, session, messages, pre, budget)
+    return messages
+
+
+async def assemble(
+    engine: SqliteContextEngine, session: str, budget: int = HUGE, live: list[Message] | None = None
+) -> AssembleResult:
+    return await engine.assemble(
+        AssembleParams(session_id=session, messages=live or [], token_budget=budget)
+    )
+
+
+def stored(engine: SqliteContextEngine, session: str) -> list[Message]:
+    """The conversation's messages in order, straight from the file."""
+    with sqlite3.connect(engine.path) as conn:
+        rows = conn.execute(
+            "SELECT m.content FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE c.session_key=? AND c.archived_at IS NULL ORDER BY m.seq",
+            (session,),
+        ).fetchall()
+    return [json.loads(_store.decode_content(row[0])) for row in rows]
+
+
+def dumps(result: AssembleResult) -> str:
+    return json.dumps(
+        [result.messages, result.estimated_tokens, str(result.context_projection)], sort_keys=True
+    )
+
+
+def without_key(message: Message) -> Message:
+    return {k: v for k, v in message.items() if k != "idempotencyKey"}
+
+
+# --- idempotency -------------------------------------------------------------------------
+
+
+async def test_retried_after_turn_adds_nothing(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 5)
+    before = stored(engine, "s")
+    last_turn = len(messages) - len(turn("s", 4, tools=1))
+    for _ in range(3):
+        await deliver(engine, "s", messages, last_turn)
+    assert stored(engine, "s") == before == messages
+    with sqlite3.connect(engine.path) as conn:
+        assert conn.execute("SELECT count(*) FROM turns").fetchone()[0] == 5
+
+
+async def test_fallback_snapshot_and_mirrored_copy_are_one_message(tmp_path: Path) -> None:
+    # The mirror failed: after_turn got the turn without idempotency keys; the next turn
+    # reads it from the transcript with them. Same messages, one copy.
+    engine = engine_at(tmp_path)
+    first = turn("s", 0)
+    await deliver(engine, "s", first, 0)
+    mirrored = [{**m, "idempotencyKey": f"codex-app-server:t:{i}"} for i, m in enumerate(first)]
+    second = mirrored + turn("s", 1)
+    await deliver(engine, "s", second, len(first))
+    kept = stored(engine, "s")
+    assert [without_key(m) for m in kept] == [without_key(m) for m in second]
+    assert "idempotencyKey" not in kept[0]  # the first copy is the one kept
+
+
+async def test_repeated_identical_messages_are_kept_apart(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    ok = {"role": "user", "content": "ok", "timestamp": 1}
+    messages = [ok, dict(ok), dict(ok)]
+    await deliver(engine, "s", messages, 0)
+    await deliver(engine, "s", [*messages, dict(ok)], 3)
+    await deliver(engine, "s", [*messages, dict(ok)], 3)  # retried
+    assert len(stored(engine, "s")) == 4
+
+
+async def test_ingest_and_ingest_batch_redelivery_adds_nothing(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    batch = turn("s", 0, tools=1)
+    first = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=batch))
+    again = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=batch))
+    single = await engine.ingest(IngestParams(session_id="s", message=batch[0]))
+    assert (first.ingested_count, again.ingested_count, single.ingested) == (len(batch), 0, False)
+    # The same messages arriving later through after_turn (as a path) are known too.
+    await deliver(engine, "s", batch, 0)
+    assert stored(engine, "s") == batch
+
+
+def write_transcript(path: Path, messages: list[Message], scope: str = "seed") -> None:
+    mirror_turn(
+        path,
+        messages,
+        scope=scope,
+        identities=[f"{scope}-{i}" for i in range(len(messages))],
+        session_id="s",
+        cwd=str(path.parent),
+    )
+
+
+async def test_bootstrap_after_restart_adds_nothing_and_checkpoints(tmp_path: Path) -> None:
+    transcript = tmp_path / "s.jsonl"
+    write_transcript(transcript, history("s", 6))
+    engine = engine_at(tmp_path)
+    path_messages = list(load_session_messages(transcript))
+    await deliver(engine, "s", path_messages, 0)
+    engine.close()
+
+    clear_session_cache()
+    restarted = engine_at(tmp_path)
+    first = await restarted.bootstrap(BootstrapParams(session_id="s", session_file=str(transcript)))
+    second = await restarted.bootstrap(
+        BootstrapParams(session_id="s", session_file=str(transcript))
+    )
+    assert (first.bootstrapped, first.imported_messages) == (True, 0)
+    assert (second.imported_messages, second.reason) == (0, "checkpoint")
+    assert stored(restarted, "s") == path_messages
+
+
+async def test_bootstrap_is_incremental_and_reconciles_a_rewrite(tmp_path: Path) -> None:
+    transcript = tmp_path / "s.jsonl"
+    engine = engine_at(tmp_path)
+    write_transcript(transcript, history("s", 3))
+    params = BootstrapParams(session_id="s", session_file=str(transcript))
+    assert (await engine.bootstrap(params)).imported_messages == 8
+    write_transcript(transcript, turn("s", 3), scope="more")
+    assert (await engine.bootstrap(params)).imported_messages == 2
+    # A rewritten transcript (same first turns, then a different continuation): only what
+    # is new is added, nothing twice.
+    rewritten = tmp_path / "rewritten.jsonl"
+    write_transcript(rewritten, history("s", 3) + turn("s", 7))
+    result = await engine.bootstrap(BootstrapParams(session_id="s", session_file=str(rewritten)))
+    assert result.imported_messages == 2
+    assert len(stored(engine, "s")) == 12
+    assert (await engine.doctor()).ok
+
+
+async def test_bootstrap_without_transcript(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    result = await engine.bootstrap(
+        BootstrapParams(session_id="s", session_file=str(tmp_path / "missing.jsonl"))
+    )
+    assert (result.bootstrapped, result.reason) == (False, "no transcript")
+
+
+async def test_assemble_catches_up_with_the_live_history(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    live = history("s", 4)
+    seen = await assemble(engine, "s", live=live)
+    assert seen.messages == live
+    assert stored(engine, "s") == live
+    # An empty live history (an unreadable transcript) still assembles what is stored.
+    assert dumps(await assemble(engine, "s")) == dumps(seen)
+
+
+# --- assembly ------------------------------------------------------------------------------
+
+
+async def test_assembly_is_byte_identical_across_calls_and_restarts(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 30, budget=1_500)
+    await engine.maintain(MaintainParams(session_id="s", session_file=""))
+    one = dumps(await assemble(engine, "s", 700))
+    assert one == dumps(await assemble(engine, "s", 700))
+    engine.close()
+    assert one == dumps(await assemble(engine_at(tmp_path), "s", 700))
+
+
+async def test_assembly_stays_within_budget_and_keeps_a_contiguous_suffix(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 12)
+    whole = await assemble(engine, "s")
+    assert whole.messages == messages
+    for budget in range(20, whole.estimated_tokens + 10, 37):
+        result = await assemble(engine, "s", budget)
+        assert result.estimated_tokens <= budget
+        kept = [m for m in messages if m in result.messages]
+        assert result.messages == kept  # order kept, nothing invented
+        start = messages.index(kept[0]) if kept else len(messages)
+        missing = [m for m in messages[start:] if m not in kept]
+        # Inside the kept range only tool-pair halves may be missing (dropped together).
+        assert all(m["role"] in {"assistant", "toolResult"} for m in missing)
+
+
+async def test_a_large_old_message_ends_the_fill(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path, settings=EngineSettings(fresh_tail_count=2))
+    big = {"role": "user", "content": "x " * 4000, "timestamp": 5}
+    small = [{"role": "user", "content": f"m{i}", "timestamp": 10 + i} for i in range(6)]
+    await deliver(engine, "s", [small[0], big, *small[1:]], 0)
+    result = await assemble(engine, "s", 200)
+    # The oldest small message would fit, but the fill stops at the first that does not.
+    assert texts(result.messages) == [f"m{i}" for i in range(1, 6)]
+
+
+async def test_fresh_tail_reaches_back_to_the_newest_user_message(tmp_path: Path) -> None:
+    # Two messages and a few tokens of fresh tail, but the last turn is eight messages long:
+    # compaction must leave all of it raw, back to its user message.
+    settings = EngineSettings(
+        fresh_tail_count=2, fresh_tail_max_fraction=0.01, min_leaf_chunk_tokens=20
+    )
+    engine = engine_at(tmp_path, settings=settings)
+    messages = history("s", 6) + turn("s", 6, tools=3)
+    await deliver(engine, "s", messages, 0)
+    result = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=5_000, force=True)
+    )
+    assert result.compacted
+    assembled = (await assemble(engine, "s")).messages
+    assert assembled[-8:] == messages[-8:]
+    assert texts(assembled[-9:-8])[0].startswith("<summary")
+
+
+async def test_tool_pairs_go_together_and_nothing_is_fabricated(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    orphan_call = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "calling"},
+            {"type": "toolCall", "id": "never-answered", "name": "exec", "arguments": {}},
+        ],
+        "timestamp": 3,
+    }
+    orphan_result = {
+        "role": "toolResult",
+        "toolCallId": "no-such-call",
+        "content": [{"type": "text", "text": "stray"}],
+        "timestamp": 4,
+    }
+    messages = [*turn("s", 0, tools=2), orphan_call, orphan_result, *turn("s", 1, tools=1)]
+    await deliver(engine, "s", messages, 0)
+    full = await assemble(engine, "s")
+    assert orphan_result not in full.messages
+    stripped = next(m for m in full.messages if texts([m]) == ["calling"])
+    assert stripped["content"] == [{"type": "text", "text": "calling"}]
+    for budget in range(10, full.estimated_tokens + 1, 7):
+        result = await assemble(engine, "s", budget)
+        calls = {
+            p["id"]
+            for m in result.messages
+            for p in (m["content"] if isinstance(m["content"], list) else [])
+            if p.get("type") == "toolCall"
+        }
+        answers = {m["toolCallId"] for m in result.messages if m["role"] == "toolResult"}
+        assert calls == answers
+        for message in result.messages:  # every message is a stored one (or a trimmed copy)
+            assert any(texts([message]) == texts([m]) for m in messages)
+
+
+async def test_prefix_grows_and_epoch_holds_until_a_compaction(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages: list[Message] = []
+    previous: AssembleResult | None = None
+    for index in range(8):
+        pre = len(messages)
+        messages = messages + turn("s", index, tools=index % 2)
+        await deliver(engine, "s", messages, pre)
+        result = await assemble(engine, "s")
+        if previous is not None:
+            assert result.messages[: len(previous.messages)] == previous.messages
+            assert result.context_projection == previous.context_projection
+        previous = result
+    assert previous is not None
+    assert previous.context_projection is not None
+    assert previous.context_projection.mode == "thread_bootstrap"
+    compacted = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=500, force=True)
+    )
+    assert compacted.compacted
+    after = await assemble(engine, "s")
+    assert after.context_projection != previous.context_projection
+
+
+async def test_archived_conversation_gets_a_new_epoch(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    empty = await assemble(engine, "s")
+    assert await engine.archive("s")
+    assert (await assemble(engine, "s")).context_projection != empty.context_projection
+
+
+async def test_summaries_render_from_stored_fields_with_the_fixed_template(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 12)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    result = await assemble(engine, "s")
+    summary = result.messages[0]
+    assert summary["role"] == "user"
+    text = summary["content"][0]["text"]
+    with sqlite3.connect(engine.path) as conn:
+        row = conn.execute(
+            "SELECT s.id, kind, depth, descendant_count, earliest_ts, latest_ts, content "
+            "FROM context_items ci JOIN summaries s ON s.id = ci.summary_id "
+            "ORDER BY ci.ordinal LIMIT 1"
+        ).fetchone()
+    assert text == summary_text(*row)
+    assert text.startswith(f'<summary id="{row[0]}" kind="{row[1]}" depth="{row[2]}"')
+    assert "2023-11-14T22:13:20Z" in text  # stored timestamps, UTC, second precision
+    assert "<" not in text[len("<summary") : -len("</summary>")].split("\n", 1)[1]
+
+
+# --- compaction ----------------------------------------------------------------------------
+
+
+async def test_compaction_reports_honestly(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 20)
+    before = (await assemble(engine, "s")).estimated_tokens
+    below = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=before * 2)
+    )
+    assert (below.compacted, below.reason) == (False, "below threshold")
+    budget = before // 2
+    result = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=budget, force=True)
+    )
+    assert result.result is not None
+    after = (await assemble(engine, "s")).estimated_tokens
+    assert result.result.tokens_before == before
+    assert result.result.tokens_after == after < before
+    assert result.compacted
+    # Forced compaction aims below the threshold (compaction_target x budget).
+    assert after <= SMALL.compaction_target * budget
+    again = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=budget, force=True)
+    )
+    assert again.result is not None
+    assert again.compacted == (again.result.tokens_after < again.result.tokens_before)
+
+
+async def test_compaction_is_lossless_and_the_dag_links_every_message(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 40)
+    for budget in (3_000, 1_500, 800, 400):
+        await engine.compact(
+            CompactParams(session_id="s", session_file="", token_budget=budget, force=True)
+        )
+    assert stored(engine, "s") == messages  # nothing deleted
+    report = await engine.doctor(repair=False)
+    assert report == DoctorReport(
+        conversations=1, messages=len(messages), summaries=report.summaries
+    )
+    assert report.summaries > 0
+    with sqlite3.connect(engine.path) as conn:
+        depths = {row[0] for row in conn.execute("SELECT depth FROM summaries")}
+    assert max(depths) >= 1  # condensed summaries exist
+
+
+async def test_exhausted_when_the_tail_alone_exceeds_the_target(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path, settings=EngineSettings(fresh_tail_count=50))
+    await play(engine, "s", 6)
+    result = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=100, force=True)
+    )
+    assert result.result is not None
+    assert not result.compacted
+    assert result.result.details["exhausted"] is True
+    assert result.reason is not None
+    assert result.reason.startswith("exhausted")
+
+
+class CountingSummarizer:
+    """A model-calling summariser stand-in: counts calls, answers by script."""
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+        self.calls: list[SummaryRequest] = []
+
+    @property
+    def id(self) -> str:
+        return "counting/1"
+
+    @property
+    def uses_model(self) -> bool:
+        return True
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        self.calls.append(request)
+        answer = self.answers.pop(0) if self.answers else "a short summary"
+        if isinstance(answer, BaseException):
+            raise answer
+        assert isinstance(answer, str)
+        return answer
+
+
+def summarizers(engine: SqliteContextEngine) -> list[str]:
+    with sqlite3.connect(engine.path) as conn:
+        return [row[0] for row in conn.execute("SELECT summarizer FROM summaries ORDER BY rowid")]
+
+
+async def test_debt_is_drained_in_the_background_never_by_a_model_in_the_foreground(
+    tmp_path: Path,
+) -> None:
+    model = CountingSummarizer()
+    assert isinstance(model, Summarizer)
+    engine = engine_at(tmp_path, summarizer=model)
+    messages = await play(engine, "s", 20, budget=800)  # crosses 0.75 x 800: debt recorded
+    await engine.bootstrap(BootstrapParams(session_id="s", session_file=str(tmp_path / "none")))
+    await assemble(engine, "s", 800, live=messages)
+    foreground = await engine.maintain(MaintainParams(session_id="s", session_file=""))
+    assert foreground.reason == "compaction deferred to background maintenance"
+    assert model.calls == []
+    background = await engine.maintain(
+        MaintainParams(
+            session_id="s",
+            session_file="",
+            runtime_context={"allowDeferredCompactionExecution": True},
+        )
+    )
+    assert background.reason is not None
+    assert background.reason.startswith("compacted")
+    assert model.calls
+    assert set(summarizers(engine)) == {"counting/1"}
+    assert (await assemble(engine, "s", 800)).estimated_tokens <= 800
+    settled = await engine.maintain(MaintainParams(session_id="s", session_file=""))
+    assert settled.reason is None  # the debt is paid
+
+
+async def test_deterministic_summariser_drains_debt_inline(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 20, budget=800)
+    result = await engine.maintain(MaintainParams(session_id="s", session_file=""))
+    assert result.reason is not None
+    assert result.reason.startswith("compacted")
+    assert set(summarizers(engine)) <= {"extractive/1", "truncate/1"}
+
+
+async def test_escalation_normal_aggressive_then_truncation(tmp_path: Path) -> None:
+    model = CountingSummarizer("", "   ", RuntimeError("provider said no"), "a fine summary")
+    engine = engine_at(tmp_path, summarizer=model)
+    await play(engine, "s", 12)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    assert [c.aggressive for c in model.calls[:4]] == [False, True, False, True]
+    used = summarizers(engine)
+    assert used[:2] == ["truncate/1", "counting/1"]  # empty twice: the deterministic fallback
+    assert (await engine.doctor(repair=False)).ok
+
+
+async def test_an_oversized_summary_is_capped(tmp_path: Path) -> None:
+    model = CountingSummarizer("word " * 5000)
+    engine = engine_at(tmp_path, summarizer=model)
+    await play(engine, "s", 12)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    request = model.calls[0]
+    with sqlite3.connect(engine.path) as conn:
+        content = conn.execute(
+            "SELECT content FROM summaries WHERE summarizer='counting/1' ORDER BY rowid LIMIT 1"
+        ).fetchone()[0]
+    assert len(content) <= 4 * 3 * request.target_tokens + 4
+
+
+async def test_auth_error_writes_nothing_and_opens_the_breaker(tmp_path: Path) -> None:
+    model = CountingSummarizer(SummarizerAuthError("bad key"))
+    engine = engine_at(tmp_path, summarizer=model)
+    await play(engine, "s", 12)
+    result = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    assert result.compacted
+    assert len(model.calls) == 1  # then the breaker held it off
+    assert "counting/1" not in summarizers(engine)
+    await play(engine, "t", 12)
+    await engine.compact(
+        CompactParams(session_id="t", session_file="", token_budget=600, force=True)
+    )
+    assert len(model.calls) == 1
+
+
+async def test_a_stale_plan_writes_nothing(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 10)
+    pool = engine._require_pool()
+    conv = _store.conversation(pool, "s")
+    assert conv is not None
+    _, items = _store.planning_items(pool, conv.id)
+    chunk = items[:3]
+    summary = _store.NewSummary("sum_x", "leaf", 0, "x", 5, 50, 3, None, None, "test")
+    assert _store.commit_summary(pool, conv.id, chunk, summary)
+    # The same plan again (another process got there first): refused, nothing written.
+    again = _store.NewSummary("sum_y", "leaf", 0, "y", 5, 50, 3, None, None, "test")
+    assert not _store.commit_summary(pool, conv.id, chunk, again)
+    assert (await engine.doctor(repair=False)).ok
+
+
+# --- health, doctor, retention ---------------------------------------------------------------
+
+
+async def test_an_unusable_store_hands_compaction_back(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-db.sqlite"
+    path.write_bytes(b"this is not a database, it is a text file" * 100)
+    engine = SqliteContextEngine(path)
+    assert not engine.healthy
+    assert engine.info.owns_compaction is False
+    with pytest.raises(Exception, match="unavailable"):
+        await assemble(engine, "s")
+    assert engine_at(tmp_path).info.owns_compaction is True
+
+
+async def test_doctor_repairs_derived_data_and_then_finds_nothing(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    await play(engine, "s", 16)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    good = await assemble(engine, "s")
+    with sqlite3.connect(engine.path) as conn:
+        conn.execute("UPDATE conversations SET context_tokens=7, epoch='stale'")
+        last = conn.execute("SELECT max(ordinal) FROM context_items").fetchone()[0]
+        conn.execute("DELETE FROM context_items WHERE ordinal=?", (last,))
+    report = await engine.doctor()
+    assert report.problems
+    assert report.repaired == report.problems
+    assert (await engine.doctor()).problems == ()
+    assert dumps(await assemble(engine, "s")) == dumps(good)
+
+
+async def test_retention_prunes_archived_conversations_only(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    for name in ("old-1", "old-2", "live"):
+        await play(engine, name, 30)
+    await engine.archive("old-1")
+    await engine.archive("old-2")
+    nothing = await engine.prune(archived_before=0.0)
+    assert nothing.deleted_conversations == 0
+    report = await engine.prune(max_bytes=1)
+    assert report.deleted_conversations == 2
+    assert report.over_ceiling  # only the live conversation is left, and it is never pruned
+    assert stored(engine, "live") == history("live", 30, tools_every=3)
+    assert (await engine.doctor(repair=False)).ok
+
+
+# --- concurrency and the other backend -------------------------------------------------------
+
+
+async def test_sessions_are_isolated_under_concurrency(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    names = [f"c{i}" for i in range(8)]
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(play, engine, name, 10)
+            tg.start_soon(play, engine, name, 10)  # the same session twice, concurrently
+    for name in names:
+        kept = stored(engine, name)
+        assert len(kept) == len(history(name, 10))
+        assert all(marker(name, 0).split(":")[0] in texts([m])[0] for m in kept)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_smoke(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 10, budget=600)
+    await engine.maintain(MaintainParams(session_id="s", session_file=""))
+    result = await assemble(engine, "s", 600, live=messages)
+    assert result.estimated_tokens <= 600
+    await engine.dispose()
+    assert dumps(await assemble(engine, "s", 600)) == dumps(result)
+
+
+async def test_assembled_messages_are_read_only_and_equal_to_the_stored(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 3)
+    result = await assemble(engine, "s")
+    assert result.messages == [freeze(m) for m in messages]
+    with pytest.raises(TypeError):
+        result.messages[0]["role"] = "assistant"
+
+
+def test_one_engine_serves_successive_event_loops(tmp_path: Path) -> None:
+    # A host that runs one event loop per command reuses the engine: its locks follow.
+    engine = SqliteContextEngine.next_to(tmp_path / "sessions" / "s.jsonl", settings=SMALL)
+    assert engine.path == str(tmp_path / "sessions" / "context.sqlite")
+
+    async def turns() -> None:
+        async with anyio.create_task_group() as tg:
+            for name in ("x", "y", "x"):
+                tg.start_soon(play, engine, name, 6)
+
+    anyio.run(turns)
+    anyio.run(turns)
+    anyio.run(turns, backend="trio")
+    assert stored(engine, "x") == history("x", 6)
+    engine.close()
