@@ -59,7 +59,8 @@ def _add_compact_parser(commands: Any) -> None:
         "--engine",
         metavar="MODULE:ATTR|none",
         help="the context engine: a spec to load, or 'none' for Codex native only (default: "
-        "the reference SqliteContextEngine, its store context.sqlite next to the session)",
+        "the reference SqliteContextEngine when its store context.sqlite is next to the "
+        "session, else none)",
     )
     compact.add_argument("--session-id", help="default: the transcript header's id")
     compact.add_argument("--session-key")
@@ -125,7 +126,10 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.engine is None:
         from codex_turn.engines import SqliteContextEngine
 
-        engine = SqliteContextEngine.next_to(session_file)  # the embedded default
+        # The embedded default, where its memory is: a store next to the session. Without
+        # one, no engine ever held this session, and Codex compacts natively.
+        if os.path.exists(SqliteContextEngine.store_next_to(session_file)):
+            engine = SqliteContextEngine.next_to(session_file)
     workspace = (
         args.workspace
         or (header.get("cwd") if isinstance(header.get("cwd"), str) else None)

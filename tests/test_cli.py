@@ -36,3 +36,36 @@ def test_the_diagrams_command_writes_mermaid_sources(tmp_path: Path) -> None:
     done = run_cli("diagrams", str(tmp_path / "out"), "--no-svg", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compaction.mmd", "turn.mmd"]
+
+
+def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) -> None:
+    # Issue 12: the embedded default. A session whose directory holds the reference engine's
+    # store is compacted by that engine first (it owns compaction); `--engine none` opts out.
+    import json
+
+    import anyio
+
+    from codex_turn.engines import SqliteContextEngine
+    from codex_turn.harness.engine import IngestParams
+
+    session = tmp_path / "s.jsonl"
+
+    async def remember() -> None:
+        engine = SqliteContextEngine.next_to(session)
+        await engine.ingest(
+            IngestParams(
+                session_id="s",
+                session_key=None,
+                message={"role": "user", "content": "hello", "timestamp": 1},
+            )
+        )
+        engine.close()
+
+    anyio.run(remember)
+    home = tmp_path / "never-created-codex-home"
+    base = ["compact", str(session), "--codex-home", str(home), "--model-base-url", "http://x/v1"]
+    default = run_cli(*base, cwd=tmp_path)
+    assert json.loads(default.stdout)["ok"] is True  # the engine answered (nothing to compact)
+    opted_out = run_cli(*base, "--engine", "none", cwd=tmp_path)
+    assert json.loads(opted_out.stdout)["reason"] == "no codex app-server thread binding"
+    assert not home.exists()  # no session binding: Codex was never started

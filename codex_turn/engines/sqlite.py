@@ -188,8 +188,13 @@ class SqliteContextEngine:
     def next_to(cls, session_file: str | os.PathLike[str], **kwargs: Any) -> SqliteContextEngine:
         """The engine whose store sits next to ``session_file``: ``context.sqlite`` in the
         transcript's directory, shared by every session there (the embedded default)."""
+        return cls(cls.store_next_to(session_file), **kwargs)
+
+    @staticmethod
+    def store_next_to(session_file: str | os.PathLike[str]) -> str:
+        """Where :meth:`next_to` keeps the store for ``session_file`` (it may not exist yet)."""
         directory = os.path.dirname(os.path.abspath(os.fspath(session_file)))
-        return cls(os.path.join(directory, _DEFAULT_FILE), **kwargs)
+        return os.path.join(directory, _DEFAULT_FILE)
 
     # -- info and health -----------------------------------------------------------------
 
