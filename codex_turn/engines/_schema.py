@@ -186,7 +186,10 @@ def write_tx(conn: sqlite3.Connection, busy_timeout_s: float) -> Iterator[sqlite
     try:
         yield conn
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have ended the transaction itself (a full disk, an I/O error): then a
+        # ROLLBACK would raise "no transaction is active" and hide the real error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 
@@ -198,7 +201,8 @@ def read_tx(conn: sqlite3.Connection, busy_timeout_s: float) -> Iterator[sqlite3
     try:
         yield conn
     finally:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 class Pool:
