@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import anyio
 import pytest
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
+from support.turns import temporary_session_file, turn_params
 
 from codex_turn import (
     AssembleResult,
@@ -41,21 +41,12 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def session_file() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="codex-turn-hardening-") as directory:
-        path = os.path.join(directory, "session.jsonl")
+    with temporary_session_file("codex-turn-hardening-") as path:
         yield path
-        clear_session_cache(path)
 
 
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
-    values: dict[str, Any] = {
-        "session_id": "s-1",
-        "session_file": session_file,
-        "workspace_dir": os.path.dirname(session_file),
-        "prompt": prompt,
-    }
-    values.update(overrides)
-    return TurnParams(**values)
+    return turn_params(session_file, prompt, session_key=None, **overrides)
 
 
 # --- 8: an engine that edits what it was given cannot corrupt the shared history ------------

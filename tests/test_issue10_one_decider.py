@@ -8,7 +8,6 @@ model request of the fallback turn contains the earlier turns.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
+from support.turns import temporary_session_file, turn_params
 
 from codex_turn import (
     AppServer,
@@ -33,7 +33,7 @@ from codex_turn import (
 )
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness import stages
-from codex_turn.harness.session import clear_session_cache, mirror_turn
+from codex_turn.harness.session import mirror_turn
 from codex_turn.testing import OfflineModel
 
 pytestmark = pytest.mark.anyio
@@ -48,22 +48,12 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def session_file() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="codex-turn-issue10-") as directory:
-        path = os.path.join(directory, "session.jsonl")
+    with temporary_session_file("codex-turn-issue10-") as path:
         yield path
-        clear_session_cache(path)
 
 
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
-    values: dict[str, Any] = {
-        "session_id": "s-1",
-        "session_key": "agent:main:s-1",
-        "session_file": session_file,
-        "workspace_dir": os.path.dirname(session_file),
-        "prompt": prompt,
-    }
-    values.update(overrides)
-    return TurnParams(**values)
+    return turn_params(session_file, prompt, **overrides)
 
 
 def memory_engine() -> RecordingEngine:

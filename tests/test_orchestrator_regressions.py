@@ -6,8 +6,6 @@ handle and projector are the product's own, on both anyio backends.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 from support.fake_appserver import CodexScript, FakeAppServer
 from support.recording_engine import RecordingEngine
 from support.transcripts import transcript_texts
+from support.turns import temporary_session_file, turn_params
 
 from codex_turn import (
     AssembleResult,
@@ -29,7 +28,7 @@ from codex_turn import (
 from codex_turn.harness.appserver import AppServerRpcError
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import TURN_START_TEXT_MAX_CHARS
-from codex_turn.harness.session import clear_session_cache, mirror_turn
+from codex_turn.harness.session import mirror_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -38,21 +37,12 @@ CONTEXT_HEADER = "OpenClaw assembled context for this turn:"
 
 @pytest.fixture
 def session_file() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="codex-turn-regressions-") as directory:
-        path = os.path.join(directory, "session.jsonl")
+    with temporary_session_file("codex-turn-regressions-") as path:
         yield path
-        clear_session_cache(path)
 
 
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
-    return TurnParams(
-        session_id="s-1",
-        session_key="agent:main:s-1",
-        session_file=session_file,
-        workspace_dir=os.path.dirname(session_file),
-        prompt=prompt,
-        **overrides,
-    )
+    return turn_params(session_file, prompt, **overrides)
 
 
 def bootstrap_engine(epoch: str = "e1") -> RecordingEngine:
