@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_engine.py [--quick] [--transcript-mb 30]
         [--messages 100000] [--others 9] [--sweep-messages 10000]
+        [--only assemble|bootstrap|sweep ...]
 
 * **assemble**: median of warm calls for one conversation of ``--messages`` stored
   messages (uncompacted, the worst case: the budget filled with raw messages; and after the
@@ -381,11 +382,15 @@ async def main(args: argparse.Namespace) -> None:
         root = Path(tmp)
         # Each figure starts from a collected heap: the previous one's garbage (a million
         # messages) must not be freed inside the next one's measurement.
-        await bench_assemble(root, args.messages, args.others, args.runs)
-        gc.collect()
-        await bench_bootstrap(root, args.transcript_mb)
-        gc.collect()
-        await bench_sweep(root, args.sweep_messages)
+        only = set(args.only or ("assemble", "bootstrap", "sweep"))
+        if "assemble" in only:
+            await bench_assemble(root, args.messages, args.others, args.runs)
+            gc.collect()
+        if "bootstrap" in only:
+            await bench_bootstrap(root, args.transcript_mb)
+            gc.collect()
+        if "sweep" in only:
+            await bench_sweep(root, args.sweep_messages)
 
 
 if __name__ == "__main__":
@@ -396,6 +401,12 @@ if __name__ == "__main__":
     parser.add_argument("--transcript-mb", type=float, default=30.0)
     parser.add_argument("--sweep-messages", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=("assemble", "bootstrap", "sweep"),
+        help="run only this figure (repeatable; default: all)",
+    )
     options = parser.parse_args()
     if options.quick:
         options.messages, options.others, options.transcript_mb = 5_000, 1, 2.0

@@ -5,12 +5,19 @@
 * cold read: parse + context of an N-entry transcript (cache cleared first);
 * re-read after appending one turn: must not grow with the file, so it is shown for 10k and
   100k entries;
-* mirror append: one ``mirror_turn`` of four messages, including both locks and the fsync.
+* mirror append: one ``mirror_turn`` of four messages, including both locks and the fsync;
+* many sessions: the re-read of a 10k-entry session after appending one turn when 1, 32 or
+  1,000 other sessions were read in between (the byte ceiling, not a count, decides what
+  stays cached), with the bytes accounted and the ceiling;
+* cold read of a ``--stream-mb`` transcript in a worker thread, longest event-loop block
+  seen by a 1 ms ticker: the cached read (``load_session_context``) against the streaming
+  read (``iter_session_messages``, chunks consumed and dropped as an engine's import would).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -20,9 +27,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import structlog
 
-from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
+from codex_turn.harness.session import (
+    clear_session_cache,
+    iter_session_messages,
+    load_session_context,
+    load_session_messages,
+    mirror_turn,
+    session_cache_limit,
+    session_cache_usage,
+)
 
 SCOPE = "codex-app-server:bench-thread"
 
@@ -98,13 +115,110 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:8.2f} ms"
 
 
+def bench_many(directory: Path, turns: int, others_entries: int) -> None:
+    target = directory / "target.jsonl"
+    _build(target, 10_000)
+    others = []
+    for n in range(1000):
+        other = directory / f"other{n}.jsonl"
+        _build(other, others_entries)
+        others.append(other)
+    print(
+        f"\nmany sessions: re-read of a 10k-entry session after one turn, others of "
+        f"{others_entries} entries read in between "
+        f"(ceiling {session_cache_limit() / 2**20:.0f} MiB)"
+    )
+    base = 10_000 // 4 + 10_000
+    for count in (1, 32, 1000):
+        clear_session_cache()
+        gc.collect()
+        load_session_messages(target)
+        samples = []
+        for _ in range(turns):
+            for other in others[:count]:
+                load_session_messages(other)
+            messages, identities = _turn(base)
+            base += 1
+            mirror_turn(
+                target, messages, scope=SCOPE, identities=identities, session_id="b", cwd="/"
+            )
+            samples.append(_time(lambda: load_session_messages(target)))
+        print(
+            f"  {count:>5} others: re-read {_ms(statistics.median(samples))} (median), "
+            f"accounted {session_cache_usage() / 2**20:6.1f} MiB"
+        )
+
+
+async def _watched(fn: Callable[[], object]) -> tuple[float, float]:
+    worst = 0.0
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal worst
+        while not done.is_set():
+            started = time.perf_counter()
+            await anyio.sleep(0.001)
+            worst = max(worst, time.perf_counter() - started - 0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        started = time.perf_counter()
+        await anyio.to_thread.run_sync(fn)
+        elapsed = time.perf_counter() - started
+        done.set()
+    return elapsed, worst
+
+
+def bench_stream(directory: Path, megabytes: float) -> None:
+    from bench_engine import write_transcript  # the engine benchmark's realistic transcript
+
+    path = directory / "big.jsonl"
+    count = write_transcript(path, int(megabytes * 1e6))
+    print(f"\ncold read of a {megabytes:.0f} MB transcript ({count:,} messages) in a worker")
+
+    def cached() -> None:
+        messages = load_session_context(path).messages
+        for message in messages:  # what an import does with each: encode it
+            json.dumps(message)
+
+    def streamed() -> None:
+        for chunk in iter_session_messages(path, 1024):
+            for message in chunk:
+                json.dumps(message)
+
+    for name, fn in (
+        ("load_session_context (cached)", cached),
+        ("iter_session_messages", streamed),
+    ):
+        clear_session_cache()
+        gc.collect()
+        before = len(gc.get_objects())
+        elapsed, worst = anyio.run(_watched, fn)
+        gc.collect()
+        retained = len(gc.get_objects()) - before
+        print(
+            f"  {name:<31} {_ms(elapsed)}  longest loop block {_ms(worst).strip()}  "
+            f"GC-tracked objects retained {retained:,}"
+        )
+    clear_session_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--turns", type=int, default=30)
+    parser.add_argument("--others-entries", type=int, default=40)
+    parser.add_argument("--stream-mb", type=float, default=30.0)
+    parser.add_argument("--only", choices=("basic", "many", "stream"), default=None)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as directory:
+        if args.only in (None, "many"):
+            bench_many(Path(directory), min(args.turns, 10), args.others_entries)
+        if args.only in (None, "stream"):
+            bench_stream(Path(directory), args.stream_mb)
+        if args.only in ("many", "stream"):
+            return
         print(f"session transcript benchmark (python, {args.turns} turns per figure)")
         for entries in sorted({10_000, args.entries}):
             path = Path(directory) / f"s{entries}.jsonl"

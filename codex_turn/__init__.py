@@ -8,6 +8,7 @@ re-exported here; everything else is reachable through the subpackages but may c
         result = await run_codex_turn(TurnParams(...), app_server=server, engine=my_engine)
 """
 
+from codex_turn._log import configure_logging
 from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import (
     IllegalTransition,
@@ -28,6 +29,9 @@ from codex_turn.harness.appserver import (
     AppServerRpcError,
     AppServerStartError,
     AppServerTimeout,
+    CodexBinaryMissing,
+    CodexHomeNotPrivate,
+    CodexLoginRequired,
     DynamicTool,
     ToolResult,
     tool,
@@ -50,8 +54,11 @@ from codex_turn.harness.engine import (
     ContextEngine,
     ContextEngineInfo,
     ContextProjection,
+    EngineContractError,
+    EngineContractViolation,
     EngineError,
     EngineLoadError,
+    EngineUnavailable,
     IngestBatchParams,
     IngestBatchResult,
     IngestParams,
@@ -60,7 +67,9 @@ from codex_turn.harness.engine import (
     LegacyContextEngine,
     MaintainParams,
     MaintenanceResult,
+    check_engine,
     load_engine,
+    resolve_engine,
 )
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
@@ -110,7 +119,10 @@ __all__ = [
     "BindingError",
     "BootstrapParams",
     "BootstrapResult",
+    "CodexBinaryMissing",
     "CodexContextProjection",
+    "CodexHomeNotPrivate",
+    "CodexLoginRequired",
     "CodexTurnError",
     "CompactParams",
     "CompactResult",
@@ -121,8 +133,11 @@ __all__ = [
     "ContextEngineInfo",
     "ContextProjection",
     "DynamicTool",
+    "EngineContractError",
+    "EngineContractViolation",
     "EngineError",
     "EngineLoadError",
+    "EngineUnavailable",
     "IllegalTransition",
     "IngestBatchParams",
     "IngestBatchResult",
@@ -156,8 +171,10 @@ __all__ = [
     "TurnTrigger",
     "Usage",
     "__version__",
+    "check_engine",
     "compact_codex_session",
     "compact_codex_session_traced",
+    "configure_logging",
     "dynamic_tools_fingerprint",
     "load_engine",
     "load_session_messages",
@@ -165,6 +182,7 @@ __all__ = [
     "project_context_engine_assembly",
     "read_binding",
     "reset_session",
+    "resolve_engine",
     "run_codex_turn",
     "tool",
 ]

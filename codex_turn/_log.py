@@ -2,12 +2,13 @@
 
 Rule: log *facts about* a turn (ids, counts, durations, outcomes), never its *content*
 (prompts, transcript text, tool arguments, secrets). Three helpers keep that rule cheap to
-follow, and one structlog processor enforces the parts that can be enforced mechanically:
+follow, and the logger itself enforces the parts that can be enforced mechanically:
 
-* :func:`get_logger` returns a :class:`ScrubbingLogger`: every field of every event is
-  passed through :func:`redact_text`, which masks secret-shaped substrings (bearer tokens,
+* :func:`get_logger` returns a :class:`ScrubbingLogger`: every field of every emitted event
+  is passed through :func:`redact_text`, which masks secret-shaped substrings (bearer tokens,
   ``sk-`` keys, ``KEY=value`` assignments) and any value registered with :func:`sensitive`,
-  however the caller built the event.
+  however the caller built the event. The level check comes first: a filtered-out event is
+  neither built nor scrubbed (issue 13).
 * :func:`format_error` turns an exception into a short redacted string. Never log the
   exception object itself: its ``repr`` and traceback can carry request bodies.
 * A field whose *name* is a credential key (``api_key=...``, ``headers={"Authorization":
@@ -38,6 +39,14 @@ error message only if an engine puts it there; the registered prompt and the tes
 privacy guard (``tests/conftest.py``) are the defence for that. We did not add a
 per-exception ``sensitive_texts`` capability: the orchestrator already registers the prompt.
 
+Where logs go (issue 17). A library is quiet until its host asks: events are standard-library
+records of the ``codex_turn.*`` loggers, and ``codex_turn`` carries a ``NullHandler``, so an
+unconfigured process prints nothing. :func:`configure_logging` (the CLI's ``-v``/``-q``/
+``--log-format``) shows them as JSON lines or console lines on stderr; a host with its own
+``logging`` handlers gets them there (a structlog ``ProcessorFormatter`` sees the structured
+fields). structlog's global configuration is never touched, and does not route our events,
+except that ``structlog.testing.capture_logs`` sees all of them (the test suite's privacy guard).
+
 The ``transitions`` logger is pinned to WARNING here: at DEBUG every trigger costs 7x more.
 """
 
@@ -45,18 +54,25 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import hashlib
+import json
 import logging
 import re
+import sys
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, Final, Literal, TextIO
 
 import structlog
+from structlog.testing import LogCapture
+from structlog.typing import Processor
 
 from codex_turn._secrets import REDACTED, is_secret_key, redact_secrets
 
 __all__ = [
+    "LogFormat",
     "ScrubbingLogger",
+    "configure_logging",
     "format_error",
     "get_logger",
     "mask_session_key",
@@ -157,56 +173,271 @@ def sensitive(*values: str | None) -> Iterator[None]:
         _sensitive_values.reset(token)
 
 
+# Tuples, not ``int | float`` unions: a union in isinstance() is built anew at every call.
+_NUMBER: Final = (int, float)  # bool too: it is an int
+_SCALAR: Final = (str, int, float)
+_SEQUENCE: Final = (list, tuple)
+
+
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
+    if value is None or isinstance(value, _NUMBER):
+        return value
     if isinstance(value, BaseException):
         return format_error(value)
     if isinstance(value, dict):
         return {k: _scrub_field(k, v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, _SEQUENCE):
         return type(value)(_scrub(v) for v in value)
     return value
 
 
 def _scrub_field(name: object, value: Any) -> Any:
     """A field's value, masked whole when its name is a credential key (as in projections)."""
-    scalar = isinstance(value, str | int | float) and not isinstance(value, bool)
-    if scalar and isinstance(name, str) and is_secret_key(name):
+    if (
+        isinstance(value, _SCALAR)
+        and value is not True
+        and value is not False
+        and isinstance(name, str)
+        and is_secret_key(name)
+    ):
         return REDACTED
     return _scrub(value)
 
 
-class ScrubbingLogger:
-    """A thin facade over a structlog logger that redacts every field before it is emitted.
+# --- where events go ---------------------------------------------------------------------------
 
-    It wraps ``structlog.get_logger`` (so the application's configuration, and test helpers
-    such as ``structlog.testing.capture_logs``, still apply) instead of installing a global
-    processor that an embedding application could configure away. There is deliberately no
-    ``exception()``: tracebacks can carry request bodies.
+_ROOT_LOGGER: Final = "codex_turn"
+# A library is quiet until its host configures logging: the NullHandler keeps the standard
+# library's last-resort handler (WARNING and up, to stderr) away from our records.
+logging.getLogger(_ROOT_LOGGER).addHandler(logging.NullHandler())
+
+# structlog.testing.capture_logs swaps the global processors for [..., LogCapture()], keeping
+# the list object. Reading that list directly costs ~40 ns (structlog.get_config() ~250 ns),
+# and this check runs on the filtered path.
+_STRUCTLOG_CONFIG: Final[Any] = getattr(structlog._config, "_CONFIG", None)
+
+
+def _capturing() -> bool:
+    """Whether ``structlog.testing.capture_logs`` is active (it then sees every event)."""
+    if _STRUCTLOG_CONFIG is not None:
+        processors = _STRUCTLOG_CONFIG.default_processors
+    else:  # pragma: no cover - a structlog without the module-level configuration object
+        processors = structlog.get_config()["processors"]
+    return (
+        isinstance(processors, list) and bool(processors) and isinstance(processors[-1], LogCapture)
+    )
+
+
+class _Event(dict[str, Any]):
+    """The scrubbed event dict, as the ``msg`` of a standard-library record.
+
+    :func:`configure_logging`'s formatter reads its fields directly; a host's structlog
+    ``ProcessorFormatter`` reads it as the event dict, fields and all (the record's ``_logger``
+    and ``_name`` attributes say so, as ``ProcessorFormatter.wrap_for_formatter`` would). Any
+    other formatter gets ``str(record.msg)``: ``event key=value ...``, values JSON-encoded.
     """
 
-    __slots__ = ("_inner",)
+    __slots__ = ()
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __str__(self) -> str:
+        fields = " ".join(
+            f"{key}={json.dumps(value, ensure_ascii=False, default=str)}"
+            for key, value in self.items()
+            if key != "event"
+        )
+        event = str(self.get("event", ""))
+        return f"{event} {fields}" if fields else event
+
+
+class ScrubbingLogger:
+    """The logger of every codex-turn module: level check first, then scrub, then emit.
+
+    An event is emitted to the standard-library logger of the same name (under
+    ``codex_turn``), which carries a ``NullHandler``: nothing is printed until the host
+    configures logging, with :func:`configure_logging` or its own handlers. The level check
+    (``logging.Logger.isEnabledFor``, cached by the standard library) comes *before* anything
+    else, so a filtered-out event builds nothing and scrubs nothing. An emitted event has every
+    field passed through the scrubber (:func:`redact_text`, credential-named fields masked
+    whole, exceptions through :func:`format_error`) before any handler, formatter or processor
+    sees it.
+
+    ``bind`` stores its fields as they are (treat them as immutable, as structlog does): they
+    are scrubbed when the first event is emitted, with the sensitive values registered when
+    they were bound (:func:`sensitive`) as well as those registered at that moment, and again
+    only when that set of values changes.
+
+    While ``structlog.testing.capture_logs`` is active, every event (any level) is scrubbed
+    the same way and handed to structlog instead, so the capture sees it; nothing is emitted to
+    the standard library meanwhile. There is deliberately no ``exception()``: tracebacks can
+    carry request bodies.
+    """
+
+    __slots__ = ("_context", "_name", "_scrubbed", "_sensitive", "_stdlib", "_structlog")
+
+    def __init__(
+        self,
+        name: str,
+        context: dict[str, Any] | None = None,
+        sensitive_values: tuple[str, ...] = (),
+        *,
+        _stdlib: logging.Logger | None = None,
+        _structlog: Any = None,
+    ) -> None:
+        self._name = name
+        self._context: dict[str, Any] = context or {}
+        self._sensitive = sensitive_values
+        self._scrubbed: tuple[tuple[str, ...], dict[str, Any]] | None = None
+        self._stdlib = _stdlib if _stdlib is not None else logging.getLogger(name)
+        self._structlog = _structlog if _structlog is not None else structlog.get_logger(name)
 
     def bind(self, **fields: Any) -> ScrubbingLogger:
-        return ScrubbingLogger(self._inner.bind(**_scrub(fields)))
+        """A logger whose events carry ``fields`` too (scrubbed when an event is emitted)."""
+        active = _sensitive_values.get()
+        kept = self._sensitive if not active else _merge_sensitive(self._sensitive, active)
+        return ScrubbingLogger(
+            self._name,
+            {**self._context, **fields},
+            kept,
+            _stdlib=self._stdlib,
+            _structlog=self._structlog,
+        )
+
+    def _scrubbed_context(self, values: tuple[str, ...]) -> dict[str, Any]:
+        """The bound fields, scrubbed once per set of sensitive values (not at bind time)."""
+        cached = self._scrubbed
+        if cached is None or cached[0] != values:
+            cached = self._scrubbed = (values, _scrub(self._context))
+        return cached[1]
+
+    def is_enabled_for(self, level: int) -> bool:
+        """Whether an event at ``level`` (``logging.INFO`` ...) would be emitted."""
+        return self._stdlib.isEnabledFor(level) or _capturing()
 
     def debug(self, event: str, **fields: Any) -> None:
-        self._inner.debug(redact_text(event), **_scrub(fields))
+        if self._stdlib.isEnabledFor(logging.DEBUG) or _capturing():
+            self._emit(logging.DEBUG, "debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
-        self._inner.info(redact_text(event), **_scrub(fields))
+        if self._stdlib.isEnabledFor(logging.INFO) or _capturing():
+            self._emit(logging.INFO, "info", event, fields)
 
     def warning(self, event: str, **fields: Any) -> None:
-        self._inner.warning(redact_text(event), **_scrub(fields))
+        if self._stdlib.isEnabledFor(logging.WARNING) or _capturing():
+            self._emit(logging.WARNING, "warning", event, fields)
 
     def error(self, event: str, **fields: Any) -> None:
-        self._inner.error(redact_text(event), **_scrub(fields))
+        if self._stdlib.isEnabledFor(logging.ERROR) or _capturing():
+            self._emit(logging.ERROR, "error", event, fields)
+
+    def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
+        active = _sensitive_values.get()
+        # The values registered when the context was bound count too.
+        values = _merge_sensitive(self._sensitive, active) if self._sensitive else active
+        token = _sensitive_values.set(values) if values is not active else None
+        try:
+            scrubbed = _Event(event=redact_text(event))
+            if self._context:
+                scrubbed.update(self._scrubbed_context(values))
+            scrubbed.update(_scrub(fields))
+        finally:
+            if token is not None:
+                _sensitive_values.reset(token)
+        if _capturing():
+            getattr(self._structlog, method)(**scrubbed)
+            return
+        # stacklevel 3: the record's caller is whoever called debug()/info()/...
+        self._stdlib.log(
+            level, scrubbed, extra={"_logger": self._stdlib, "_name": method}, stacklevel=3
+        )
+
+
+def _merge_sensitive(kept: tuple[str, ...], active: tuple[str, ...]) -> tuple[str, ...]:
+    if kept is active or set(active) <= set(kept):
+        return kept
+    return tuple(sorted(set(kept + active), key=len, reverse=True))
 
 
 def get_logger(name: str) -> ScrubbingLogger:
-    """The logger every codex-turn module uses: structlog, with every field scrubbed."""
-    return ScrubbingLogger(structlog.get_logger(name))
+    """The logger every codex-turn module uses (``name`` under ``codex_turn``)."""
+    return ScrubbingLogger(name)
+
+
+# --- what a host or the CLI calls to see the logs ---------------------------------------------
+
+LogFormat = Literal["json", "console"]
+
+
+class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure_logging` installs (and replaces when called again)."""
+
+
+class _LineFormatter(logging.Formatter):
+    """One line per record: ``timestamp``, ``level``, ``logger``, then the event's fields.
+
+    It reads our records' event dict directly (no copy of the record, no processor chain); the
+    timestamp is the record's own creation time, in UTC.
+    """
+
+    def __init__(self, renderer: Processor) -> None:
+        super().__init__()
+        self._render = renderer
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.msg
+        fields = msg if isinstance(msg, _Event) else {"event": record.getMessage()}
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        level = record.levelname.lower()
+        event_dict = {
+            "timestamp": when.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "level": level,
+            "logger": record.name,
+            **fields,
+        }
+        return str(self._render(None, level, event_dict))
+
+
+def configure_logging(
+    level: int | str = "INFO",
+    format: LogFormat = "json",  # the CLI's --log-format, by its name
+    stream: TextIO | None = None,
+) -> None:
+    """Show codex-turn's logs: events at ``level`` and up, one line each, on ``stream``.
+
+    ``format="json"``: one JSON object per line (``timestamp``, ``level``, ``logger``,
+    ``event`` and the event's structured fields); ``"console"``: structlog's human-readable
+    rendering (colours only on a terminal). ``level``: a name (``"DEBUG"``, ``"info"`` ...)
+    or a number (``logging.WARNING``). ``stream`` defaults to ``sys.stderr``, so a host's
+    stdout stays its own.
+
+    It touches only the standard-library ``codex_turn`` logger (its level, and one handler,
+    replaced by a second call): never structlog's global configuration nor the root logger.
+    Records still propagate to the root logger, so a host with handlers of its own sees them
+    there as well. Every emitted event is scrubbed (secrets, registered sensitive values,
+    credential-named fields) before it reaches any handler.
+    """
+    if isinstance(level, str):
+        number = logging.getLevelNamesMapping().get(level.upper())
+        if number is None:
+            raise ValueError(f"unknown log level {level!r}")
+    else:
+        number = level
+    renderer: Processor
+    target = sys.stderr if stream is None else stream
+    if format == "json":
+        renderer = structlog.processors.JSONRenderer()
+    elif format == "console":
+        isatty = getattr(target, "isatty", None)
+        colors = bool(isatty()) if callable(isatty) else False
+        renderer = structlog.dev.ConsoleRenderer(colors=colors)
+    else:
+        raise ValueError(f"unknown log format {format!r} (expected 'json' or 'console')")
+    handler = _LibraryHandler(target)
+    handler.setFormatter(_LineFormatter(renderer))
+    library = logging.getLogger(_ROOT_LOGGER)
+    for previous in [h for h in library.handlers if isinstance(h, _LibraryHandler)]:
+        library.removeHandler(previous)
+        previous.close()
+    library.addHandler(handler)
+    library.setLevel(number)

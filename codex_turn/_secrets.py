@@ -235,8 +235,30 @@ def _mask_assignments(text: str) -> str:
     return "".join(pieces)
 
 
+# Each pattern above needs one of these literals (case-folded: ``(?i)`` also matches the
+# Kelvin sign and the long s, which casefold() maps to k and s). A text without any of them,
+# which is most of what a log line holds ("done", ids, masked keys), is returned after one
+# pass of substring checks instead of a dozen regex scans (issue 13: ~0.5 us instead of ~5).
+_TRIGGERS: Final = (
+    *("token", "key", "auth", "pass", "secret", "credential", "cookie", "://"),
+    *("bearer", "sk-", "gh", "xox", "akia", "k_live_", "k_test_", "aiza", "gl", "hf_"),
+    *("api_org_", "-----begin"),
+)
+
+
+def _may_hold_a_secret(text: str) -> bool:
+    return any(map(text.casefold().__contains__, _TRIGGERS))
+
+
 def redact_secrets(text: str) -> str:
     """Mask secret-shaped substrings and the values of credential-named keys in ``text``."""
+    if not _may_hold_a_secret(text):
+        return text
+    return _redact(text)
+
+
+def _redact(text: str) -> str:
+    """:func:`redact_secrets` without its pre-check."""
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(REDACTED, text)
     text = _URL_USERINFO.sub(_mask_userinfo, text)

@@ -1,72 +1,346 @@
-"""The ``codex-turn`` command: ``diagrams``, ``demo`` and ``compact``."""
+"""The ``codex-turn`` command: every command of the project in one place.
+
+    codex-turn demo                      an offline multi-turn conversation, compaction included
+    codex-turn run SESSION --prompt TEXT one turn (your Codex, or --offline)
+    codex-turn chat SESSION              turns from stdin; Ctrl-C interrupts a turn, twice leaves
+    codex-turn inspect SESSION           what the next turn would see, decide and send
+    codex-turn inspect --trace FILE      the path a recorded turn (run --json) took
+    codex-turn doctor [SESSION]          binary, Codex home and login, engine store, lock
+    codex-turn compact SESSION           engine compaction, then Codex native; JSON
+    codex-turn diagrams [--out DIR]      render the state diagrams from the tables
+
+Every command takes ``-v``/``-q`` and ``--log-format``; ``--json`` where the output is data.
+Errors are mapped once, in :func:`main` (see :data:`codex_turn._cli_support.EXIT_CODES`): a
+codex-turn error is one line on stderr and its exit code; anything else is a defect (exit 70,
+traceback with ``-v``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import sys
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from codex_turn.fsm.diagrams import main as diagrams_main
-from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
+from codex_turn._cli_support import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_OK,
+    EXIT_OK,
+    EXIT_SOFTWARE,
+    EXIT_USAGE,
+    UsageError,
+    close_engine,
+    configure_cli_logging,
+    exit_code_for,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    resolve_engine,
+    session_header,
+    session_identity,
+)
 
 __all__ = ["main"]
+
+Command = Callable[[argparse.Namespace, IO[str], IO[str]], int]
+
+EPILOG = """exit status: 0 ok; 1 the command ran but its result is not ok (a turn that did not
+complete, a compaction that failed, doctor problems); 2 usage (a flag, a value, an engine
+spec); 3 an input is missing or unreadable (session file, trace file); 4 Codex needs a login
+(`codex login`); 5 Codex failed (binary missing, app-server start, crash, timeout); 6 the
+session is busy (another turn, compaction or lock holder); 7 the engine broke its contract
+(--strict); 70 an unexpected error (a defect; -v shows the traceback); 130 Ctrl-C."""
+
+
+def _version() -> str:
+    from codex_turn import __version__
+
+    return __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (``codex-turn run: error: ...``), exit 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    """-v/-q/--log-format on every (sub)command; SUPPRESS so either position works."""
+    group = parser.add_argument_group("output")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="more detail: library logs at info (-vv debug), tracebacks of unexpected errors",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="no progress line; library errors only",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default=argparse.SUPPRESS,
+        help="library logs on stderr as text (default) or JSON lines",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from codex_turn._cli_turns import add_turn_options
+
+    parser = _Parser(
+        prog="codex-turn",
+        description="Run each turn of a Codex agent session as an explicit state machine.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"codex-turn {_version()}")
+    _common(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def sub(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        child: argparse.ArgumentParser = commands.add_parser(
+            name,
+            help=help,
+            description=description or help,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _common(child)
+        return child
+
+    demo = sub(
+        "demo",
+        "an offline conversation through the real Codex app-server, with a compaction",
+        "Four turns and a compaction of one session, through the real codex app-server and "
+        "a local stand-in model (nothing leaves the machine), with the reference engine. "
+        "Prints each turn's thread decision, projection, engine calls and timings.",
+    )
+    demo.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where to keep the transcript, store and diagrams "
+        "(default: a new directory under the system's temp dir)",
+    )
+    demo.add_argument("--json", action="store_true", help="print the turns as JSON")
+
+    run = sub(
+        "run",
+        "run one turn of a session",
+        "Run one turn of SESSION_FILE (created when missing) against your own Codex "
+        "configuration, or with --offline against the local stand-in model.",
+    )
+    add_turn_options(run)
+    run.add_argument("--prompt", required=True, help="the user's message")
+    run.add_argument("--json", action="store_true", help="print the result (and trace) as JSON")
+
+    chat = sub(
+        "chat",
+        "an interactive loop of turns (prompts from stdin)",
+        "Each line of stdin is one turn of SESSION_FILE. Ctrl-C interrupts the running turn "
+        "(Codex is interrupted; the turn is still saved and the engine told); Ctrl-C at the "
+        "prompt, or twice, leaves. /quit or end of input leaves.",
+    )
+    add_turn_options(chat)
+
+    inspect = sub(
+        "inspect",
+        "what the next turn would see, decide and send (or a recorded trace's path)",
+        "Without running a turn: the messages an engine would see, the thread binding, the "
+        "thread decision the next turn would take and the projection Codex would receive. "
+        "With --trace FILE (the output of `run --json`): the path that turn took through "
+        "the turn machine, each step checked against the table.",
+    )
+    inspect.add_argument("session_file", metavar="SESSION_FILE", nargs="?")
+    inspect.add_argument(
+        "--engine",
+        metavar="SPEC|sqlite|none",
+        help="default: the reference engine when its store is next to the session, else none",
+    )
+    inspect.add_argument("--prompt", default="(your next prompt)", help="the next prompt")
+    inspect.add_argument("--session-id")
+    inspect.add_argument("--session-key")
+    inspect.add_argument("--token-budget", type=non_negative_int, metavar="TOKENS")
+    inspect.add_argument("--full", action="store_true", help="do not shorten long texts")
+    inspect.add_argument("--trace", metavar="FILE", help="a `run --json` output to replay")
+    inspect.add_argument("--out", metavar="DIR", help="with --trace: write turn-path.mmd here")
+    inspect.add_argument("--json", action="store_true")
+
+    doctor = sub(
+        "doctor",
+        "check the Codex binary, home and login, the engine store and the session lock",
+    )
+    doctor.add_argument("session_file", metavar="SESSION_FILE", nargs="?")
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--codex-home", metavar="DIR", help="default: $CODEX_HOME, else ~/.codex")
+    where.add_argument(
+        "--offline", action="store_true", help="check the private home `--offline` uses"
+    )
+    doctor.add_argument("--repair", action="store_true", help="repair the engine store")
+    doctor.add_argument("--json", action="store_true")
+
+    _add_compact_parser(sub)
+
+    diagrams = sub("diagrams", "render the state diagrams from the tables")
+    diagrams.add_argument(
+        "--out",
+        metavar="DIR",
+        help="default: the diagrams/ directory of the source checkout; required otherwise",
+    )
+    diagrams.add_argument("--no-svg", action="store_true", help="write only the Mermaid sources")
+    diagrams.add_argument("directory", nargs="?", help=argparse.SUPPRESS)  # the old form
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["diagrams"]:  # one implementation: the diagrams module's own command
-        return diagrams_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="codex-turn")
-    commands = parser.add_subparsers(dest="command", required=True)
-    diagrams = commands.add_parser(
-        "diagrams", help="render the state diagrams from the tables", add_help=False
-    )
-    diagrams.add_argument("args", nargs=argparse.REMAINDER)
-    commands.add_parser(
-        "demo", help="three turns through the real Codex app-server and a local stand-in model"
-    )
-    _add_compact_parser(commands)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "compact":
-        return _compact(parser, args)
-    from codex_turn.demo import run_demo  # imports the app-server stack only when needed
+    args.verbose = getattr(args, "verbose", 0) or 0
+    args.quiet = bool(getattr(args, "quiet", False))
+    args.log_format = getattr(args, "log_format", "console")
+    out, err = sys.stdout, sys.stderr
+    configure_cli_logging(-1 if args.quiet else args.verbose, args.log_format, err)
+    command: Command = COMMANDS[args.command]
+    try:
+        return command(args, out, err)
+    except KeyboardInterrupt:
+        print(f"codex-turn {args.command}: interrupted", file=err)
+        return EXIT_INTERRUPTED
+    except BaseException as error:
+        from codex_turn.errors import CodexTurnError
 
-    return run_demo()
+        if isinstance(error, SystemExit | GeneratorExit):
+            raise
+        error = _unwrap(error)
+        if isinstance(error, CodexTurnError):
+            print(f"codex-turn {args.command}: {_one_line(error)}", file=err)
+            if args.verbose > 1:
+                traceback.print_exception(error, file=err)
+            return exit_code_for(error)
+        print(
+            f"codex-turn {args.command}: unexpected error: {type(error).__name__}: "
+            f"{_one_line(error)}" + ("" if args.verbose else " (-v shows the traceback)"),
+            file=err,
+        )
+        if args.verbose:
+            traceback.print_exception(error, file=err)
+        return EXIT_SOFTWARE
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The one error inside task-group exception groups."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn.demo import run_demo
+
+    return run_demo(
+        out_dir=Path(args.out) if args.out else None,
+        out=out,
+        err=err,
+        progress=not args.quiet,
+        as_json=args.json,
+    )
+
+
+def _run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_turns import run_command
+
+    return run_command(args, out, err)
+
+
+def _chat(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_turns import chat_command
+
+    return chat_command(args, out, err)
+
+
+def _inspect(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_inspect import inspect_command
+
+    return inspect_command(args, out, err)
+
+
+def _doctor(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_inspect import doctor_command
+
+    return doctor_command(args, out, err)
+
+
+# --- diagrams -------------------------------------------------------------------------------
+
+
+def source_diagrams_dir() -> Path | None:
+    """``diagrams/`` of the source checkout this package runs from (an editable install)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "diagrams").is_dir():
+        return root / "diagrams"
+    return None
+
+
+def _diagrams(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn.fsm.diagrams import write_diagrams
+
+    if args.out and args.directory:
+        raise UsageError("give the directory once, with --out")
+    target = args.out or args.directory
+    directory = Path(target) if target else source_diagrams_dir()
+    if directory is None:
+        raise UsageError("--out DIR is required (this is not a source checkout)")
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--out: not a directory: {directory}")
+    for path in write_diagrams(directory, svg=not args.no_svg):
+        print(path, file=out)
+    return EXIT_OK
 
 
 # --- compact --------------------------------------------------------------------------------
 
 
-def _add_compact_parser(commands: Any) -> None:
-    compact = commands.add_parser(
+def _add_compact_parser(sub: Callable[..., argparse.ArgumentParser]) -> None:
+    from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
+
+    compact = sub(
         "compact",
-        help="compact one session (owning engine first, then Codex native); print JSON",
-        description=(
-            "Compact SESSION_FILE: an engine that owns compaction compacts first, then Codex "
-            "compacts the bound thread natively (only Codex natively without such an engine). "
-            "Prints the result as camelCase JSON; exit status 0 when ok, 1 when not, 2 on "
-            "usage errors. Codex runs from your own CODEX_HOME and config unless "
-            "--model-base-url points a private --codex-home at another Responses endpoint."
-        ),
+        "compact one session (owning engine first, then Codex native); print JSON",
+        "Compact SESSION_FILE: an engine that owns compaction compacts first, then Codex "
+        "compacts the bound thread natively (only Codex natively without such an engine). "
+        "Prints the result as camelCase JSON; exit status 0 when ok, 1 when not. Codex runs "
+        "from your own Codex home unless --offline (the private home `run --offline` uses, "
+        "and the local stand-in model) or --model-base-url (a private --codex-home pointed "
+        "at another Responses endpoint).",
     )
     compact.add_argument("session_file", metavar="SESSION_FILE", help="the session transcript")
     compact.add_argument(
         "--engine",
-        metavar="MODULE:ATTR|none",
-        help="the context engine: a spec to load, or 'none' for Codex native only (default: "
-        "the reference SqliteContextEngine when its store context.sqlite is next to the "
-        "session, else none)",
+        metavar="SPEC|sqlite|none",
+        help="the context engine: 'sqlite', 'none' (Codex native only) or MODULE:ATTR (default: "
+        "the reference engine when its store context.sqlite is next to the session, else none)",
     )
     compact.add_argument("--session-id", help="default: the transcript header's id")
     compact.add_argument("--session-key")
     compact.add_argument("--workspace", help="default: the transcript's cwd, else the current dir")
-    compact.add_argument("--token-budget", type=int)
-    compact.add_argument("--current-token-count", type=int)
+    compact.add_argument("--token-budget", type=non_negative_int, metavar="TOKENS")
+    compact.add_argument("--current-token-count", type=non_negative_int, metavar="TOKENS")
     compact.add_argument("--instructions", help="custom compaction instructions for the engine")
     compact.add_argument("--auth-profile", help="must match the thread binding's auth profile")
     compact.add_argument(
@@ -76,76 +350,54 @@ def _add_compact_parser(commands: Any) -> None:
     compact.add_argument("--provider", help="the provider named in the engine's runtime context")
     compact.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=NATIVE_COMPACTION_TIMEOUT_S,
+        metavar="S",
         help="native compaction bound (s)",
     )
     compact.add_argument(
         "--interrupt-grace",
-        type=float,
+        type=non_negative_float,
         default=INTERRUPT_GRACE_S,
+        metavar="S",
         help="seconds an interrupted compaction may take before Codex is restarted",
     )
-    compact.add_argument("--codex-home", help="default: $CODEX_HOME, else ~/.codex")
-    compact.add_argument(
+    where = compact.add_mutually_exclusive_group()
+    where.add_argument("--offline", action="store_true", help="as `run --offline`")
+    where.add_argument(
         "--model-base-url",
-        help="write a private, offline-safe config.toml into --codex-home using this "
-        "Responses API base URL (e.g. the offline model)",
+        help="write a private, offline-safe config.toml into --codex-home (a new or empty "
+        "directory, or one prepared this way before) using this Responses API base URL",
     )
+    compact.add_argument("--codex-home", help="default: $CODEX_HOME, else ~/.codex")
     compact.add_argument("--model", help="the Codex model (default: your config's)")
+    compact.add_argument(
+        "--strict",
+        action="store_true",
+        help="engine contract violations are errors (exit 7), not logged fallbacks",
+    )
 
 
-def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import contextlib
+    from collections.abc import AsyncIterator
+
     import anyio
-    import structlog
 
+    from codex_turn._cli_support import codex_config, dump_json
     from codex_turn.harness.appserver import AppServer, AppServerConfig
-    from codex_turn.harness.binding import read_binding
     from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
-    from codex_turn.harness.engine import EngineLoadError, load_engine, to_json
-    from codex_turn.harness.session import SessionError, read_session
+    from codex_turn.harness.engine import to_json
 
     if args.model_base_url and not args.codex_home:
-        parser.error("--model-base-url needs --codex-home (a private home gets a new config)")
+        raise UsageError("--model-base-url needs --codex-home (a private home gets a new config)")
     session_file = os.fspath(args.session_file)
-    engine: object | None = None
-    if args.engine and args.engine != "none":
-        try:
-            engine = load_engine(args.engine)
-        except EngineLoadError as err:
-            print(f"codex-turn compact: {err}", file=sys.stderr)
-            return 2
-    header: dict[str, Any] = {}
-    try:
-        header = dict(read_session(session_file).header or {})
-    except SessionError as err:
-        print(f"codex-turn compact: {err}", file=sys.stderr)
-        return 2
-    binding = read_binding(session_file)
-    session_id = args.session_id or header.get("id") or Path(session_file).stem
-    if args.engine is None:
-        from codex_turn.engines import SqliteContextEngine
-
-        # The embedded default, where its memory is: a store next to the session. Without
-        # one, no engine ever held this session, and Codex compacts natively.
-        if os.path.exists(SqliteContextEngine.store_next_to(session_file)):
-            engine = SqliteContextEngine.next_to(session_file)
-    workspace = (
-        args.workspace
-        or (header.get("cwd") if isinstance(header.get("cwd"), str) else None)
-        or (binding.cwd if binding is not None and binding.cwd else None)
-        or os.getcwd()
-    )
-    if args.model_base_url:
-        config = AppServerConfig.offline(
-            args.codex_home, args.model_base_url, model=args.model or "mock-model"
-        )
-    else:
-        config = AppServerConfig.user(args.codex_home, model=args.model)
+    header = session_header(session_file, must_exist=True)
+    session_id, workspace = session_identity(session_file, header, args.session_id)
     params = CompactSessionParams(
-        session_id=str(session_id),
+        session_id=session_id,
         session_file=session_file,
-        workspace_dir=workspace,
+        workspace_dir=args.workspace or workspace,
         session_key=args.session_key,
         token_budget=args.token_budget,
         current_token_count=args.current_token_count,
@@ -156,32 +408,51 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         interrupt_grace=args.interrupt_grace,
         provider=args.provider,
         model=args.model,
+        strict=args.strict,
     )
+    engine = resolve_engine(args.engine, session_file, create=False)
 
     @contextlib.asynccontextmanager
     async def app_server(auth_profile_id: str | None) -> AsyncIterator[AppServer]:
-        # Codex keeps its own credentials per CODEX_HOME; the profile was checked already.
-        async with AppServer.start(config) as server:
-            yield server
+        # Started only when native compaction really runs (a binding exists).
+        if args.model_base_url:
+            config = AppServerConfig.offline(
+                args.codex_home, args.model_base_url, model=args.model or "mock-model"
+            )
+            async with AppServer.start(config) as server:
+                yield server
+            return
+        with codex_config(
+            offline=args.offline,
+            codex_home=args.codex_home,
+            session_file=session_file,
+            model=args.model,
+        ) as (config, _model):
+            async with AppServer.start(config) as server:
+                yield server
 
     async def run() -> Any:
         return await compact_codex_session(
             params, app_server=app_server, engine=engine, trigger=args.trigger
         )
 
-    # stdout carries the JSON result only: logs go to stderr while the command runs.
-    previous = structlog.get_config()
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     try:
         result = anyio.run(run)
     finally:
-        structlog.configure(**previous)
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
-    print(json.dumps(to_json(result), indent=2, ensure_ascii=False))
-    return 0 if result.ok else 1
+        close_engine(engine)
+    dump_json(to_json(result), out)
+    return EXIT_OK if result.ok else EXIT_NOT_OK
 
+
+COMMANDS: dict[str, Command] = {
+    "demo": _demo,
+    "run": _run,
+    "chat": _chat,
+    "inspect": _inspect,
+    "doctor": _doctor,
+    "compact": _compact,
+    "diagrams": _diagrams,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,33 +1,51 @@
-"""The offline demo: three turns of a session through the real Codex app-server.
+"""The offline demo: a conversation through the real Codex app-server, with a compaction.
 
 Everything is real except the model: the pinned ``codex app-server`` binary runs the loop and
 talks to the offline Responses-API server on 127.0.0.1, with every proxy variable pointed at
 that server's 403 trap, so any attempt to reach the internet would be counted (and the demo
 prints the count). The context engine is the embedded default, the reference
-:class:`~codex_turn.engines.SqliteContextEngine` with its store next to the transcript: it
-keeps every message losslessly and projects its context once per epoch
-(``thread_bootstrap``). The demo shows the thread decision of each turn, the FSM trace with
-the time spent per state, a dynamic tool call, what the model was actually sent, and what the
-engine's store holds at the end.
+:class:`~codex_turn.engines.SqliteContextEngine` with its store next to the transcript (with
+small budgets, so that a compaction of a short conversation has something to summarise).
+
+Three turns (the second calls a dynamic tool), then a compaction of the session (the engine
+compacts its memory, which starts a new context epoch; Codex compacts the thread natively),
+then a fourth turn: it rotates to a fresh thread that receives the compacted context
+(``context projected: True``). Per turn the demo prints the thread decision and why, whether
+context was projected, the engine calls, the time per state and the reply, with the state
+being executed live on stderr. It ends by printing where the transcript, the engine store and
+the rendered diagrams are (kept in ``--out DIR``, else a new temporary directory).
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import os
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
-import structlog
 
-from codex_turn.engines import SqliteContextEngine
+from codex_turn._cli_support import (
+    ObservedEngine,
+    Progress,
+    codex_binary,
+    dump_json,
+    offline_home_for,
+    print_turn,
+    progress_hooks,
+    turn_to_json,
+)
+from codex_turn.engines import EngineSettings, SqliteContextEngine
 from codex_turn.harness.appserver import AppServer, AppServerConfig, DynamicTool
+from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
+from codex_turn.harness.engine import to_json
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
 from codex_turn.testing import OfflineModel, Reply
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_SETTINGS", "PROMPTS", "run_demo"]
 
 
 async def _weather(arguments: dict[str, Any]) -> str:
@@ -46,85 +64,258 @@ WEATHER = DynamicTool(
 )
 
 PROMPTS: Sequence[str] = (
-    "Hi! Please remember that my favourite city is Lisbon.",
+    "Hi! Please remember that my favourite city is Lisbon, and that I travel there in May.",
     "What is the weather in my favourite city?",
     "Thanks. Summarise what we talked about.",
 )
+AFTER_COMPACTION = "Which city did I say was my favourite, and when do I travel?"
+
+#: Small budgets: a forced compaction of a few turns summarises all but the newest two
+#: messages (the defaults would keep a 32-message fresh tail and compact nothing).
+DEMO_SETTINGS = EngineSettings(
+    fresh_tail_count=2,
+    fresh_tail_max_fraction=0.35,
+    leaf_chunk_tokens=400,
+    min_leaf_chunk_tokens=8,
+    leaf_target_tokens=40,
+    condensed_target_tokens=40,
+)
+COMPACTION_BUDGET = 120  # tokens
 
 
-def _print_turn(index: int, result: TurnResult, request: Any) -> None:
-    decision = result.thread_decision
-    print(f"\nturn {index}: outcome={result.outcome.value} thread={result.thread_id}")
-    if decision is not None:
-        print(
-            f"  thread decision: {decision.action.value} ({decision.reason}), "
-            f"context projected: {result.projected}"
-        )
-    durations = result.durations_ms
-    for entry in result.trace:
-        spent = durations.get(entry.dest)
-        timing = f"{spent:8.2f} ms in {entry.dest}" if spent is not None else ""
-        print(f"    {entry.state:<16} --{entry.trigger:<27}--> {entry.dest:<16} {timing}")
-    print(
-        f"  maintenance: {result.maintenance.status}"
-        + (f" ({result.maintenance.skip_reason})" if result.maintenance.skip_reason else "")
-    )
-    print(
+def _model_line(request: Any) -> str:
+    return (
         f"  model was sent: {len(request.developer_parts)} developer parts, "
-        f"{len(request.user_messages)} user messages, tools={request.tool_names}"
+        f"{len(request.user_messages)} user messages"
     )
-    print(f"  assistant: {result.assistant_text}")
 
 
-async def _main(workdir: Path) -> int:
+async def _main(
+    workdir: Path, out: IO[str], progress: Progress, as_json: bool
+) -> tuple[int, dict[str, Any]]:
+    report: dict[str, Any] = {"directory": str(workdir), "turns": []}
     model = OfflineModel().start()
     try:
         model.script(Reply.echo())
         model.script(Reply.function_call("lookup_weather", {"city": "Lisbon"}), Reply.echo())
-        model.script(Reply.fixed("We talked about Lisbon and its weather (21 C, clear)."))
+        model.script(Reply.fixed("We talked about Lisbon, your May trip, and its weather."))
+        model.script(Reply.fixed("Lisbon; you travel there in May."))
+        session_file = workdir / "session.jsonl"
+        # The private Codex home `run --offline` and `chat --offline` use for this session:
+        # the conversation can go on from the command line, on the same thread.
+        home = offline_home_for(str(session_file))
+        home.mkdir(mode=0o700, exist_ok=True)
         config = AppServerConfig.offline(
-            workdir / "codex-home", model.base_url, env=model.proxy_env(), home=workdir
+            home / "codex-home", model.base_url, env=model.proxy_env(), home=home
         )
         workspace = workdir / "workspace"
-        workspace.mkdir()
-        session_file = workdir / "session.jsonl"
-        engine = SqliteContextEngine.next_to(session_file)  # the embedded default
-        print(f"offline model on {model.base_url}; session transcript {session_file.name}")
-        async with AppServer.start(config) as server:
-            for index, prompt in enumerate(PROMPTS, start=1):
+        workspace.mkdir(exist_ok=True)
+        store = SqliteContextEngine.next_to(session_file, settings=DEMO_SETTINGS)
+        engine = ObservedEngine(store)
+        if not as_json:
+            print(f"offline model on {model.base_url}; session {session_file}", file=out)
+        results: list[TurnResult] = []
+
+        def params(prompt: str) -> TurnParams:
+            return TurnParams(
+                session_id="demo-session",
+                session_key="agent:demo:main",
+                session_file=session_file,
+                workspace_dir=workspace,
+                prompt=prompt,
+                base_developer_instructions="You are a concise assistant.",
+            )
+
+        async def turn(server: AppServer, index: int, prompt: str) -> None:
+            progress.label(f"turn {index}")
+            progress.state("starting")
+            try:
                 result = await run_codex_turn(
-                    TurnParams(
-                        session_id="demo-session",
-                        session_key="agent:demo:main",
-                        session_file=session_file,
-                        workspace_dir=workspace,
-                        prompt=prompt,
-                        base_developer_instructions="You are a concise assistant.",
-                    ),
+                    params(prompt),
                     app_server=server,
                     engine=engine,
                     tools=[WEATHER],
+                    hooks=progress_hooks(progress),
                 )
-                _print_turn(index, result, model.turn_requests()[-1])
+            finally:
+                progress.clear()
+            results.append(result)
+            calls = engine.take_calls()
+            report["turns"].append(
+                {"prompt": prompt, **turn_to_json(result, calls, session_file=str(session_file))}
+            )
+            if not as_json:
+                print(f"\nyou: {prompt}", file=out)
+                print_turn(out, f"turn {index}", result, calls)
+                print(_model_line(model.turn_requests()[-1]), file=out, flush=True)
+
+        progress.label("codex")
+        progress.state("starting", "codex app-server")
+        async with AppServer.start(config) as server:
+            progress.clear()
+            for index, prompt in enumerate(PROMPTS, start=1):
+                await turn(server, index, prompt)
+
+            progress.label("compaction")
+            progress.state("compacting", "engine, then Codex native")
+            try:
+                run = await compact_codex_session_traced(
+                    CompactSessionParams(
+                        session_id="demo-session",
+                        session_file=str(session_file),
+                        workspace_dir=str(workspace),
+                        session_key="agent:demo:main",
+                        token_budget=COMPACTION_BUDGET,
+                    ),
+                    app_server=server,
+                    engine=engine,
+                )
+            finally:
+                progress.clear()
+            compaction = to_json(run.result)
+            report["compaction"] = {
+                **compaction,
+                "path": list(run.path),
+                "projectionCleared": run.projection_cleared,
+                "engineCalls": [c.method for c in engine.take_calls()],
+            }
+            if not as_json:
+                _print_compaction(out, run)
+
+            await turn(server, len(PROMPTS) + 1, AFTER_COMPACTION)
+
+        doctor = await store.doctor(repair=False)
+        store.close()
         lines = session_file.read_text(encoding="utf-8").splitlines()
-        store = await engine.doctor(repair=False)
-        engine.close()
-        print(
-            f"\ntranscript: {len(lines)} lines (OpenClaw JSONL v3); engine store "
-            f"context.sqlite: {store.messages} messages, {store.summaries} summaries, "
-            f"{'healthy' if store.ok else 'problems: ' + ', '.join(store.problems)}"
+        diagrams = _render_diagrams(workdir / "diagrams", results)
+        report.update(
+            transcript=str(session_file),
+            transcriptLines=len(lines),
+            store=store.path,
+            storeMessages=doctor.messages,
+            storeSummaries=doctor.summaries,
+            storeHealthy=doctor.ok,
+            diagrams=[str(p) for p in diagrams],
+            modelRequests=len(model.requests),
+            internetAttempts=len(model.proxy_attempts),
         )
-        print(
-            f"model requests: {len(model.requests)}; internet attempts (proxy CONNECTs): "
-            f"{len(model.proxy_attempts)}"
+        if not as_json:
+            print(
+                f"\nmodel requests: {len(model.requests)}; internet attempts (proxy CONNECTs): "
+                f"{len(model.proxy_attempts)}",
+                file=out,
+            )
+            print("\nwhere everything is:", file=out)
+            transcript = f"{session_file} ({len(lines)} lines, OpenClaw JSONL v3)"
+            print(f"  transcript:   {transcript}", file=out)
+            print(
+                f"  engine store: {store.path} ({doctor.messages} messages, "
+                f"{doctor.summaries} summaries, "
+                f"{'healthy' if doctor.ok else 'problems: ' + ', '.join(doctor.problems)})",
+                file=out,
+            )
+            print(f"  diagrams:     {workdir / 'diagrams'}", file=out)
+            for path in diagrams:
+                print(f"                {path.name}", file=out)
+            print(f"  codex home:   {home} (private, offline)", file=out)
+            print(
+                f"  inspect it:   codex-turn inspect {session_file}\n"
+                f"  go on:        codex-turn chat {session_file} --offline",
+                file=out,
+            )
+        ok = (
+            not model.proxy_attempts
+            and all(r.outcome.value == "completed" for r in results)
+            and results[-1].projected
         )
-        return 0 if not model.proxy_attempts else 1
+        return (0 if ok else 1), report
     finally:
         model.close()
 
 
-def run_demo() -> int:
-    """Run the demo in a throwaway directory; quiet logs (warnings only)."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    with tempfile.TemporaryDirectory(prefix="codex-turn-demo-") as directory:
-        return anyio.run(_main, Path(directory))
+def _print_compaction(out: IO[str], run: Any) -> None:
+    result = run.result
+    details = result.result
+    print("\ncompaction:", file=out)
+    print(f"  path: {' -> '.join(s.lower() for s in run.path)}", file=out)
+    before = details.tokens_before if details is not None else None
+    after = details.tokens_after if details is not None else None
+    print(
+        f"  engine: ok={result.ok} compacted={result.compacted} tokens {before} -> {after}"
+        + (f" ({result.reason})" if result.reason else ""),
+        file=out,
+    )
+    native = run.native
+    if native is not None:
+        print(
+            f"  codex native: {native.status}"
+            + (f" (proved by {native.signal})" if native.signal else ""),
+            file=out,
+        )
+    print(
+        "  the binding's projection epoch was "
+        + ("cleared: the next turn rotates and re-projects" if run.projection_cleared else "kept"),
+        file=out,
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd() -> Iterator[None]:
+    """File descriptor 2 to /dev/null meanwhile (C libraries write there directly)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _render_diagrams(directory: Path, results: Sequence[TurnResult]) -> list[Path]:
+    """The machines' diagrams, and each turn's path over the turn diagram."""
+    from codex_turn._cli_inspect import path_mermaid, trace_steps
+    from codex_turn._cli_support import trace_to_json
+    from codex_turn.fsm.diagrams import write_diagrams
+
+    with _quiet_stderr_fd():  # Graphviz's fontconfig warns on stderr on some systems
+        written = write_diagrams(directory, svg=True)
+    for index, result in enumerate(results, start=1):
+        path = directory / f"turn-{index}-path.mmd"
+        path.write_text(path_mermaid(trace_steps(trace_to_json(result))), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def run_demo(
+    *,
+    out_dir: Path | None = None,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+    progress: bool = True,
+    as_json: bool = False,
+) -> int:
+    """Run the demo in ``out_dir`` (default: a new temporary directory, kept)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    codex_binary()  # without the `codex` extra: one typed error, before anything starts
+    if out_dir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="codex-turn-demo-"))
+    else:
+        workdir = out_dir.resolve()
+        if (workdir / "session.jsonl").exists():
+            from codex_turn._cli_support import UsageError
+
+            raise UsageError(f"--out {out_dir}: it already holds a demo (session.jsonl)")
+        workdir.mkdir(parents=True, exist_ok=True)
+    code, report = anyio.run(_main, workdir, out, Progress(err, enabled=progress), as_json)
+    if as_json:
+        dump_json(report, out)
+    return code

@@ -29,6 +29,7 @@ from codex_turn.harness.binding import (
 )
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 from codex_turn.harness.engine import CompactDetails, CompactResult
+from codex_turn.harness.session import mirror_turn
 from codex_turn.testing import OfflineModel, Reply
 
 ConfigFactory = Callable[..., AppServerConfig]
@@ -313,6 +314,15 @@ def test_cli_compact_without_a_binding_reports_and_starts_no_codex(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     session = tmp_path / "nothing.jsonl"
+    # A session with a header and no binding (a missing file is exit 3, tests/test_cli.py).
+    mirror_turn(
+        session,
+        [{"role": "user", "content": "hi", "timestamp": 1}],
+        scope="seed",
+        identities=["m0"],
+        session_id="s-1",
+        cwd=str(tmp_path),
+    )
     home = tmp_path / "never-created-codex-home"
     code = cli_main(
         ["compact", str(session), "--codex-home", str(home), "--model-base-url", "http://x/v1"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from support.engine_sqlite_workload import SMALL, Message, history, marker, texts, turn
 
@@ -23,11 +24,15 @@ from codex_turn.engines import (
     DoctorReport,
     EngineSettings,
     SqliteContextEngine,
+    StoreError,
     Summarizer,
     SummarizerAuthError,
     SummaryRequest,
+    _plan,
     _store,
+    estimate_tokens,
 )
+from codex_turn.engines._messages import message_tokens
 from codex_turn.engines._plan import summary_text
 from codex_turn.harness.engine import (
     AfterTurnParams,
@@ -161,6 +166,55 @@ async def test_ingest_and_ingest_batch_redelivery_adds_nothing(tmp_path: Path) -
     # The same messages arriving later through after_turn (as a path) are known too.
     await deliver(engine, "s", batch, 0)
     assert stored(engine, "s") == batch
+
+
+async def test_ingest_keeps_genuine_repeats_and_drops_redeliveries(tmp_path: Path) -> None:
+    # No timestamps: the user says "ok" twice in two turns, and the reply is the same too.
+    engine = engine_at(tmp_path)
+    ok = {"role": "user", "content": "ok"}
+    done = {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}
+    path = [ok, done, dict(ok), dict(done)]
+    batch = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=path[:2]))
+    single = [await engine.ingest(IngestParams(session_id="s", message=m)) for m in path[2:]]
+    assert batch.ingested_count == 2
+    assert [r.ingested for r in single] == [True, True]
+    assert stored(engine, "s") == path
+    # Re-deliveries add nothing: a retried ingest, a retried batch, the whole history again.
+    retried = await engine.ingest(IngestParams(session_id="s", message=dict(done)))
+    again = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=path[2:]))
+    whole = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=list(path)))
+    assert (retried.ingested, again.ingested_count, whole.ingested_count) == (False, 0, 0)
+    # The path (after_turn, bootstrap) names them as ingest did: nothing new either.
+    await deliver(engine, "s", list(path), 0)
+    transcript = tmp_path / "s.jsonl"
+    write_transcript(transcript, path)
+    boot = await engine.bootstrap(BootstrapParams(session_id="s", session_file=str(transcript)))
+    assert (boot.bootstrapped, boot.imported_messages) == (True, 0)
+    assert stored(engine, "s") == path
+    # A third "ok" after the reply is new; a batch that repeats the stored end and goes on
+    # is new from where it stops lining up with it.
+    third = await engine.ingest(IngestParams(session_id="s", message=dict(ok)))
+    tail = await engine.ingest_batch(
+        IngestBatchParams(session_id="s", messages=[dict(ok), dict(done)])
+    )
+    assert third.ingested
+    assert tail.ingested_count == 1  # "ok" is the stored end, "Done." follows it
+    assert stored(engine, "s") == [*path, ok, done]
+    assert (await engine.doctor(repair=False)).ok
+
+
+async def test_ingest_replay_of_an_old_batch_with_timestamps_adds_nothing(
+    tmp_path: Path,
+) -> None:
+    # After a restart a host replays an old batch: its timestamped messages anchor the run,
+    # so the timestamp-less message inside it is recognised too.
+    engine = engine_at(tmp_path)
+    first = [{"role": "user", "content": "ok"}, *turn("s", 0)]
+    await engine.ingest_batch(IngestBatchParams(session_id="s", messages=first))
+    await engine.ingest_batch(IngestBatchParams(session_id="s", messages=turn("s", 1)))
+    replay = await engine.ingest_batch(IngestBatchParams(session_id="s", messages=first))
+    assert replay.ingested_count == 0
+    assert stored(engine, "s") == [*first, *turn("s", 1)]
 
 
 def write_transcript(path: Path, messages: list[Message], scope: str = "seed") -> None:
@@ -353,6 +407,34 @@ async def test_archived_conversation_gets_a_new_epoch(tmp_path: Path) -> None:
     assert (await assemble(engine, "s")).context_projection != empty.context_projection
 
 
+async def test_the_same_turns_give_the_same_epoch_in_any_store(tmp_path: Path) -> None:
+    # Same state, same epoch (and same bytes), in two fresh stores; a compaction and a reset
+    # still rotate it, and a deleted and recreated store starts over where a fresh one does.
+    results: list[list[str]] = []
+    for run, name in enumerate(("one", "two", "two")):
+        engine = engine_at(tmp_path / name)
+        seen: list[str] = []
+        await play(engine, "s", 10)
+        seen.append(dumps(await assemble(engine, "s")))
+        await engine.compact(
+            CompactParams(session_id="s", session_file="", token_budget=500, force=True)
+        )
+        seen.append(dumps(await assemble(engine, "s")))
+        await engine.archive("s")
+        seen.append(dumps(await assemble(engine, "s")))
+        await play(engine, "s", 2)
+        seen.append(dumps(await assemble(engine, "s")))
+        results.append(seen)
+        engine.close()
+        if run == 1:  # deleted, then recreated by the third run
+            for file in Path(engine.path).parent.glob("context.sqlite*"):
+                file.unlink()
+    assert results[0] == results[1] == results[2]
+    epochs = [json.loads(entry)[2] for entry in results[0]]
+    assert len(set(epochs)) == 3  # compaction and reset rotate; appending does not
+    assert epochs[2] == epochs[3]
+
+
 async def test_summaries_render_from_stored_fields_with_the_fixed_template(tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
     await play(engine, "s", 12)
@@ -402,6 +484,59 @@ async def test_compaction_reports_honestly(tmp_path: Path) -> None:
     )
     assert again.result is not None
     assert again.compacted == (again.result.tokens_after < again.result.tokens_before)
+
+
+class IngestingSummarizer:
+    """Summarises extractively, and while it does, the host finalizes a large turn."""
+
+    def __init__(self) -> None:
+        self.engine: SqliteContextEngine | None = None
+        self.history: list[Message] = []
+        self.done = False
+
+    @property
+    def id(self) -> str:
+        return "ingesting/1"
+
+    @property
+    def uses_model(self) -> bool:
+        return True
+
+    async def summarize(self, request: SummaryRequest) -> str:
+        if not self.done and self.engine is not None:
+            self.done = True
+            pre = len(self.history)
+            self.history = [*self.history, *turn("s", 99, words=3000)]
+            await deliver(self.engine, "s", self.history, pre)
+        return "a short summary"
+
+
+async def test_compacted_is_true_when_turns_arrive_during_the_sweep(tmp_path: Path) -> None:
+    summarizer = IngestingSummarizer()
+    engine = engine_at(tmp_path, summarizer=summarizer)
+    summarizer.engine = engine
+    summarizer.history = await play(engine, "s", 12)
+    before = (await assemble(engine, "s")).estimated_tokens
+    result = await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=600, force=True)
+    )
+    assert summarizer.done
+    assert result.result is not None
+    stored_after = (await assemble(engine, "s")).estimated_tokens
+    assert stored_after > before  # the new turn outweighs what the sweep saved ...
+    assert result.compacted  # ... but the sweep did compact, and says so
+    tokens_before, tokens_after = result.result.tokens_before, result.result.tokens_after
+    assert tokens_before == before
+    assert tokens_after < tokens_before
+    # Its own accounting: what the sweep removed, exactly; the measured end is reported apart.
+    new_turn = sum(_messages_tokens(m) for m in turn("s", 99, words=3000))
+    assert stored_after == tokens_after + new_turn
+    assert result.result.details["storedAfter"] == stored_after
+    assert (await engine.doctor(repair=False)).ok
+
+
+def _messages_tokens(message: Message) -> int:
+    return message_tokens(message, estimate_tokens)
 
 
 async def test_compaction_is_lossless_and_the_dag_links_every_message(tmp_path: Path) -> None:
@@ -567,13 +702,95 @@ async def test_a_stale_plan_writes_nothing(tmp_path: Path) -> None:
 
 async def test_an_unusable_store_hands_compaction_back(tmp_path: Path) -> None:
     path = tmp_path / "not-a-db.sqlite"
-    path.write_bytes(b"this is not a database, it is a text file" * 100)
+    junk = b"this is not a database, it is a text file" * 100
+    path.write_bytes(junk)
     engine = SqliteContextEngine(path)
+    assert engine.healthy  # nothing is known before the first use opens it
+    with pytest.raises(StoreError, match="unavailable"):
+        await assemble(engine, "s")
     assert not engine.healthy
     assert engine.info.owns_compaction is False
-    with pytest.raises(Exception, match="unavailable"):
-        await assemble(engine, "s")
+    # Remembered: every later call fails at once with the same typed error, and so does
+    # the operator's doctor, which tries again; the file is never touched.
+    with pytest.raises(StoreError, match="unavailable"):
+        await deliver(engine, "s", turn("s", 0), 0)
+    with pytest.raises(StoreError, match="unavailable"):
+        await engine.doctor()
+    assert path.read_bytes() == junk
     assert engine_at(tmp_path).info.owns_compaction is True
+
+
+async def test_the_store_opens_lazily_off_the_event_loop(tmp_path: Path) -> None:
+    # Another process holds the write lock: opening (a migration) waits for it. The
+    # constructor returns at once, and the first call waits in a worker thread while the
+    # event loop keeps running.
+    path = tmp_path / "store" / "context.sqlite"
+    first = engine_at(tmp_path)
+    await assemble(first, "s")  # a store exists (version current; opening still writes)
+    first.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    ticks = 0
+    engine: SqliteContextEngine | None = None
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        started = anyio.current_time()
+        engine = engine_at(tmp_path)
+        assert anyio.current_time() - started < 0.05
+        assert engine.healthy
+
+        async def release() -> None:
+            await anyio.sleep(0.4)
+            holder.execute("ROLLBACK")
+
+        tg.start_soon(release)
+        await deliver(engine, "s", turn("s", 0), 0)
+        tg.cancel_scope.cancel()
+    holder.close()
+    assert ticks >= 20  # the loop ran while the open waited for the lock
+    assert stored(engine, "s") == turn("s", 0)
+    engine.close()
+    with pytest.raises(StoreError, match="closed"):
+        await assemble(engine, "s")
+    never_opened = SqliteContextEngine(tmp_path / "never" / "context.sqlite")
+    never_opened.close()
+    assert not (tmp_path / "never").exists()  # close() does not open a store
+
+
+def test_a_version_1_store_is_migrated(tmp_path: Path) -> None:
+    engine = engine_at(tmp_path)
+    anyio.run(play, engine, "s", 3)
+    engine.close()
+    with sqlite3.connect(engine.path) as conn:  # what version 1 had
+        conn.execute("DROP INDEX messages_order")
+        conn.execute("DROP TABLE lineages")
+        conn.execute(
+            "UPDATE conversations SET uid='random-v1-uid', epoch=?",
+            (_plan.compute_epoch("random-v1-uid", ()),),
+        )
+        conn.execute("PRAGMA user_version=1")
+    reopened = engine_at(tmp_path)
+
+    async def check() -> None:
+        assert (await reopened.doctor(repair=False)).ok
+        assert await reopened.archive("s")
+        await play(reopened, "s", 1)
+
+    anyio.run(check)
+    with sqlite3.connect(engine.path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        uids = [row[0] for row in conn.execute("SELECT uid FROM conversations ORDER BY id")]
+        assert conn.execute("SELECT started FROM lineages").fetchall() == [(2,)]
+    assert uids[0] == "random-v1-uid"  # kept: its epoch does not change on upgrade
+    assert uids[1] == _plan.conversation_uid("s", 1)
+    reopened.close()
 
 
 async def test_doctor_repairs_derived_data_and_then_finds_nothing(tmp_path: Path) -> None:
@@ -592,6 +809,64 @@ async def test_doctor_repairs_derived_data_and_then_finds_nothing(tmp_path: Path
     assert report.repaired == report.problems
     assert (await engine.doctor()).problems == ()
     assert dumps(await assemble(engine, "s")) == dumps(good)
+
+
+def summary_items(engine: SqliteContextEngine) -> list[tuple[int, str, str, int]]:
+    with sqlite3.connect(engine.path) as conn:
+        return conn.execute(
+            "SELECT ci.ordinal, s.id, s.kind, s.descendant_count FROM context_items ci "
+            "JOIN summaries s ON s.id = ci.summary_id ORDER BY ci.ordinal"
+        ).fetchall()
+
+
+@pytest.mark.parametrize("damage", ["edges", "message", "child"])
+async def test_doctor_repairs_a_summary_whose_sources_are_gone(tmp_path: Path, damage: str) -> None:
+    engine = engine_at(tmp_path)
+    messages = await play(engine, "s", 30)
+    for budget in (1_500, 700):
+        await engine.compact(
+            CompactParams(session_id="s", session_file="", token_budget=budget, force=True)
+        )
+    layer = summary_items(engine)
+    condensed = [row for row in layer if row[2] == "condensed"]
+    assert condensed
+    assert len(layer) >= 2
+    with sqlite3.connect(engine.path) as conn:
+        if damage == "edges":  # the first summary's edges are gone, its messages are not
+            target = layer[0][1]
+            conn.execute("DELETE FROM summary_sources WHERE summary_id=?", (target,))
+        elif damage == "message":  # a message below a summary is gone (a broken store)
+            target = condensed[0][1]
+            gone = conn.execute(
+                "SELECT ss2.message_id FROM summary_sources ss1 JOIN summary_sources ss2 "
+                "ON ss2.summary_id = ss1.child_id WHERE ss1.summary_id=? "
+                "ORDER BY ss1.position, ss2.position LIMIT 1",
+                (target,),
+            ).fetchone()[0]
+            conn.execute("DELETE FROM messages WHERE id=?", (gone,))
+        else:  # a child summary of a condensed one is gone
+            target = condensed[0][1]
+            child = conn.execute(
+                "SELECT child_id FROM summary_sources WHERE summary_id=? ORDER BY position LIMIT 1",
+                (target,),
+            ).fetchone()[0]
+            conn.execute("DELETE FROM summary_sources WHERE summary_id=?", (child,))
+            conn.execute("DELETE FROM summaries WHERE id=?", (child,))
+    held = stored(engine, "s")
+    report = await engine.doctor()
+    assert report.problems
+    assert report.repaired == report.problems  # every problem repaired
+    assert any("whose sources are gone" in p for p in report.repaired)
+    assert (await engine.doctor()).problems == ()
+    assert stored(engine, "s") == held  # no stored message deleted
+    assert target not in {row[1] for row in summary_items(engine)}
+    # Lossless for what exists: every stored message is reached once, in order.
+    result = await assemble(engine, "s")
+    raw = [m for m in result.messages if not texts([m])[0].startswith("<summary")]
+    positions = [held.index(dict(m)) for m in raw]
+    assert positions == sorted(positions)
+    covered = sum(row[3] for row in summary_items(engine)) + len(raw)
+    assert covered == len(held) == len(messages) - (damage == "message")
 
 
 async def test_retention_prunes_archived_conversations_only(tmp_path: Path) -> None:
@@ -623,6 +898,38 @@ async def test_sessions_are_isolated_under_concurrency(tmp_path: Path) -> None:
         kept = stored(engine, name)
         assert len(kept) == len(history(name, 10))
         assert all(marker(name, 0).split(":")[0] in texts([m])[0] for m in kept)
+
+
+async def test_idle_session_locks_are_dropped_without_letting_two_holders_in(
+    tmp_path: Path,
+) -> None:
+    engine = engine_at(tmp_path)
+    names = [f"c{i}" for i in range(20)]
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(play, engine, name, 3)
+    await engine.compact(CompactParams(session_id="c0", session_file="", token_budget=300))
+    assert engine._locks == {}  # every session is idle: nothing is kept
+    # Holders and waiters come and go on one key, the entry leaving and coming back
+    # between them: never two inside at once.
+    inside = most = entries = 0
+
+    async def hold(delay: float) -> None:
+        nonlocal inside, most, entries
+        await anyio.sleep(delay)
+        async with engine._hold("ingest", "k"):
+            inside += 1
+            most = max(most, inside)
+            entries += 1
+            await anyio.lowlevel.checkpoint()
+            await anyio.sleep(0.001 * (entries % 3))
+            inside -= 1
+
+    async with anyio.create_task_group() as tg:
+        for index in range(60):
+            tg.start_soon(hold, 0.002 * (index % 7))
+    assert (most, entries) == (1, 60)
+    assert engine._locks == {}
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

@@ -130,6 +130,8 @@ class EngineMachine(RuleBasedStateMachine):
             self._tmp.cleanup()
 
     def stored(self, session: str) -> list[Message]:
+        if not Path(self.engine.path).exists():
+            return []  # the engine opens its store on first use
         with sqlite3.connect(self.engine.path) as conn:
             rows = conn.execute(
                 "SELECT m.content FROM messages m JOIN conversations c "

@@ -456,3 +456,37 @@ async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_sessi
     assert second.thread_decision is not None
     assert second.thread_decision.reason == "resume-failed"
     assert second.thread_id != first.thread_id
+
+
+async def test_the_frame_is_rendered_only_when_the_thread_decision_can_send_it(
+    session_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13's lazy projection: a resumed thread that carries this epoch's context gets
+    the raw prompt, so the frame is not rendered; a refused resume renders it after all."""
+    from codex_turn.harness.appserver import ThreadNotFound
+
+    renders: list[int] = []
+    real = stages.project_thread_bootstrap_assembly
+
+    def counting(**kwargs: Any) -> Any:
+        renders.append(len(kwargs["assembled_messages"]))
+        return real(**kwargs)
+
+    monkeypatch.setattr(stages, "project_thread_bootstrap_assembly", counting)
+    _seed(session_file, "earlier question")
+    engine = bootstrap_engine()
+    server = FakeAppServer()
+    await run_codex_turn(params(session_file, "one"), app_server=server, engine=engine)
+    assert len(renders) == 1  # a new thread: the frame is sent
+    second = await run_codex_turn(params(session_file, "two"), app_server=server, engine=engine)
+    assert second.thread_decision is not None
+    assert second.thread_decision.reason == "matching-thread-bootstrap-binding"
+    assert not second.projected
+    assert len(renders) == 1  # resumed with the raw prompt: nothing rendered
+    assert server.turn_inputs()[-1] == "two"
+    server.resume_error = ThreadNotFound(-32600, "no rollout found for thread id t")
+    third = await run_codex_turn(params(session_file, "three"), app_server=server, engine=engine)
+    assert third.projected
+    assert len(renders) == 2  # the fresh thread needs the frame: rendered in reprojecting
+    assert server.turn_inputs()[-1].startswith(HEADER)
+    assert "MEMORY-FACT-271" in server.turn_inputs()[-1]

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import ast
+import io
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from structlog.testing import capture_logs
+import structlog
+from structlog.testing import LogCapture, capture_logs
 
-from codex_turn._log import format_error, get_logger, mask_session_key, redact_text, sensitive
+from codex_turn import _log
+from codex_turn._log import (
+    configure_logging,
+    format_error,
+    get_logger,
+    mask_session_key,
+    redact_text,
+    sensitive,
+)
 from codex_turn._secrets import is_secret_key
 
 
@@ -213,3 +228,210 @@ def test_leaky(private_texts):
     # The leaky test body passes; its teardown (the guard) errors.
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*private text reached the logs*"])
+
+
+# --- where logs go (issue 17) and what a filtered event costs (issue 13) -----------------------
+
+LIBRARY_LOGGER = "codex_turn"
+RAW_SESSION_KEY = "agent:main:telegram:default:direct:987654321"
+SECRET = "sk-abcdefghijklmnopqrstuv"
+
+
+@pytest.fixture
+def uncaptured() -> Iterator[None]:
+    """Outside the suite's structlog capture, with the library logger restored afterwards.
+
+    The suite-wide privacy guard (``conftest.py``) keeps ``capture_logs`` active in every test,
+    and while it is active every codex-turn event goes to the capture. These tests look at what
+    a process without a capture sees.
+    """
+    processors = structlog.get_config()["processors"]
+    saved = list(processors)
+    processors[:] = [p for p in processors if not isinstance(p, LogCapture)]
+    library = logging.getLogger(LIBRARY_LOGGER)
+    handlers, level = list(library.handlers), library.level
+    try:
+        yield
+    finally:
+        processors[:] = saved
+        library.handlers[:] = handlers
+        library.setLevel(level)
+
+
+def _a_turn_of_log_calls() -> None:
+    """What one turn logs, roughly: bound context, every level, secrets in the fields."""
+    log = get_logger("codex_turn.harness.orchestrator").bind(
+        session_id="s-1", session_key=mask_session_key(RAW_SESSION_KEY), engine="sqlite"
+    )
+    log.debug("codex turn stage", state="reading_history")
+    log = log.bind(thread_id="thr_1")
+    log.info("codex thread resumed", estimated_tokens=42)
+    log.warning("codex app-server slow", detail=f"Authorization: Bearer {SECRET}")
+    log.error("codex turn failed", error=RuntimeError(f"api_key={SECRET}"))
+    log.info("codex turn finished", outcome="completed", duration_ms=812.4)
+
+
+def test_an_unconfigured_library_prints_nothing(
+    uncaptured: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    _a_turn_of_log_calls()
+    assert capfd.readouterr() == ("", "")
+
+
+_QUIET_SCRIPT = """
+import codex_turn  # the whole package, as a host imports it
+from codex_turn._log import get_logger, mask_session_key
+log = get_logger("codex_turn.harness.orchestrator").bind(session_key=mask_session_key("k:1"))
+for method in ("debug", "info", "warning", "error"):
+    getattr(log, method)("codex turn event", api_key="sk-abcdefghijklmnopqrstuv", n=1)
+"""
+
+
+def test_an_unconfigured_library_prints_nothing_in_a_fresh_process() -> None:
+    """No handler anywhere: the standard library's last resort (stderr) must not fire."""
+    done = subprocess.run(
+        [sys.executable, "-c", _QUIET_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == ("", "")
+
+
+def test_configure_logging_json_emits_json_lines_at_the_level(uncaptured: None) -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream)
+    _a_turn_of_log_calls()
+    lines = stream.getvalue().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [(r["level"], r["event"]) for r in records] == [
+        ("info", "codex thread resumed"),
+        ("warning", "codex app-server slow"),
+        ("error", "codex turn failed"),
+        ("info", "codex turn finished"),
+    ]
+    first = records[0]
+    assert list(first)[:4] == ["timestamp", "level", "logger", "event"]
+    assert first["logger"] == "codex_turn.harness.orchestrator"
+    assert first["timestamp"].endswith("Z")
+    # The structured fields, bound and per call, as fields.
+    assert first["estimated_tokens"] == 42
+    assert first["thread_id"] == "thr_1"
+    assert first["session_key"] == mask_session_key(RAW_SESSION_KEY)
+    assert records[3]["duration_ms"] == 812.4
+    # Masked session key, scrubbed secrets.
+    text = stream.getvalue()
+    assert "987654321" not in text
+    assert RAW_SESSION_KEY not in text
+    assert SECRET not in text
+    assert "abcdefghijklmnopqrstuv" not in text
+    assert records[1]["detail"] == "Authorization: [redacted]"
+    assert records[2]["error"] == "RuntimeError: api_key=[redacted]"
+
+
+def test_configure_logging_console_and_a_second_call_replaces_the_first(
+    uncaptured: None,
+) -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("DEBUG", "json", stream=first)
+    configure_logging(logging.WARNING, "console", stream=second)
+    _a_turn_of_log_calls()
+    assert first.getvalue() == ""
+    lines = second.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "codex app-server slow" in lines[0]
+    assert "warning" in lines[0]
+    assert "\x1b[" not in second.getvalue()  # no colours off a terminal
+    assert SECRET not in second.getvalue()
+    library = logging.getLogger(LIBRARY_LOGGER)
+    assert sum(not isinstance(h, logging.NullHandler) for h in library.handlers) == 1
+
+
+def test_configure_logging_rejects_unknown_levels_and_formats(uncaptured: None) -> None:
+    with pytest.raises(ValueError, match="level"):
+        configure_logging("LOUD")
+    with pytest.raises(ValueError, match="format"):
+        configure_logging("INFO", "xml")  # type: ignore[arg-type]
+
+
+def test_a_host_with_stdlib_logging_gets_scrubbed_records(
+    uncaptured: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=LIBRARY_LOGGER)
+    get_logger("codex_turn.harness.binding").info(
+        "binding written", api_key=SECRET, note=f"token={SECRET}", n=2
+    )
+    (record,) = caplog.records
+    assert record.name == "codex_turn.harness.binding"
+    assert record.pathname == __file__  # the caller, not the logging helper
+    assert record.getMessage() == (
+        'binding written api_key="[redacted]" note="token=[redacted]" n=2'
+    )
+    # A structlog ProcessorFormatter reads the structured fields.
+    formatter = structlog.stdlib.ProcessorFormatter(processor=structlog.processors.JSONRenderer())
+    assert json.loads(formatter.format(record)) == {
+        "event": "binding written",
+        "api_key": "[redacted]",
+        "note": "token=[redacted]",
+        "n": 2,
+    }
+
+
+def test_filtered_events_are_neither_built_nor_scrubbed(
+    uncaptured: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+
+    def spy(value: object) -> object:
+        calls.append(value)
+        return value
+
+    monkeypatch.setattr(_log, "redact_text", spy)
+    monkeypatch.setattr(_log, "_scrub", spy)
+    monkeypatch.setattr(_log, "format_error", spy)
+    # Unconfigured: DEBUG and INFO are below the default level.
+    log = get_logger("codex_turn.harness.orchestrator").bind(prompt_chars=3, note=SECRET)
+    log.debug("stage", note=SECRET)
+    log.info("finished", error=RuntimeError(SECRET))
+    assert calls == []
+    # Configured at WARNING: still nothing for DEBUG/INFO, and bind scrubs nothing either.
+    configure_logging("WARNING", "json", stream=io.StringIO())
+    log.bind(thread_id="t").info("finished", note=SECRET)
+    assert calls == []
+    assert not log.is_enabled_for(logging.INFO)
+    # An emitted event is scrubbed.
+    log.warning("slow", note=SECRET)
+    assert calls
+
+
+def test_bound_fields_are_masked_with_values_registered_before_or_after_binding(
+    uncaptured: None,
+) -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream)
+    prompt = "please summarise my medical history"
+    base = get_logger("codex_turn.test").bind(early=f"echo {prompt}")
+    base.info("before registration")  # scrubbed (and cached) without the prompt registered
+    with sensitive(prompt):
+        late = base.bind(late=f"echo {prompt}")
+        base.info("inside")
+    late.info("after the context ended")  # the bind-time registration still counts
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert records[0]["early"] == f"echo {prompt}"
+    assert records[1]["early"] == "echo [redacted]"
+    assert records[2]["late"] == "echo [redacted]"
+    assert records[2]["early"] == "echo [redacted]"
+
+
+def test_the_capture_sees_every_level_and_no_line_is_printed(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with capture_logs() as records:
+        _a_turn_of_log_calls()
+    assert [r["log_level"] for r in records] == ["debug", "info", "warning", "error", "info"]
+    assert records[0]["session_key"] == mask_session_key(RAW_SESSION_KEY)
+    assert SECRET not in repr(records)
+    assert capfd.readouterr() == ("", "")

@@ -5,8 +5,9 @@
 with a random capability set, and a real transcript in a fresh temp directory. Faults are
 injected at every stage:
 
-* engine: methods omitted (optional ones, and the required ``assemble``/``ingest``), raising,
-  or returning invalid results (``None``, ``{"messages": 5}`` ... for assemble);
+* engine: optional methods omitted, raising, or returning invalid results (``None``,
+  ``{"messages": 5}`` ... for assemble); an engine without a required method is refused before
+  the turn starts (issue 17: ``test_an_engine_without_a_required_method_is_refused_up_front``);
 * Codex: ``turn/start`` failing, the turn failing, interrupted, yielding through
   ``sessions_yield``, hanging into the idle or the turn timeout, the app-server dying mid-turn,
   an in-turn native compaction (complete, started only, legacy ``thread/compacted``);
@@ -821,9 +822,7 @@ def examples(draw: st.DrawFn) -> Example:
     engine: EngineKind = draw(
         st.sampled_from(["none", "legacy", "legacy_recording"] + ["recording"] * 5)
     )
-    omit = draw(st.frozensets(st.sampled_from(sorted(OPTIONAL_METHODS)))) | draw(
-        st.sampled_from([frozenset()] * 6 + [frozenset({"assemble"}), frozenset({"ingest"})])
-    )
+    omit = draw(st.frozensets(st.sampled_from(sorted(OPTIONAL_METHODS))))
     faults = draw(faults_for()) if engine == "recording" else {}
     return Example(
         engine=engine,
@@ -1010,10 +1009,16 @@ def test_ingest_failure_continues_with_the_other_messages() -> None:
     assert obs.final.maintenance.skip_reason == "finalize_failed"
 
 
-def test_engine_without_ingest_fails_finalize_without_calls() -> None:
-    obs = _run(omit=frozenset({"after_turn", "ingest_batch", "ingest"}))
-    assert obs.engine.methods() == ["assemble"]
-    assert T.FINALIZE_FAILED in _triggers(obs)
+@pytest.mark.parametrize("required", ["assemble", "ingest"])
+def test_an_engine_without_a_required_method_is_refused_up_front(required: str) -> None:
+    # Issue 17: such an engine used to run, failing its stage's edge with a warning only.
+    from codex_turn.harness.engine import EngineContractError
+
+    obs = run_sync(Example(omit=frozenset({"after_turn", "ingest_batch", required})))
+    assert isinstance(obs.raised, EngineContractError)
+    assert f"missing {required}" in str(obs.raised)
+    assert obs.engine.calls == []
+    assert obs.server.calls == []
 
 
 @pytest.mark.parametrize("fault", ["raise", ("invalid", "nope")])

@@ -84,7 +84,7 @@ async def test_an_unreadable_transcript_is_a_history_read_failure_not_an_empty_h
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # B2: the read failure was swallowed into [] and finalize handed the engine nothing.
-    import codex_turn.harness.turn_context as orchestrator  # where the stages read the transcript
+    import codex_turn.harness.history_cache as orchestrator  # where the stages read the transcript
     from codex_turn.harness.session import SessionError
 
     mirror_turn(
@@ -157,17 +157,19 @@ async def test_a_mapping_info_in_background_mode_is_honoured(session_file: str) 
     assert [e.trigger for e in result.trace][-1] == "maintenance_deferred"
 
 
-async def test_an_engine_with_an_invalid_info_runs_the_turn_as_plain_codex(
+async def test_an_engine_with_an_invalid_info_is_refused_before_the_turn_starts(
     session_file: str,
 ) -> None:
+    # Issue 17: it used to run the turn as plain Codex, with a warning only.
+    from codex_turn.harness.engine import EngineContractError
+
     engine = RecordingEngine()
     object.__setattr__(engine, "info", {"id": "broken"})  # no name
-    result = await run_codex_turn(
-        params(session_file, "hello there"), app_server=FakeAppServer(), engine=engine
-    )
-    assert result.outcome is TurnOutcome.COMPLETED
-    assert result.maintenance.skip_reason == "no_engine"
+    server = FakeAppServer()
+    with pytest.raises(EngineContractError, match="invalid info"):
+        await run_codex_turn(params(session_file, "hello there"), app_server=server, engine=engine)
     assert engine.calls == []
+    assert server.calls == []
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codex_turn._log import format_error
-from codex_turn._secrets import REDACTED, _names_a_credential, is_secret_key, redact_secrets
+from codex_turn._secrets import (
+    REDACTED,
+    _names_a_credential,
+    _redact,
+    is_secret_key,
+    redact_secrets,
+)
 from codex_turn.projection.payload import redacted_payload, render_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -437,6 +443,28 @@ def test_redaction_is_idempotent_on_masked_assignments(before: str, key: str, va
     for text in (f"{before}{key}={value}", f"Authorization: Basic {value} {before}"):
         once = redact_secrets(text)
         assert redact_secrets(once) == once
+
+
+# The pre-check (issue 13): a text without any trigger literal skips the patterns. It must never
+# skip a text the patterns would change, whatever its case or Unicode case-equivalents.
+_PRECHECK_PIECES = st.sampled_from(
+    [
+        *("token", "TOKEN", "tokens", "key", "\u212aey", "auth", "pa\u017f\u017f", "secret"),
+        *("credential", "Cookie", "://", "Bearer ", "sk-", "ghp_", "xoxb_", "AKIA", "sk_live_"),
+        *("AIza", "glpat-", "hf_", "api_org_", "-----BEGIN RSA PRIVATE KEY-----", "=", ": "),
+        *("abcdefghijklmnopqrstuvwxyz0123456789", "x", " ", "\n", '"', "'", "@", "é", "İ"),
+    ]
+)
+
+
+@given(st.lists(_PRECHECK_PIECES, max_size=8).map("".join))
+def test_the_pre_check_never_skips_a_text_the_patterns_would_change(text: str) -> None:
+    assert redact_secrets(text) == _redact(text)
+
+
+@given(st.text(max_size=60))
+def test_the_pre_check_agrees_with_the_patterns_on_any_text(text: str) -> None:
+    assert redact_secrets(text) == _redact(text)
 
 
 # --- linear time --------------------------------------------------------------------------------

@@ -22,9 +22,14 @@ truncation, each output checked (non-empty, rendered smaller than its sources, c
 deterministic :class:`~codex_turn.engines.summarizers.ExtractiveSummarizer` stands in while
 it is open, and whenever a model may not be called (the foreground).
 
-The report is measured, not assumed: ``tokens_before`` and ``tokens_after`` are the stored
-context before and after the sweep, ``compacted`` is ``after < before``, and ``exhausted``
-says the target was not reached because nothing outside the fresh tail was left to compact.
+The report is the sweep's own accounting, not a second reading: ``tokens_before`` is the
+stored context the sweep started from, ``tokens_after`` that minus what the sweep's own
+commits removed (each commit returns the tokens it applied), ``compacted`` is
+``after < before``, i.e. the sweep committed a summary that saved tokens. Turns ingested
+while the sweep ran (or another process's compaction) are not the sweep's: they are in
+``stored_after``, the stored context measured at the end, which decides whether compaction
+debt is paid. ``exhausted`` says the target was not reached because nothing outside the
+fresh tail was left to compact.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class SweepReport(NamedTuple):
     conflicts: int
     exhausted: bool
     reason: str | None
+    #: The stored context measured after the sweep (includes turns ingested meanwhile).
+    stored_after: int
 
     @property
     def compacted(self) -> bool:
@@ -249,11 +256,12 @@ class Compactor:
             latest=latest,
             summarizer=used,
         )
-        if not await self._db(_store.commit_summary, pool, conv.id, chunk, new):
+        applied = await self._db(_store.commit_summary, pool, conv.id, chunk, new)
+        if applied is None:
             return False
         return Item(
             ordinal=chunk[0].ordinal,
-            tokens=tokens,
+            tokens=applied,  # the stored row's (an identical summary may already exist)
             summary_id=summary_id,
             kind=request.kind,
             depth=request.depth,
@@ -281,7 +289,8 @@ class Compactor:
         conv, items = await self._db(_store.planning_items, pool, conversation_id)
         before = current = conv.context_tokens
         if not force and before <= threshold:
-            return SweepReport(before, before, 0, 0, 0, 0, False, "below threshold")
+            return SweepReport(before, before, 0, 0, 0, 0, False, "below threshold", before)
+        saved = 0  # what this sweep's own commits removed
         passes = leaf = condensed = conflicts = 0
         exhausted = False
         reason: str | None = None
@@ -344,11 +353,15 @@ class Compactor:
                 continue
             assert isinstance(outcome, Item)
             items[position : position + len(chunk)] = [outcome]
-            current -= sum(i.tokens for i in chunk) - outcome.tokens
+            gain = sum(i.tokens for i in chunk) - outcome.tokens
+            current -= gain
+            saved += gain
             passes += 1
             if kind == "leaf":
                 leaf += 1
             else:
                 condensed += 1
-        after = await self._db(_store.context_tokens, pool, conversation_id)
-        return SweepReport(before, after, passes, leaf, condensed, conflicts, exhausted, reason)
+        stored = await self._db(_store.context_tokens, pool, conversation_id)
+        return SweepReport(
+            before, before - saved, passes, leaf, condensed, conflicts, exhausted, reason, stored
+        )

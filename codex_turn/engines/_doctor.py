@@ -19,10 +19,19 @@ Theory
 
 *Repairs touch derived data only*: counters, the epoch, item token counts and descendant
 counts are recomputed; an item naming a missing or foreign row is removed; a message the
-projection no longer reaches is appended as a raw item (in ``seq`` order), one reached twice
-loses its raw duplicate; summaries nothing reaches are removed with their edges. A message is
-never deleted, and a problem that cannot be repaired from the rows (a summary whose sources are
-gone) is reported, not guessed at.
+projection no longer reaches goes back in as a raw item where it belongs (before the first
+item that starts after it in ``seq``), one reached twice loses its raw duplicate; summaries
+nothing reaches are removed with their edges. A message is never deleted.
+
+*A summary whose sources are gone* (no edges, gaps, a lost message or child, a source of the
+wrong shape, or such a summary below it) no longer says what it stands for, so it cannot stay
+in the DAG: the context item naming it is *re-pointed at what it summarised*, in its place,
+in source order (each surviving message raw, each intact child summary as it is, broken
+children opened the same way); messages nothing reaches any more (the edges were lost) come
+back by the rule above; the broken summary is then unreachable and removed. Messages whose
+rows are gone cannot be restored (the report names them). Items keep their ordinals where
+they still ascend; an insertion that does not fit the gap shifts what follows (the epoch then
+changes, as it must: the summary layer did).
 
 *Retention* is explicit and never touches an active conversation: :func:`archive` ends a
 session's conversation (the next call for the key starts a new one), :func:`prune` deletes
@@ -36,7 +45,7 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import attrs
 
@@ -99,6 +108,15 @@ class _Findings:
         return False
 
 
+class _Entry(NamedTuple):
+    """One context item of the repaired layout (``ordinal`` None: new, to be placed)."""
+
+    ordinal: int | None
+    message_id: int | None
+    summary_id: str | None
+    tokens: int
+
+
 def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Findings) -> None:
     cid, uid, next_seq, next_ordinal, context_tokens, epoch, synced_len = conv
     name = f"conversation {cid}"
@@ -130,8 +148,17 @@ def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Fin
         (cid,),
     ).fetchall()
 
-    # 3. the DAG (leaf -> messages, condensed -> summaries one level shallower)
+    # 3. the DAG (leaf -> messages, condensed -> summaries one level shallower). A summary
+    # whose sources cannot be followed (gone, or of the wrong shape) is *broken*, and so is
+    # every summary above it: it no longer says which messages it stands for.
     below: dict[str, list[int]] = {}
+    broken: set[str] = set()
+
+    def bad(summary_id: str, problem: str) -> None:
+        broken.add(summary_id)
+        # Repaired below: the summary leaves the context, what it still reaches takes its
+        # place, and it is removed as unreachable (its messages are never touched).
+        f.found(f"{name}: summary {summary_id} {problem}", fixable=True)
 
     def expand(summary_id: str, trail: tuple[str, ...] = ()) -> list[int]:
         if summary_id in below:
@@ -140,37 +167,34 @@ def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Fin
         reached: list[int] = []
         edges = sources.get(summary_id, [])
         if not edges:
-            f.found(f"{name}: summary {summary_id} has no sources", fixable=False)
+            bad(summary_id, "has no sources")
         if [e[0] for e in edges] != list(range(len(edges))):
-            f.found(f"{name}: summary {summary_id} has gaps in its source positions", fixable=False)
+            bad(summary_id, "has gaps in its source positions")
         for _position, message_id, child_id in edges:
             if message_id is not None:
                 if kind != "leaf" or depth != 0:
-                    f.found(
-                        f"{name}: {kind} summary {summary_id} has a message source", fixable=False
-                    )
+                    bad(summary_id, f"({kind}) has a message source")
                 if message_id not in messages:
-                    f.found(
-                        f"{name}: summary {summary_id} lost message {message_id}", fixable=False
-                    )
+                    bad(summary_id, f"lost message {message_id}")
                     continue
                 reached.append(message_id)
             elif child_id is not None:
                 child = summaries.get(child_id)
                 if child is None or child_id in trail:
-                    f.found(f"{name}: summary {summary_id} lost child {child_id}", fixable=False)
+                    bad(summary_id, f"lost child {child_id}")
                     continue
                 if kind != "condensed" or child[1] != depth - 1:
-                    f.found(
-                        f"{name}: summary {summary_id} has a child of the wrong depth",
-                        fixable=False,
-                    )
+                    bad(summary_id, "has a child of the wrong depth")
                 reached.extend(expand(child_id, (*trail, summary_id)))
+                if child_id in broken:
+                    broken.add(summary_id)
         below[summary_id] = reached
         return reached
 
     for summary_id, (_kind, _depth, _tokens, count) in summaries.items():
         reached = expand(summary_id)
+        if summary_id in broken:
+            continue  # leaves the DAG below
         if count != len(reached) and f.found(
             f"{name}: summary {summary_id} descendant_count {count} != {len(reached)}", fixable=True
         ):
@@ -178,84 +202,127 @@ def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Fin
                 "UPDATE summaries SET descendant_count=? WHERE id=?", (len(reached), summary_id)
             )
 
+    def surviving(summary_id: str, trail: tuple[str, ...] = ()) -> list[_Entry]:
+        """What a broken summary still reaches, in source order: its messages raw, intact
+        children as they are, broken children opened the same way."""
+        out: list[_Entry] = []
+        for _position, message_id, child_id in sources.get(summary_id, []):
+            if message_id is not None and message_id in messages:
+                out.append(_Entry(None, message_id, None, messages[message_id][1]))
+            elif child_id is not None and child_id in summaries and child_id not in trail:
+                if child_id in broken:
+                    out.extend(surviving(child_id, (*trail, summary_id)))
+                else:
+                    out.append(_Entry(None, None, child_id, summaries[child_id][2]))
+        return out
+
     # 2. + 4. the projection: valid items, every message reached exactly once
-    coverage: Counter[int] = Counter()
-    used_summaries: set[str] = set()
-    total = 0
+    layout: list[_Entry] = []
     for ordinal, message_id, summary_id, tokens in items:
         if message_id is not None:
             row = messages.get(message_id)
             if row is None:
-                if f.found(f"{name}: item {ordinal} names a missing message", fixable=True):
-                    conn.execute(
-                        "DELETE FROM context_items WHERE conversation_id=? AND ordinal=?",
-                        (cid, ordinal),
-                    )
+                f.found(f"{name}: item {ordinal} names a missing message", fixable=True)
                 continue
-            want, reached = row[1], [message_id]
+            want = row[1]
         else:
             found = summaries.get(summary_id or "")
             if found is None:
-                if f.found(f"{name}: item {ordinal} names a missing summary", fixable=True):
-                    conn.execute(
-                        "DELETE FROM context_items WHERE conversation_id=? AND ordinal=?",
-                        (cid, ordinal),
-                    )
+                f.found(f"{name}: item {ordinal} names a missing summary", fixable=True)
                 continue
             assert summary_id is not None
-            used_summaries.add(summary_id)
-            used_summaries.update(_descendant_summaries(summary_id, sources))
-            want, reached = found[2], below.get(summary_id, [])
-        if tokens != want and f.found(
-            f"{name}: item {ordinal} tokens {tokens} != {want}", fixable=True
-        ):
-            conn.execute(
-                "UPDATE context_items SET tokens=? WHERE conversation_id=? AND ordinal=?",
-                (want, cid, ordinal),
-            )
-            tokens = want
-        total += tokens
-        coverage.update(reached)
-    ordinal_next = max([next_ordinal, *(row[0] + 1 for row in items)])
-    for message_id, (_seq, tokens) in sorted(messages.items(), key=lambda kv: kv[1][0]):
-        times = coverage.get(message_id, 0)
-        if times == 0 and f.found(f"{name}: message {message_id} is not reachable", fixable=True):
-            conn.execute(
-                "INSERT INTO context_items(conversation_id, ordinal, message_id, tokens) "
-                "VALUES (?, ?, ?, ?)",
-                (cid, ordinal_next, message_id, tokens),
-            )
-            ordinal_next += 1
-            total += tokens
-        elif times > 1:
-            raw = [row for row in items if row[1] == message_id]
-            if raw and f.found(
-                f"{name}: message {message_id} is reached {times} times", fixable=True
-            ):
-                conn.execute(
-                    "DELETE FROM context_items WHERE conversation_id=? AND ordinal=?",
-                    (cid, raw[0][0]),
+            if summary_id in broken:
+                # Re-pointed at what it summarised: the first replacement keeps its place.
+                replacement = surviving(summary_id)
+                f.found(
+                    f"{name}: item {ordinal} names summary {summary_id} whose sources are "
+                    f"gone; replaced by its {len(replacement)} surviving source(s)",
+                    fixable=True,
                 )
-                total -= raw[0][3]
-            elif not raw:
+                if replacement:
+                    replacement[0] = replacement[0]._replace(ordinal=ordinal)
+                layout.extend(replacement)
+                continue
+            want = found[2]
+        if tokens != want:
+            f.found(f"{name}: item {ordinal} tokens {tokens} != {want}", fixable=True)
+        layout.append(_Entry(ordinal, message_id, summary_id, want))
+
+    def reached_by(entry: _Entry) -> list[int]:
+        if entry.message_id is not None:
+            return [entry.message_id]
+        return below.get(entry.summary_id or "", [])
+
+    coverage: Counter[int] = Counter()
+    for entry in layout:
+        coverage.update(reached_by(entry))
+    for message_id, (seq, tokens) in sorted(messages.items(), key=lambda kv: kv[1][0]):
+        times = coverage.get(message_id, 0)
+        if times == 0:
+            f.found(f"{name}: message {message_id} is not reachable", fixable=True)
+            # Back where it belongs: before the first item that starts after it (in seq).
+            at = next(
+                (
+                    i
+                    for i, entry in enumerate(layout)
+                    if (first := min((messages[m][0] for m in reached_by(entry)), default=None))
+                    is not None
+                    and first > seq
+                ),
+                len(layout),
+            )
+            layout.insert(at, _Entry(None, message_id, None, tokens))
+        elif times > 1:
+            raw = [i for i, entry in enumerate(layout) if entry.message_id == message_id]
+            if raw:
+                f.found(f"{name}: message {message_id} is reached {times} times", fixable=True)
+                del layout[raw[0]]
+            else:
                 f.found(f"{name}: message {message_id} is in two summaries", fixable=False)
-    for summary_id in sorted(set(summaries) - used_summaries):
-        if f.found(f"{name}: summary {summary_id} is not reachable", fixable=True):
+
+    used_summaries: set[str] = set()
+    for entry in layout:
+        if entry.summary_id is not None:
+            used_summaries.add(entry.summary_id)
+            used_summaries.update(_descendant_summaries(entry.summary_id, sources))
+    unused = sorted(set(summaries) - used_summaries)
+    for summary_id in unused:
+        f.found(f"{name}: summary {summary_id} is not reachable", fixable=True)
+
+    # Ordinals: kept where they still ascend, the next free one otherwise (so a repair
+    # shifts only what follows an insertion that did not fit in the gap).
+    placed: list[tuple[int, int | None, str | None, int]] = []
+    previous = -1
+    for entry in layout:
+        ordinal = (
+            entry.ordinal
+            if entry.ordinal is not None and entry.ordinal > previous
+            else previous + 1
+        )
+        placed.append((ordinal, entry.message_id, entry.summary_id, entry.tokens))
+        previous = ordinal
+    if f.repair:
+        if placed != [tuple(row) for row in items]:
+            conn.execute("DELETE FROM context_items WHERE conversation_id=?", (cid,))
+            conn.executemany(
+                "INSERT INTO context_items(conversation_id, ordinal, message_id, summary_id, "
+                "tokens) VALUES (?, ?, ?, ?, ?)",
+                [(cid, *row) for row in placed],
+            )
+        for summary_id in unused:
             conn.execute("DELETE FROM summary_sources WHERE summary_id=?", (summary_id,))
             conn.execute("DELETE FROM summaries WHERE id=?", (summary_id,))
 
     # 5. cached counters
+    total = sum(row[3] for row in placed)
+    ordinal_next = max([next_ordinal, *(row[0] + 1 for row in placed)])
     seq_next = max([next_seq, *(seq + 1 for seq, _ in messages.values())])
-    layer = conn.execute(
-        "SELECT ordinal, summary_id FROM context_items WHERE conversation_id=? "
-        "AND summary_id IS NOT NULL ORDER BY ordinal",
-        (cid,),
-    ).fetchall()
+    layer = [(row[0], row[2]) for row in placed if row[2] is not None]
     fixes = {
         "context_tokens": (context_tokens, total),
         "next_ordinal": (next_ordinal, ordinal_next),
         "next_seq": (next_seq, seq_next),
-        "epoch": (epoch, compute_epoch(uid, [(row[0], row[1]) for row in layer])),
+        "epoch": (epoch, compute_epoch(uid, layer)),
         "synced_len": (synced_len, synced_len if synced_len <= len(messages) else 0),
     }
     for column, (have, want) in fixes.items():
@@ -282,8 +349,11 @@ def doctor(pool: Pool, repair: bool) -> DoctorReport:
         check = conn.execute("PRAGMA quick_check").fetchall()
         if [tuple(row) for row in check] != [("ok",)]:
             f.found(f"integrity: {len(check)} problem(s) reported by quick_check", fixable=False)
-        for table, _rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check").fetchall():
-            f.found(f"{table}: a row references a missing {parent} row", fixable=False)
+        dangling = [
+            f"{table}: a row references a missing {parent} row"
+            for table, _rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check")
+        ]
+        f.problems.extend(dangling)  # repaired when the conversation's repair removes them
         ids = [row[0] for row in conn.execute("SELECT id FROM conversations ORDER BY id")]
         for cid in ids:
             # One transaction per conversation: other writers wait for one, not for all.
@@ -295,6 +365,17 @@ def doctor(pool: Pool, repair: bool) -> DoctorReport:
                 ).fetchone()
                 if conv is not None:
                     _check_conversation(conn, tuple(conv), f)
+        if repair and dangling:
+            left = Counter(
+                f"{table}: a row references a missing {parent} row"
+                for table, _rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check")
+            )
+            fixed = Counter(dangling) - left
+            f.repaired.extend(fixed.elements())
+            first: dict[str, int] = {}
+            for index, problem in enumerate(f.problems):
+                first.setdefault(problem, index)
+            f.repaired.sort(key=first.__getitem__)  # in the order they were found
         messages = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
         summaries = conn.execute("SELECT count(*) FROM summaries").fetchone()[0]
     return DoctorReport(

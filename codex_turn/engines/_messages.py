@@ -11,7 +11,9 @@ same digest. So the third ``"ok"`` of a session is ``<digest("ok")>.2`` whether 
 through ``after_turn``, a retried ``after_turn``, or a ``bootstrap`` that reads the
 transcript after a restart; a unique index on ``(conversation, source_id)`` then makes a
 second copy impossible. Real messages carry a millisecond ``timestamp``, so ``n`` is almost
-always 0; it only matters for exact repeats.
+always 0; it only matters for exact repeats. ``ingest``/``ingest_batch`` deliver messages
+without their path; there the stored conversation stands in for it (``_store.deliver``), so
+they get the same ids.
 
 :class:`PathIndex` keeps, per session, the digests of the path it saw last time, keyed by the
 *objects* it was handed. The harness shares message dicts between turns (the transcript read
@@ -30,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import operator
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,6 @@ __all__ = [
     "TokenEstimator",
     "analyze",
     "canonical_json",
-    "delivery_identities",
     "digest",
     "encode",
     "estimate_tokens",
@@ -327,58 +327,75 @@ def message_timestamp(message: Mapping[str, Any]) -> int | None:
 class PathIndex:
     """The source ids of one session's path, kept incrementally (see the module docstring).
 
-    Thread-safe: :meth:`plan`, :meth:`range` and :meth:`stored` run in worker threads.
+    Holds digests and counts only, never a message. Thread-safe: its methods (and a
+    :class:`PathScan`'s) run in worker threads.
     """
 
-    __slots__ = ("_counts", "_digests", "_fresh", "_lock", "_occurrences", "_refs")
+    __slots__ = ("_counts", "_digests", "_fresh", "_lock", "_occurrences")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._refs: list[object] = []
         self._digests: list[bytes] = []
         self._occurrences: list[int] = []
         self._counts: dict[bytes, int] = {}
         #: Stored forms of the messages the last refresh hashed (so a sync that inserts
-        #: them does not encode them twice); dropped by the next refresh.
+        #: them does not encode them twice); dropped by the next refresh that hashes.
         self._fresh: dict[int, bytes] = {}
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return len(self._digests)
 
-    def _common_prefix(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        refs = self._refs
-        size = min(len(refs), len(messages))
-        if size == 0:
-            return 0
-        head = messages[:size] if not isinstance(messages, list) else messages
-        if all(map(operator.is_, refs[:size], head)):
-            return size
-        for index, (old, new) in enumerate(zip(refs, head, strict=False)):
-            if old is not new:
-                return index
-        return size  # pragma: no cover - the all() above said otherwise
+    def _id(self, position: int) -> str:
+        return source_id(self._digests[position], self._occurrences[position])
 
-    def _refresh(self, messages: Sequence[Mapping[str, Any]]) -> None:
-        keep = self._common_prefix(messages)
-        if keep < len(self._refs):
-            del self._refs[keep:], self._digests[keep:], self._occurrences[keep:]
+    def _holds(self, message: Mapping[str, Any], position: int) -> bool:
+        return encode(message)[0] == self._digests[position]
+
+    def _truncate(self, keep: int) -> None:
+        if keep < len(self._digests):
+            del self._digests[keep:], self._occurrences[keep:]
             counts: dict[bytes, int] = {}
             for value in self._digests:
                 counts[value] = counts.get(value, 0) + 1
             self._counts = counts
+
+    def _append(self, value: bytes) -> str:
+        seen = self._counts.get(value, 0)
+        self._counts[value] = seen + 1
+        self._digests.append(value)
+        self._occurrences.append(seen)
+        return source_id(value, seen)
+
+    def _known(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """How many leading ``messages`` are those the index saw: the longest prefix whose
+        first and last message have the digests held for their positions (a path changes
+        by appending, branching or compacting, so an unchanged message at ``p`` means an
+        unchanged prefix up to ``p``), found by bisection: O(log n) hashes, O(1) when only
+        appended."""
+        size = min(len(self._digests), len(messages))
+        if size == 0 or not self._holds(messages[0], 0):
+            return 0
+        if self._holds(messages[size - 1], size - 1):
+            return size
+        good, bad = 0, size - 1  # messages[good] agrees, messages[bad] does not
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            if self._holds(messages[middle], middle):
+                good = middle
+            else:
+                bad = middle
+        return good + 1
+
+    def _refresh(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        keep = self._known(messages)
+        self._truncate(keep)
         if keep == len(messages):
             return  # nothing new: the stored forms of the last new messages stay available
-        counts = self._counts
         fresh: dict[int, bytes] = {}
         self._fresh = fresh
         for index in range(keep, len(messages)):
-            message = messages[index]
-            value, fresh[index] = encode(message)
-            seen = counts.get(value, 0)
-            counts[value] = seen + 1
-            self._refs.append(message)
-            self._digests.append(value)
-            self._occurrences.append(seen)
+            value, fresh[index] = encode(messages[index])
+            self._append(value)
 
     def plan(
         self, messages: Sequence[Mapping[str, Any]], synced_len: int, anchor: str | None
@@ -390,14 +407,10 @@ class PathIndex:
         with self._lock:
             self._refresh(messages)
             start = 0
-            if 0 < synced_len <= len(self._refs) and anchor is not None:
-                at = synced_len - 1
-                if source_id(self._digests[at], self._occurrences[at]) == anchor:
-                    start = synced_len
-            return start, [
-                source_id(self._digests[i], self._occurrences[i])
-                for i in range(start, len(self._refs))
-            ]
+            known = 0 < synced_len <= len(self._digests)
+            if known and anchor is not None and self._id(synced_len - 1) == anchor:
+                start = synced_len
+            return start, [self._id(i) for i in range(start, len(self._digests))]
 
     def stored(self, start: int, stop: int) -> list[bytes | None]:
         """The stored forms the last refresh computed for ``[start, stop)`` (``None`` where it
@@ -409,23 +422,74 @@ class PathIndex:
         """The source ids of ``messages[start:]`` (``messages`` being the whole path)."""
         with self._lock:
             self._refresh(messages)
-            return [
-                source_id(self._digests[i], self._occurrences[i])
-                for i in range(start, len(self._refs))
-            ]
+            return [self._id(i) for i in range(start, len(self._digests))]
+
+    def scan(self, *, trust: bool = True) -> PathScan:
+        """A pass over the whole path in order, batch by batch (see :class:`PathScan`)."""
+        return PathScan(self, trust=trust)
 
 
-def delivery_identities(messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[bytes]]:
-    """Source ids (and stored forms) for a delivery without its history (``ingest``,
-    ``ingest_batch``): occurrences count only within the delivery, so a re-delivered message
-    is a duplicate."""
-    counts: dict[bytes, int] = {}
-    ids: list[str] = []
-    stored: list[bytes] = []
-    for message in messages:
-        value, text = encode(message)
-        seen = counts.get(value, 0)
-        counts[value] = seen + 1
-        ids.append(source_id(value, seen))
-        stored.append(text)
-    return ids, stored
+class PathScan:
+    """One in-order pass over a session's path, batch by batch: the streaming form of
+    :meth:`PathIndex.plan` (a bootstrap reading a transcript it never holds whole). No
+    message is kept once its batch is fed.
+
+    With ``trust``, the index's digests stand for the messages they cover (they are not
+    hashed) as long as the pass agrees with them: the first message, and in each batch the
+    last one they cover, are hashed and compared before the batch's ids are handed out, the
+    rule :meth:`PathIndex.plan` applies to a whole path. A disagreement in the first batch
+    drops them; a later one means earlier batches were taken on trust: :meth:`feed` returns
+    ``None`` and the caller starts over with ``trust=False`` (which hashes everything).
+    """
+
+    __slots__ = ("_index", "known", "offset")
+
+    def __init__(self, index: PathIndex, *, trust: bool = True) -> None:
+        self._index = index
+        with index._lock:
+            if not trust:
+                index._truncate(0)
+            #: Positions below this take the index's digests (checked as described above).
+            self.known = len(index)
+        #: Messages fed so far (the position of the next batch's first message).
+        self.offset = 0
+
+    def known_id(self, position: int) -> str:
+        """The id the index holds for ``position`` (below :attr:`known`; on trust)."""
+        with self._index._lock:
+            return self._index._id(position)
+
+    def feed(
+        self, batch: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[str], list[bytes | None]] | None:
+        """``(ids, stored forms)`` of the next ``batch`` of the path (a stored form is
+        ``None`` where the message was not hashed), or ``None``: start over untrusted."""
+        index = self._index
+        start = self.offset
+        with index._lock:
+            trusted = max(0, min(start + len(batch), self.known) - start)
+            if trusted:
+                last = start + trusted - 1
+                agrees = index._holds(batch[trusted - 1], last)
+                if agrees and start == 0 and last > 0:
+                    agrees = index._holds(batch[0], 0)
+                if not agrees:
+                    if start > 0:
+                        return None
+                    index._truncate(0)  # nothing was taken on trust yet: just forget it
+                    self.known = trusted = 0
+            ids = [index._id(p) for p in range(start, start + trusted)]
+            stored: list[bytes | None] = [None] * trusted
+            for message in batch[trusted:]:
+                value, text = encode(message)
+                ids.append(index._append(value))
+                stored.append(text)
+        self.offset = start + len(batch)
+        return ids, stored
+
+    def finish(self) -> None:
+        """The pass reached the end of the path: a path shorter than the index's ends the
+        index there (its last message was checked with its batch)."""
+        with self._index._lock:
+            self._index._truncate(self.offset)
+            self.known = min(self.known, self.offset)

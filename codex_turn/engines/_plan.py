@@ -22,7 +22,10 @@ in descending ordinal order, so only what is kept, plus one item, is ever read):
 
 *Summaries* render from stored fields only, through one fixed template; the *epoch* is a
 hash over the conversation's uid and the ``(ordinal, summary id)`` pairs of its summary
-items: it changes exactly when the summary layer changes.
+items: it changes exactly when the summary layer changes. The uid is itself a function of
+the session key and its generation (:func:`conversation_uid`; a reset starts the next one),
+so the same state gives the same epoch in any store, which is what a prompt cache wants,
+while a reset, and every compaction, still gives a new one.
 
 *Compaction* plans over the items **oldest first**, outside the fresh tail (computed by the
 same function as assembly's): leaf chunks are the oldest runs of raw messages, cut at
@@ -49,6 +52,7 @@ __all__ = [
     "Selection",
     "compute_epoch",
     "condensed_chunk",
+    "conversation_uid",
     "join_ids",
     "leaf_chunks",
     "repair_pairs",
@@ -145,6 +149,14 @@ def summary_message(item: Item) -> dict[str, Any]:
 
 def summary_tokens(text: str, estimator: TokenEstimator) -> int:
     return message_tokens({"role": "user", "content": [{"type": "text", "text": text}]}, estimator)
+
+
+def conversation_uid(session_key: str, generation: int) -> str:
+    """The uid of the ``generation``-th conversation of ``session_key`` (deterministic)."""
+    hasher = hashlib.sha256(
+        f"conversation\0{generation}\0{session_key}".encode("utf-8", "surrogatepass")
+    )
+    return hasher.hexdigest()[:32]
 
 
 def compute_epoch(uid: str, summaries: Iterable[tuple[int, str]]) -> str:

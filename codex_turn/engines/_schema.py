@@ -11,9 +11,14 @@ proceeds, and can never deadlock half-way through as a deferred transaction upgr
 writer can (``SQLITE_BUSY_SNAPSHOT``). Transactions hold no model call and no file I/O other
 than SQLite's own: callers prepare rows before ``BEGIN`` and summarise between transactions.
 
-*The one asynchronous piece* is :class:`StoreAccess`: it runs each unit of work in a worker
-thread (``anyio.to_thread``) and turns a database error (not lock contention) into "the store
-is unhealthy", which is what ``info.owns_compaction`` reports.
+*The one asynchronous piece* is :class:`StoreAccess`: it opens the store lazily, on first use,
+in a worker thread (opening migrates, and may wait up to ``busy_timeout`` for the write lock:
+never on the event loop, never in a constructor), runs each unit of work in a worker thread
+(``anyio.to_thread``) and turns a database error (not lock contention) into "the store is
+unhealthy", which is what ``info.owns_compaction`` reports. A store that cannot be opened
+(not a database, a newer schema, a file that is not this engine's, an unwritable place) is
+remembered as such: every later use raises :class:`StoreError` at once, until ``doctor``
+(an operator's act) tries again. Lock contention while opening is not remembered.
 
 *Connections are pooled, not shared.* A :class:`Pool` hands each worker thread a connection
 of its own for the duration of one operation (``check_same_thread=False``, so a connection
@@ -21,16 +26,23 @@ may move between pool threads, but never serves two at once). There is no proces
 around I/O: SQLite's file lock is the only writer serialisation, across threads and processes
 alike.
 
-*The schema* (``user_version`` 1):
+*The schema* (``user_version`` 2; a version-1 store is migrated in place when opened):
 
 ``conversations``  one per session key while active (a partial unique index); the counters
                    a transaction needs (``next_seq``, ``next_ordinal``, ``context_tokens``),
                    the projection ``epoch``, the path sync checkpoint (``synced_len``,
-                   ``synced_anchor``) and the transcript checkpoint (``boot_*``).
+                   ``synced_anchor``) and the transcript checkpoint (``boot_*``). ``uid`` is
+                   derived from the session key and its generation (``lineages``), so two
+                   stores fed alike name their conversations (and epochs, summaries) alike;
+                   conversations migrated from version 1 keep their random uid.
+``lineages``       per session key, how many conversations it ever started here (a reset
+                   starts the next generation); kept when retention deletes conversations,
+                   so a generation, hence a uid, is never reused in one store.
 ``messages``       every message, never deleted by compaction (ids are never reused, not even
                    after retention: ``AUTOINCREMENT``): ``source_id`` is unique per
                    conversation (``_messages.py``), ``content`` the message's JSON (zlib'd
-                   when large), ``calls``/``results`` its tool-call links.
+                   when large), ``calls``/``results`` its tool-call links; indexed by
+                   ``(conversation, seq)`` for ingest's alignment (``_store.deliver``).
 ``summaries``      the DAG's nodes, ids derived from their sources (deterministic), linked to
                    their sources by ``summary_sources`` (a message *or* a child summary).
 ``context_items``  the ordered projection: ``(conversation, ordinal)`` -> one message or one
@@ -63,7 +75,7 @@ from codex_turn._log import format_error, get_logger
 
 __all__ = ["SCHEMA_VERSION", "Pool", "StoreAccess", "StoreError", "read_tx", "write_tx"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _log = get_logger("codex_turn.engines.sqlite")
 T = TypeVar("T")
@@ -101,6 +113,10 @@ _TABLES: Final = (
         results TEXT,
         content BLOB NOT NULL,
         UNIQUE(conversation_id, source_id))""",
+    "CREATE INDEX messages_order ON messages(conversation_id, seq)",
+    """CREATE TABLE lineages(
+        session_key TEXT PRIMARY KEY,
+        started INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE summaries(
         id TEXT PRIMARY KEY,
         conversation_id INTEGER NOT NULL REFERENCES conversations(id),
@@ -148,6 +164,17 @@ _TABLES: Final = (
         attempts INTEGER NOT NULL DEFAULT 0,
         next_attempt_after REAL NOT NULL DEFAULT 0,
         last_error TEXT)""",
+)
+
+#: Version 1 -> 2: the seq index and the lineages (generations count the conversations a key
+#: already has, so no migrated conversation's generation is ever handed out again).
+_MIGRATE_1: Final = (
+    "CREATE INDEX messages_order ON messages(conversation_id, seq)",
+    """CREATE TABLE lineages(
+        session_key TEXT PRIMARY KEY,
+        started INTEGER NOT NULL) WITHOUT ROWID""",
+    "INSERT INTO lineages(session_key, started) "
+    "SELECT session_key, count(*) FROM conversations GROUP BY session_key",
 )
 
 _BUSY_WORDS: Final = ("locked", "busy")
@@ -265,6 +292,10 @@ class Pool:
                     raise StoreError("the file holds tables that are not this engine's")
                 for statement in _TABLES:
                     conn.execute(statement)
+            elif version == 1:
+                for statement in _MIGRATE_1:
+                    conn.execute(statement)
+            if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextlib.contextmanager
@@ -312,22 +343,65 @@ class Pool:
 
 
 class StoreAccess:
-    """The pool and its health, shared by the engine and its compactor (no reference back
-    to the engine, so a dropped engine is freed at once, without waiting for the GC)."""
+    """The pool (opened lazily) and its health, shared by the engine and its compactor (no
+    reference back to the engine, so a dropped engine is freed at once, without the GC)."""
 
     def __init__(self, path: str, busy_timeout_s: float) -> None:
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
         self.error: str | None = None
         self.pool: Pool | None = None
-        try:
-            self.pool = Pool(path, busy_timeout_s=busy_timeout_s)
-        except (sqlite3.Error, StoreError, OSError) as error:
-            self.error = format_error(error)
-            _log.warning("sqlite context store unavailable", error=self.error)
+        #: The open failed for a reason other than contention: remembered (see the header).
+        self.open_failed = False
+        self.closed = False
+        self._open_lock = threading.Lock()
+
+    def open(self, *, retry: bool = False) -> Pool:
+        """The pool, opening (and migrating) the store first if needed. Blocking: call it in
+        a worker thread (:meth:`ready`). ``retry`` tries again after a failed open."""
+        with self._open_lock:
+            if self.closed:
+                raise StoreError("the store is closed")
+            if self.pool is not None:
+                return self.pool
+            if self.open_failed and not retry:
+                raise StoreError(f"the context store is unavailable: {self.error}")
+            try:
+                self.pool = Pool(self.path, busy_timeout_s=self.busy_timeout_s)
+            except (sqlite3.Error, StoreError, OSError) as error:
+                if isinstance(error, sqlite3.OperationalError) and _is_busy(error):
+                    raise  # contention, not a broken store: the next use tries again
+                self._failed(error)
+                raise StoreError(f"the context store is unavailable: {self.error}") from error
+            self.open_failed = False
+            self.error = None
+            return self.pool
+
+    def _failed(self, error: BaseException) -> None:
+        self.open_failed = True
+        self.error = format_error(error)
+        _log.warning("sqlite context store unavailable", error=self.error)
+
+    async def ready(self) -> Pool:
+        """The open pool; the first call opens the store in a worker thread."""
+        pool = self.pool
+        if pool is not None and not self.closed:
+            return pool
+        return await anyio.to_thread.run_sync(self.open)
 
     def require(self) -> Pool:
         if self.pool is None:
-            raise StoreError(f"the context store is unavailable: {self.error}")
+            if self.closed:
+                raise StoreError("the store is closed")
+            raise StoreError(f"the context store is unavailable: {self.error or 'not open'}")
         return self.pool
+
+    def close(self) -> None:
+        with self._open_lock:
+            self.closed = True
+            pool = self.pool
+        if pool is not None:
+            pool.close()
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking store work in a worker thread; a database error marks the store

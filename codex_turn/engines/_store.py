@@ -4,12 +4,23 @@ Theory
 ------
 Each function is one unit of work on the :class:`~codex_turn.engines._schema.Pool`:
 
-* :func:`conversation` finds (or creates) the active conversation of a session key.
-* :func:`insert_messages` is the only way messages enter: inside ``BEGIN IMMEDIATE`` it asks
-  which source ids already exist, inserts the others with explicit, consecutive row ids,
-  appends one context item per message and advances the counters and, for a path sync, the
-  checkpoint. Two writers (threads or processes) delivering the same messages are serialised
-  by SQLite's write lock; the second sees the first's rows and inserts nothing.
+* :func:`conversation` finds (or creates) the active conversation of a session key; a new
+  one is the key's next generation (``lineages``), its uid derived from both.
+* :func:`insert_messages` (a path sync) and :func:`deliver` (``ingest``/``ingest_batch``) are
+  the only ways messages enter: inside ``BEGIN IMMEDIATE`` they ask which source ids already
+  exist, insert the others with explicit, consecutive row ids, append one context item per
+  message and advance the counters and, for a path sync, the checkpoint. Two writers (threads
+  or processes) delivering the same messages are serialised by SQLite's write lock; the
+  second sees the first's rows and inserts nothing.
+* :func:`deliver` names messages that come without their path. The stored conversation *is*
+  the path, so a delivery is aligned with it, in the transaction: a run of the delivery that
+  repeats a stored run is a re-delivery (it keeps the stored ids) when the run reaches the
+  stored end (a retry, a replay of the history so far) or holds a message with its own
+  identity (a ``timestamp``); anything else is appended, each message numbered one past its
+  digest's highest stored occurrence, exactly the id a path sync gives it. So the user saying
+  "ok" again (after anything else) is a second message, and a retried or replayed delivery
+  adds nothing. A lone timestamp-less message that repeats the newest stored one is taken as
+  a retry: without a timestamp or a path the two cannot be told apart.
 * :func:`stream_items` runs one joined query (items left-joined to their message and
   summary) in descending ordinal order and hands the cursor to a consumer, so assembly reads
   only the rows it keeps.
@@ -18,7 +29,8 @@ Each function is one unit of work on the :class:`~codex_turn.engines._schema.Poo
   range inside its transaction and writes nothing if anything there changed (another process
   compacted meanwhile), so a summary computed outside any transaction can never be applied
   to a context it was not computed from. The summary, its source edges, the range's
-  replacement, the token counter and the epoch change in that one transaction.
+  replacement, the token counter and the epoch change in that one transaction, which
+  returns the tokens it applied (the sweep's own accounting).
 * the ledger (:func:`has_turn`, :func:`record_turn`), the transcript checkpoint and the
   compaction debt (:func:`debt`, :func:`set_debt`, :func:`settle_debt`).
 
@@ -30,12 +42,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
-from codex_turn.engines._plan import Item, compute_epoch, split_ids
+from codex_turn.engines._plan import Item, compute_epoch, conversation_uid, split_ids
 from codex_turn.engines._schema import Pool
 
 __all__ = [
@@ -46,6 +57,7 @@ __all__ = [
     "conversation",
     "debt",
     "decode_content",
+    "deliver",
     "encode_content",
     "has_turn",
     "insert_messages",
@@ -137,7 +149,15 @@ def conversation(pool: Pool, key: str, *, create: bool = True) -> Conversation |
         with pool.write(conn):
             row = conn.execute(select, (key,)).fetchone()
             if row is None:
-                uid = uuid.uuid4().hex
+                started = conn.execute(
+                    "SELECT started FROM lineages WHERE session_key=?", (key,)
+                ).fetchone()
+                uid = conversation_uid(key, started[0] if started is not None else 0)
+                conn.execute(
+                    "INSERT INTO lineages(session_key, started) VALUES (?, 1) "
+                    "ON CONFLICT(session_key) DO UPDATE SET started=started+1",
+                    (key,),
+                )
                 conn.execute(
                     "INSERT INTO conversations(uid, session_key, created_at, epoch) "
                     "VALUES (?, ?, ?, ?)",
@@ -168,6 +188,50 @@ def held_ids(pool: Pool, conversation_id: int, source_ids: Sequence[str]) -> set
     return held
 
 
+def _insert(conn: sqlite3.Connection, conversation_id: int, prepared: Sequence[Prepared]) -> int:
+    """Insert the messages of ``prepared`` not held yet, in order (inside a write)."""
+    held: set[str] = set()
+    ids = [p.source_id for p in prepared]
+    for sql, batch in _in_batches(_HELD, ids):
+        held.update(row[0] for row in conn.execute(sql, (conversation_id, *batch)))
+    seq, ordinal = conn.execute(
+        "SELECT next_seq, next_ordinal FROM conversations WHERE id=?", (conversation_id,)
+    ).fetchone()
+    # AUTOINCREMENT's high-water mark: ids are never reused (the decode cache relies on it).
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='messages'").fetchone()
+    next_id = int(row[0]) if row is not None else 0
+    rows: list[tuple[Any, ...]] = []
+    items: list[tuple[int, int, int, int]] = []
+    added_tokens = 0
+    for message in prepared:
+        if message.source_id in held:
+            continue
+        held.add(message.source_id)
+        next_id += 1
+        rows.append((next_id, conversation_id, seq, *message))
+        items.append((conversation_id, ordinal, next_id, message.tokens))
+        added_tokens += message.tokens
+        seq += 1
+        ordinal += 1
+    if rows:
+        conn.executemany(
+            "INSERT INTO messages(id, conversation_id, seq, source_id, role, tokens, ts, "
+            "calls, results, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        conn.executemany(
+            "INSERT INTO context_items(conversation_id, ordinal, message_id, tokens) "
+            "VALUES (?, ?, ?, ?)",
+            items,
+        )
+    conn.execute(
+        "UPDATE conversations SET next_seq=?, next_ordinal=?, context_tokens=context_tokens+? "
+        "WHERE id=?",
+        (seq, ordinal, added_tokens, conversation_id),
+    )
+    return len(rows)
+
+
 def insert_messages(
     pool: Pool,
     conversation_id: int,
@@ -179,51 +243,86 @@ def insert_messages(
 
     ``synced=(length, anchor)`` also advances the path checkpoint (a path sync)."""
     with pool.connection() as conn, pool.write(conn):
-        held: set[str] = set()
-        ids = [p.source_id for p in prepared]
-        for sql, batch in _in_batches(_HELD, ids):
-            held.update(row[0] for row in conn.execute(sql, (conversation_id, *batch)))
-        seq, ordinal = conn.execute(
-            "SELECT next_seq, next_ordinal FROM conversations WHERE id=?", (conversation_id,)
-        ).fetchone()
-        # AUTOINCREMENT's high-water mark: ids are never reused (the decode cache relies on it).
-        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='messages'").fetchone()
-        next_id = int(row[0]) if row is not None else 0
-        rows: list[tuple[Any, ...]] = []
-        items: list[tuple[int, int, int, int]] = []
-        added_tokens = 0
-        for message in prepared:
-            if message.source_id in held:
-                continue
-            held.add(message.source_id)
-            next_id += 1
-            rows.append((next_id, conversation_id, seq, *message))
-            items.append((conversation_id, ordinal, next_id, message.tokens))
-            added_tokens += message.tokens
-            seq += 1
-            ordinal += 1
-        if rows:
-            conn.executemany(
-                "INSERT INTO messages(id, conversation_id, seq, source_id, role, tokens, ts, "
-                "calls, results, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
-            conn.executemany(
-                "INSERT INTO context_items(conversation_id, ordinal, message_id, tokens) "
-                "VALUES (?, ?, ?, ?)",
-                items,
-            )
-        conn.execute(
-            "UPDATE conversations SET next_seq=?, next_ordinal=?, context_tokens=context_tokens+? "
-            "WHERE id=?",
-            (seq, ordinal, added_tokens, conversation_id),
-        )
+        count = _insert(conn, conversation_id, prepared)
         if synced is not None:
             conn.execute(
                 "UPDATE conversations SET synced_len=?, synced_anchor=? WHERE id=?",
                 (*synced, conversation_id),
             )
-        return len(rows)
+        return count
+
+
+#: At most this many stored occurrences of one digest are tried as alignment starts (the
+#: newest first): only timestamp-less repeats have more than one.
+_ALIGN_CANDIDATES: Final = 64
+
+
+def _occurrences(
+    conn: sqlite3.Connection, conversation_id: int, digest_hex: str
+) -> list[tuple[int, int]]:
+    """``(seq, occurrence)`` of every stored message with this digest, newest first."""
+    rows = conn.execute(
+        "SELECT seq, source_id FROM messages WHERE conversation_id=? AND source_id>=? "
+        "AND source_id<?",
+        (conversation_id, digest_hex + ".", digest_hex + "/"),
+    ).fetchall()
+    return sorted(((seq, int(sid.rsplit(".", 1)[1])) for seq, sid in rows), reverse=True)
+
+
+def deliver(
+    pool: Pool,
+    conversation_id: int,
+    digests: Sequence[bytes],
+    stamped: Sequence[bool],
+    prepared: Sequence[Prepared],
+) -> int:
+    """Store a delivery without its path (see the module docstring); returns how many
+    messages were new. ``prepared`` carries everything but the source ids."""
+    count = len(digests)
+    with pool.connection() as conn, pool.write(conn):
+        end = conn.execute(
+            "SELECT next_seq FROM conversations WHERE id=?", (conversation_id,)
+        ).fetchone()[0]
+        # A digest held at all is held as occurrence 0 (messages are never deleted): one
+        # batched query finds them, and only those are looked up one by one.
+        firsts = [value.hex() + ".0" for value in dict.fromkeys(digests)]
+        held: set[str] = set()
+        for sql, batch in _in_batches(_HELD, firsts):
+            held.update(row[0][:-2] for row in conn.execute(sql, (conversation_id, *batch)))
+        found: dict[bytes, list[tuple[int, int]]] = {}
+        following: dict[bytes, int] = {}
+        chosen: list[Prepared] = []
+        tail_open = True  # nothing appended yet: a run may still line up with the end
+        index = 0
+        while index < count:
+            value = digests[index]
+            if value not in found:
+                hexed = value.hex()
+                found[value] = _occurrences(conn, conversation_id, hexed) if hexed in held else []
+                following[value] = max((n for _, n in found[value]), default=-1) + 1
+            best: list[str] = []
+            for start, _n in found[value][:_ALIGN_CANDIDATES]:
+                stored = conn.execute(
+                    "SELECT source_id FROM messages WHERE conversation_id=? AND seq>=? "
+                    "ORDER BY seq LIMIT ?",
+                    (conversation_id, start, count - index),
+                ).fetchall()
+                run: list[str] = []
+                for offset, (sid,) in enumerate(stored):
+                    if sid.rsplit(".", 1)[0] != digests[index + offset].hex():
+                        break
+                    run.append(sid)
+                reaches_end = tail_open and start + len(run) == end
+                if (reaches_end or any(stamped[index : index + len(run)])) and len(run) > len(best):
+                    best = run
+            if best:
+                index += len(best)  # a re-delivery of a stored run: nothing to add
+                continue
+            chosen.append(prepared[index]._replace(source_id=f"{value.hex()}.{following[value]}"))
+            following[value] += 1
+            tail_open = False
+            index += 1
+        return _insert(conn, conversation_id, chosen) if chosen else 0
 
 
 def has_turn(pool: Pool, conversation_id: int, turn_key: str) -> bool:
@@ -384,9 +483,10 @@ def _summary_layer(conn: sqlite3.Connection, conversation_id: int) -> list[tuple
 
 def commit_summary(
     pool: Pool, conversation_id: int, chunk: Sequence[Item], summary: NewSummary
-) -> bool:
-    """Replace ``chunk`` (consecutive items) by ``summary``; ``False`` (nothing written) when
-    the items in that ordinal range are no longer exactly ``chunk``."""
+) -> int | None:
+    """Replace ``chunk`` (consecutive items) by ``summary``; returns the summary item's
+    tokens, or ``None`` (nothing written) when the items in that ordinal range are no longer
+    exactly ``chunk``."""
     first, last = chunk[0].ordinal, chunk[-1].ordinal
     planned = [(i.ordinal, i.message_id, i.summary_id) for i in chunk]
     removed = sum(i.tokens for i in chunk)
@@ -397,7 +497,7 @@ def commit_summary(
             (conversation_id, first, last),
         ).fetchall()
         if [tuple(row) for row in current] != planned:
-            return False
+            return None
         conn.execute(
             "INSERT OR IGNORE INTO summaries(id, conversation_id, kind, depth, content, tokens, "
             "source_tokens, descendant_count, earliest_ts, latest_ts, summarizer, created_at) "
@@ -442,7 +542,7 @@ def commit_summary(
             "UPDATE conversations SET context_tokens=context_tokens-?+?, epoch=? WHERE id=?",
             (removed, tokens, epoch, conversation_id),
         )
-        return True
+        return int(tokens)
 
 
 def context_tokens(pool: Pool, conversation_id: int) -> int:

@@ -11,39 +11,49 @@ sources, so summaries form a DAG over the raw messages and nothing is ever delet
 *Idempotent by construction.* A message's identity is a function of the session's path
 (``_messages.py``), unique per conversation in the store, so whoever delivers it, however
 often: ``after_turn`` (and its retries), ``bootstrap`` after a restart, ``assemble``'s
-catch-up, they can only add what is missing. ``after_turn`` also keeps a per-turn ledger
-keyed by the hash of the new messages' identities, so a retried turn returns before touching
-the messages at all. A path sync is checkpointed (``synced_len`` and the identity at that
-point): an appended transcript costs O(new messages), a rewritten one is reconciled whole.
+catch-up, they can only add what is missing. ``ingest``/``ingest_batch`` deliver messages
+without their path: they are aligned with the stored conversation (``_store.deliver``), so a
+re-delivery adds nothing while a genuinely repeated message gets the id a path would give it.
+``after_turn`` also keeps a per-turn ledger keyed by the hash of the new messages'
+identities, so a retried turn returns before touching the messages at all. A path sync is
+checkpointed (``synced_len`` and the identity at that point): an appended transcript costs
+O(new messages), a rewritten one is reconciled whole.
 Bootstrap also checkpoints the transcript file (path, device, inode, size, mtime): an
 unchanged file is not even read.
 
-*Nothing blocks the event loop, nothing waits for a model in the foreground.* All database
-and file work runs in worker threads (``anyio.to_thread``), in short transactions
-(``BEGIN IMMEDIATE``, never across a summariser call or file I/O). Each session has two
-locks: an *ingest* lock (bootstrap, ingest, after_turn, assemble's catch-up) and a *compact*
-lock (one sweep at a time). A sweep's passes read, summarise outside any transaction, then
-commit optimistically (nothing is written if the context changed meanwhile), so turns never
-wait for a sweep, and several processes can share one store. ``after_turn`` only records
-compaction *debt* when stored context crosses ``threshold`` x budget; ``maintain`` drains it,
-with a model-calling summariser only when the host runs it in the background
-(``allowDeferredCompactionExecution``).
+*Nothing blocks the event loop, nothing waits for a model in the foreground.* The
+constructor does no I/O: the store is opened (and migrated) on first use, in a worker
+thread. All database and file work runs in worker threads (``anyio.to_thread``), in short
+transactions (``BEGIN IMMEDIATE``, never across a summariser call or file I/O). Each session
+has two locks: an *ingest* lock (bootstrap, ingest, after_turn, assemble's catch-up) and a
+*compact* lock (one sweep at a time); a lock is dropped from the table when its last holder
+or waiter leaves, so the table holds only the sessions in flight. A sweep's passes read,
+summarise outside any transaction, then commit optimistically (nothing is written if the
+context changed meanwhile), so turns never wait for a sweep, and several processes can share
+one store. ``after_turn`` only records compaction *debt* when stored context crosses
+``threshold`` x budget; ``maintain`` drains it, with a model-calling summariser only when the
+host runs it in the background (``allowDeferredCompactionExecution``).
 
 *Deterministic assembly.* ``assemble`` streams the context newest-first from one joined
 query and keeps the fresh tail, then older items while they fit (``_plan.py``); the same
 state and budget always give the same bytes, and the ``thread_bootstrap`` epoch changes only
-when the summary layer does.
+when the summary layer does (or a reset starts a new conversation); it is derived from the
+session key, its generation and the summary layer, so it is the same in any store fed alike.
 
-*Honest compaction.* ``tokens_before``/``tokens_after`` are the stored context before and
-after; ``compacted`` is ``tokens_after < tokens_before``; a sweep that cannot reach its target
-says ``exhausted``. ``info.owns_compaction`` is true only while the store is healthy: a store
-that cannot be opened, or fails with a database error, hands compaction back to Codex.
+*Honest compaction.* ``tokens_before`` is the stored context the sweep started from,
+``tokens_after`` that minus what the sweep itself removed (turns ingested meanwhile are not
+the sweep's; ``details.storedAfter`` has the measured end); ``compacted`` is ``tokens_after <
+tokens_before``; a sweep that cannot reach its target says ``exhausted``.
+``info.owns_compaction`` is true unless the store is known to be unusable: a store that
+cannot be opened (every call then raises :class:`~codex_turn.engines.StoreError`), or fails
+with a database error, hands compaction back to Codex; ``doctor`` tries again.
 
 Logs carry ids, counts and durations only (never message text).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -52,7 +62,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
@@ -64,9 +74,9 @@ from codex_turn.engines import _doctor, _store
 from codex_turn.engines._compaction import Compactor
 from codex_turn.engines._messages import (
     PathIndex,
+    PathScan,
     TokenEstimator,
     analyze,
-    delivery_identities,
     encode,
     estimate_tokens,
     message_timestamp,
@@ -104,7 +114,7 @@ from codex_turn.harness.engine import (
 )
 from codex_turn.harness.frozen import freeze
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
-from codex_turn.harness.session import SessionError, load_session_context
+from codex_turn.harness.session import SessionError, iter_session_messages
 
 __all__ = ["ENGINE_ID", "SqliteContextEngine"]
 
@@ -126,11 +136,29 @@ def _stat(path: str) -> Boot | None:
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _read_path(path: str) -> list[AgentMessage]:
-    # load_session_context raises on an unreadable file (load_session_messages would read as
-    # empty, and the checkpoint would then skip a transcript it never read).
-    messages = load_session_context(path).messages
-    return strip_runtime_context_messages(messages)
+class _PathChanged(Exception):
+    """The transcript's path is not the one the index knew: start over untrusted."""
+
+
+def _next_batch(
+    batches: Iterator[list[AgentMessage]], scan: PathScan
+) -> tuple[list[AgentMessage], list[str], list[bytes | None]] | None:
+    """The next non-empty batch of the path with its ids and stored forms, ``None`` at the
+    end (a worker thread: reading, stripping and hashing are all O(batch))."""
+    for batch in batches:
+        kept = list(strip_runtime_context_messages(batch))
+        if kept:
+            fed = scan.feed(kept)
+            if fed is None:
+                raise _PathChanged
+            return kept, *fed
+    return None
+
+
+def _close(batches: Iterator[list[AgentMessage]]) -> None:
+    close = getattr(batches, "close", None)  # a generator; an empty read is a plain iterator
+    if close is not None:
+        close()
 
 
 def _positive_int(value: object) -> int | None:
@@ -167,11 +195,13 @@ class SqliteContextEngine:
         self._estimate = token_estimator
         self._fallback = ExtractiveSummarizer(token_estimator)
         self._summarizer: Summarizer = summarizer or self._fallback
-        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        #: ``(kind, key) -> [lock, users]``: users hold or wait for the lock (see ``_hold``).
+        self._locks: dict[tuple[str, str], list[Any]] = {}
         self._locks_loop: object = None
         self._paths: OrderedDict[str, PathIndex] = OrderedDict()
         self._decoded: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._decoded_lock = threading.Lock()
+        # Nothing is opened here (see the module docstring): the first call opens the store.
         self._access = StoreAccess(target, self.settings.busy_timeout_s)
         self._db = self._access.run
         self._require_pool = self._access.require
@@ -210,23 +240,42 @@ class SqliteContextEngine:
 
     @property
     def healthy(self) -> bool:
-        """The store opened and no database error has been seen since."""
-        return self._access.pool is not None and self._access.error is None
+        """No failure is known: the store opened (or was not needed yet) and no database error
+        has been seen since."""
+        return self._access.error is None and not self._access.closed
 
     @property
     def summarizer(self) -> Summarizer:
         return self._summarizer
 
-    def _lock(self, kind: str, key: str) -> anyio.Lock:
+    @contextlib.asynccontextmanager
+    async def _hold(self, kind: str, key: str) -> AsyncIterator[None]:
+        """Hold the session's ``kind`` lock. The entry counts its users (holder and waiters),
+        registered before the first await, and leaves the table when the last one leaves: so
+        nobody can still be about to acquire a lock that was dropped, and a new lock is only
+        ever made when no one holds or waits for the old one."""
         # Locks belong to an event loop: an engine reused by a later event loop (a host that
         # runs one loop per command) starts with fresh ones.
         token = anyio.lowlevel.current_token()
         if token != self._locks_loop:
             self._locks_loop, self._locks = token, {}
-        lock = self._locks.get((kind, key))
-        if lock is None:
-            lock = self._locks[(kind, key)] = anyio.Lock()
-        return lock
+        table = self._locks
+        entry = table.get((kind, key))
+        if entry is None:
+            entry = table[(kind, key)] = [anyio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and table.get((kind, key)) is entry:
+                del table[(kind, key)]
+
+    async def _ready(self) -> None:
+        """Open the store on first use (in a worker thread); raises StoreError when it
+        cannot be opened."""
+        await self._access.ready()
 
     def _path_index(self, key: str) -> PathIndex:
         index = self._paths.get(key)
@@ -335,14 +384,81 @@ class SqliteContextEngine:
             return 0, "no transcript"
         if conv.boot == boot:
             return 0, "checkpoint"
-        messages = await anyio.to_thread.run_sync(_read_path, session_file)
-        imported = await self._sync_path(key, conv.id, messages)
+        index = self._path_index(key)
+        imported, complete = await self._stream_path(conv, session_file, index, trust=True)
+        if not complete:  # the path is not the one the index knew: every message hashed
+            more, complete = await self._stream_path(conv, session_file, index, trust=False)
+            imported += more
+            assert complete
+        # Only now: a crash before this re-reads the transcript next time.
         await self._db(_store.set_checkpoint, self._require_pool(), conv.id, boot)
         return imported, None
 
+    async def _stream_path(
+        self, conv: _store.Conversation, session_file: str, index: PathIndex, *, trust: bool
+    ) -> tuple[int, bool]:
+        """:meth:`_sync_path` over a transcript read in batches (``iter_session_messages``):
+        a cold read never holds the parsed transcript whole, whose size in objects would make
+        every full garbage collection (which holds the GIL) block the event loop. Returns
+        ``(imported, complete)``; not complete: start over untrusted (:class:`PathScan`)."""
+        scan = await anyio.to_thread.run_sync(functools.partial(index.scan, trust=trust))
+        synced = (conv.synced_len, conv.synced_anchor)
+        # What the store synced is skipped unread when the index vouches for its anchor (as
+        # in _sync_path); otherwise every batch is reconciled with what the store holds.
+        skip = 0
+        if 0 < synced[0] <= scan.known and scan.known_id(synced[0] - 1) == synced[1]:
+            skip = synced[0]
+        imported = 0
+        last: str | None = None
+        chunk = self.settings.sync_chunk
+        batches = await anyio.to_thread.run_sync(iter_session_messages, session_file, chunk)
+        try:
+            while True:
+                try:
+                    fed = await anyio.to_thread.run_sync(_next_batch, batches, scan)
+                except _PathChanged:
+                    return imported, False
+                if fed is None:
+                    break
+                batch, ids, stored = fed
+                end = scan.offset
+                if scan.known < skip:
+                    skip = 0  # the first batch disagreed with the index: nothing is vouched for
+                last = ids[-1]
+                if end <= skip:
+                    continue
+                first = max(0, skip - (end - len(batch)))
+                # The checkpoint only moves forward over what is synced; a shorter path (a
+                # rewrite) gets its checkpoint after the last batch.
+                moved = (end, last) if end >= synced[0] else None
+                imported += await self._db(
+                    self._insert_chunk,
+                    conv.id,
+                    ids[first:],
+                    batch[first:],
+                    stored[first:],
+                    moved,
+                )
+                synced = moved or synced
+                del batch, ids, stored, fed  # nothing of a batch outlives it
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_close, batches)
+        await anyio.to_thread.run_sync(scan.finish)
+        if scan.offset and synced != (scan.offset, last):
+            await self._db(
+                _store.insert_messages,
+                self._require_pool(),
+                conv.id,
+                [],
+                synced=(scan.offset, last),
+            )
+        return imported, True
+
     async def bootstrap(self, params: BootstrapParams) -> BootstrapResult:
         key = params.session_key or params.session_id
-        async with self._lock("ingest", key):
+        await self._ready()
+        async with self._hold("ingest", key):
             imported, reason = await self._catch_up_file(key, params.session_file)
         if reason == "no transcript":
             return BootstrapResult(bootstrapped=False, imported_messages=0, reason=reason)
@@ -354,13 +470,22 @@ class SqliteContextEngine:
             )
         return BootstrapResult(bootstrapped=True, imported_messages=imported, reason=reason)
 
+    def _deliver_sync(self, conversation_id: int, messages: Sequence[AgentMessage]) -> int:
+        encoded = [encode(message) for message in messages]
+        stamped = [message_timestamp(message) is not None for message in messages]
+        prepared = self._prepare(
+            [""] * len(messages), messages, [stored for _, stored in encoded]
+        )  # source ids are given inside the transaction (_store.deliver)
+        digests = [value for value, _ in encoded]
+        return _store.deliver(self._require_pool(), conversation_id, digests, stamped, prepared)
+
     async def _deliver(self, key: str, messages: Sequence[AgentMessage]) -> int:
-        async with self._lock("ingest", key):
+        await self._ready()
+        if not messages:
+            return 0
+        async with self._hold("ingest", key):
             conv = await self._conversation(key)
-            ids, stored = delivery_identities(messages)
-            return await self._db(
-                self._insert_chunk, conv.id, ids, list(messages), list(stored), None
-            )
+            return await self._db(self._deliver_sync, conv.id, list(messages))
 
     async def ingest(self, params: IngestParams) -> IngestResult:
         count = await self._deliver(params.session_key or params.session_id, [params.message])
@@ -375,7 +500,8 @@ class SqliteContextEngine:
         messages = params.messages
         pre = max(0, min(params.pre_prompt_message_count, len(messages)))
         budget = self._budget(params.token_budget, params.runtime_context)
-        async with self._lock("ingest", key):
+        await self._ready()
+        async with self._hold("ingest", key):
             conv = await self._conversation(key)
             if pre < len(messages):
                 index = self._path_index(key)
@@ -431,12 +557,13 @@ class SqliteContextEngine:
     async def assemble(self, params: AssembleParams) -> AssembleResult:
         key = params.session_key or params.session_id
         budget = self._budget(params.token_budget)
+        await self._ready()
         conv = await self._conversation(key)
         if params.messages and len(params.messages) != conv.synced_len:
             # A safety net for runners without bootstrap (the harness bootstraps first, which
             # checks the transcript itself): a history of the synced length is taken as
             # synced, so assembly never hashes the history.
-            async with self._lock("ingest", key):
+            async with self._hold("ingest", key):
                 await self._sync_path(key, conv.id, params.messages)
         messages, tokens, epoch = await self._db(
             _store.stream_items,
@@ -455,9 +582,10 @@ class SqliteContextEngine:
     async def compact(self, params: CompactParams) -> CompactResult:
         key = params.session_key or params.session_id
         budget = self._budget(params.token_budget, params.runtime_context)
+        await self._ready()
         if params.session_file:
             try:
-                async with self._lock("ingest", key):
+                async with self._hold("ingest", key):
                     await self._catch_up_file(key, params.session_file)
             except SessionError as error:
                 # Compact what the store holds; the transcript is caught up next time.
@@ -468,7 +596,7 @@ class SqliteContextEngine:
                 )
         conv = await self._conversation(key)
         started = time.monotonic()
-        async with self._lock("compact", key):
+        async with self._hold("compact", key):
             report = await self._compactor.sweep(
                 conv.id,
                 budget,
@@ -482,10 +610,12 @@ class SqliteContextEngine:
             passes=report.passes,
             tokens_before=report.tokens_before,
             tokens_after=report.tokens_after,
+            stored_after=report.stored_after,
             exhausted=report.exhausted,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
         )
-        paid = report.tokens_after <= self.settings.threshold * budget or report.exhausted
+        # Debt is about what is stored now, turns ingested during the sweep included.
+        paid = report.stored_after <= self.settings.threshold * budget or report.exhausted
         if paid:
             pool = self._require_pool()
             debt = await self._db(_store.debt, pool, conv.id)
@@ -507,6 +637,7 @@ class SqliteContextEngine:
                     "condensedPasses": report.condensed_passes,
                     "conflicts": report.conflicts,
                     "exhausted": report.exhausted,
+                    "storedAfter": report.stored_after,
                     "tokenBudget": budget,
                 },
             ),
@@ -518,6 +649,7 @@ class SqliteContextEngine:
         key = params.session_key or params.session_id
         runtime = params.runtime_context or {}
         background = runtime.get("allowDeferredCompactionExecution") is True
+        await self._ready()
         conv = await self._existing(key)
         reason: str | None = None
         if conv is not None:
@@ -546,7 +678,7 @@ class SqliteContextEngine:
             return "compaction backing off"
         budget = debt.budget or budget or self.settings.default_token_budget
         try:
-            async with self._lock("compact", key):
+            async with self._hold("compact", key):
                 report = await self._compactor.sweep(
                     conversation_id, budget, force=False, allow_model=background
                 )
@@ -560,7 +692,7 @@ class SqliteContextEngine:
                 backoff_s=self.settings.debt_backoff_s,
             )
             raise
-        resolved = report.tokens_after <= self.settings.threshold * budget or report.exhausted
+        resolved = report.stored_after <= self.settings.threshold * budget or report.exhausted
         await self._db(
             _store.settle_debt,
             pool,
@@ -574,7 +706,8 @@ class SqliteContextEngine:
     async def archive(self, session_key: str) -> bool:
         """Archive the active conversation of ``session_key`` (a reset): the next call for
         that key starts a new conversation; the archived one is kept until pruned."""
-        async with self._lock("ingest", session_key):
+        await self._ready()
+        async with self._hold("ingest", session_key):
             archived = await self._db(_doctor.archive, self._require_pool(), session_key)
         self._paths.pop(session_key, None)
         return archived
@@ -585,14 +718,17 @@ class SqliteContextEngine:
         """Delete archived conversations: all archived before ``archived_before`` (epoch
         seconds), then oldest first while the file exceeds ``max_bytes``. Active
         conversations are never deleted."""
+        await self._ready()
         return await self._db(_doctor.prune, self._require_pool(), max_bytes, archived_before)
 
     async def doctor(self, *, repair: bool = True) -> _doctor.DoctorReport:
         """Check (and by default repair) the store: the DAG, the projection, the counters.
 
         A store that passes (or was repaired) is healthy again: the engine owns compaction
-        once more after an operator ran this."""
-        report = await self._db(_doctor.doctor, self._require_pool(), repair)
+        once more after an operator ran this. A store that could not be opened is tried again
+        (this is the operator's act); if it still cannot, :class:`StoreError` says why."""
+        pool = await anyio.to_thread.run_sync(functools.partial(self._access.open, retry=True))
+        report = await self._db(_doctor.doctor, pool, repair)
         if report.problems == report.repaired:
             self._access.error = None
         return report
@@ -606,6 +742,6 @@ class SqliteContextEngine:
             await anyio.to_thread.run_sync(self._access.pool.release)
 
     def close(self) -> None:
-        """Close the store for good (synchronous; for hosts that own the engine's lifetime)."""
-        if self._access.pool is not None:
-            self._access.pool.close()
+        """Close the store for good (synchronous; for hosts that own the engine's lifetime).
+        Later calls raise :class:`StoreError`; a store never opened is not opened by this."""
+        self._access.close()

@@ -13,10 +13,15 @@ from codex_turn.fsm.compaction import (
 )
 from codex_turn.fsm.errors import FsmError, IllegalTransition, TurnBusy
 from codex_turn.fsm.thread import (
+    RESUME_RULES,
     THREAD_RULES,
+    ResumeAction,
+    ResumeDecision,
+    ResumeFacts,
     ThreadAction,
     ThreadDecision,
     ThreadFacts,
+    decide_resume,
     decide_thread,
 )
 from codex_turn.fsm.turn import (
@@ -32,6 +37,7 @@ from codex_turn.fsm.turn import (
 
 __all__ = [
     "COMPACTION_TABLE",
+    "RESUME_RULES",
     "THREAD_RULES",
     "TURN_TABLE",
     "CompactionFacts",
@@ -41,6 +47,9 @@ __all__ = [
     "Edge",
     "FsmError",
     "IllegalTransition",
+    "ResumeAction",
+    "ResumeDecision",
+    "ResumeFacts",
     "SkipReason",
     "ThreadAction",
     "ThreadDecision",
@@ -52,6 +61,7 @@ __all__ = [
     "TurnOutcome",
     "TurnState",
     "TurnTrigger",
+    "decide_resume",
     "decide_thread",
     "maintenance_skip_reason",
 ]

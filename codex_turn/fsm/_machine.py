@@ -4,10 +4,10 @@ Theory: each machine in ``codex_turn.fsm`` is a *table*, a mapping from source s
 edges leaving it, declared as data in its own module. The table lookup is the runtime: one
 function, :meth:`TableMachine.select`, finds the edge a trigger takes (the first whose guards
 hold) and both :meth:`Model.fire` and :meth:`Model.allows` ask it, so a guard is evaluated by
-one piece of code only. ``transitions`` holds the states and the table's transitions (its
-``GraphMachine`` renders the diagrams from them) and is driven only through its public API
-(``set_state``); no private hook of it is overridden. Models get a single entry point,
-:meth:`Model.fire`, in the spirit of h2's ``process_input``:
+one piece of code only. ``transitions`` holds the states and the table's transitions (the
+diagrams are drawn from the same tables, :mod:`codex_turn.fsm.diagrams`) and is driven only
+through its public API (``set_state``); no private hook of it is overridden. Models get a
+single entry point, :meth:`Model.fire`, in the spirit of h2's ``process_input``:
 
 * an unknown trigger, a trigger with no edge from the current state, and a trigger whose every
   edge is closed by its guards all raise :class:`IllegalTransition`, and the state is

@@ -1,93 +1,540 @@
 """Render the state diagrams from the tables: ``python -m codex_turn.fsm.diagrams [DIR]``.
 
-The diagrams are *generated*, never drawn by hand: a ``GraphMachine`` (mermaid engine, no
-system binaries) is built from the very same tables as the runtime machines, for a fresh
-model in the initial state, so the output is byte-stable. ``GraphMachine`` is used only here:
-at run time it leaks per removed model.
+The diagrams are *generated*, never drawn by hand, from the very same tables as the runtime
+machines; the output is byte-stable (a test renders it under several hash seeds).
 
-Writes ``turn.mmd`` and ``compaction.mmd`` (golden files, checked by a test) and, when the
-``diagrams`` extra (pygraphviz, which bundles Graphviz) is installed, ``turn.svg`` and
-``compaction.svg``.
+Writes ``turn.mmd`` and ``compaction.mmd`` (Mermaid ``flowchart TB``: the text source, golden
+files checked by a test, rendered by GitHub) and, when the ``diagrams`` extra (pygraphviz,
+which bundles Graphviz) is installed, ``turn.svg`` and ``compaction.svg`` from the same
+drawing (:func:`layout`), so the two cannot disagree.
+
+How a table becomes a drawing, all of it derived from the tables:
+
+* **The spine** is the path of a run that goes well: from the initial state, each state's
+  *first* row that leaves it (the tables declare the success first), until a final state.
+  For the turn that is a completed turn; a test fires it on a real model to prove it. The
+  spine is drawn as a straight, bold column.
+* Every other row is an arrow of its own kind: a **branch** (dashed, grey) goes to another
+  state of the run; a **failure** (dashed, red) ends in a final state that is not the spine's
+  end (the turn's ``failed``); an **internal** row (no state change) is a dotted self-loop.
+  Rows between the same two states share one arrow, one row per label line; a row that goes
+  where the spine goes rides on the spine's arrow; a row every state of a phase has (the
+  turn's ``cancelled`` before Codex) is one arrow from the phase's box.
+* Layout (SVG): a detour (reprojecting) sits level with the spine state it returns to, a
+  failure end (failed) level with the spine state before the last one that can fail, so no
+  arrow crosses the page; a drawing wider than 750 pt (1000 px) is scaled down to fit.
+* States are grouped by **phase** (:data:`PHASES`, the one hand-written part: a reader's
+  grouping, not a decision), each phase a box. No state is styled as current: a diagram
+  shows the machine, not a run.
+* A machine's decision tables that are not rows become remarks on the rows they choose, in
+  parentheses: ``turn_aborted  (Codex: interrupted)``, ``mirror_failed  (cut short)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
+import html
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from transitions.extensions import GraphMachine
+import attrs
 
-from codex_turn.fsm._machine import Table, TableMachine, table_to_transitions
+from codex_turn.fsm._machine import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
-from codex_turn.fsm.turn import CUT_SHORT_TRIGGERS, RUN_END_TRIGGERS, TURN_MACHINE
+from codex_turn.fsm.turn import (
+    CUT_SHORT_TRIGGERS,
+    RUN_END_TRIGGERS,
+    THREAD_TRIGGERS,
+    TURN_MACHINE,
+    TurnState,
+)
 
-__all__ = ["DIAGRAMS", "render_mermaid", "render_svg", "write_diagrams"]
+__all__ = [
+    "DIAGRAMS",
+    "PHASES",
+    "Arrow",
+    "ArrowKind",
+    "Drawing",
+    "Row",
+    "layout",
+    "render_dot",
+    "render_mermaid",
+    "render_svg",
+    "spine",
+    "write_diagrams",
+]
 
 DIAGRAMS: dict[str, TableMachine] = {"turn": TURN_MACHINE, "compaction": COMPACTION_MACHINE}
+
+#: The boxes states are drawn in, per diagram, in drawing order: a reader's grouping, not a
+#: decision. States in no phase (the initial and final ones) are drawn outside the boxes. The
+#: compaction machine has none: its states already say whose they are (``engine_*``,
+#: ``native_*``), and boxes around single states only widen it.
+PHASES: dict[str, tuple[tuple[str, tuple[enum.Enum, ...]], ...]] = {
+    "turn": (
+        (
+            "before Codex",
+            (
+                TurnState.READING_HISTORY,
+                TurnState.BOOTSTRAPPING,
+                TurnState.ASSEMBLING,
+                TurnState.PROJECTING,
+                TurnState.BUILDING_PROMPT,
+            ),
+        ),
+        ("Codex", (TurnState.STARTING_THREAD, TurnState.REPROJECTING, TurnState.RUNNING_TURN)),
+        ("after Codex", (TurnState.MIRRORING, TurnState.FINALIZING, TurnState.MAINTAINING)),
+    ),
+}
 
 DEFAULT_DIR = Path("diagrams")
 
 
-class _Blank:
-    """A stand-in model: rendering reads no guard, it only names them."""
+class ArrowKind(enum.Enum):
+    SPINE = "spine"  # the run that goes well
+    BRANCH = "branch"  # another way through the run
+    FAILURE = "failure"  # ends in a final state other than the spine's end
+    INTERNAL = "internal"  # no state change
 
 
-def _graph(
-    engine: Literal["mermaid", "pygraphviz"],
-    name: str,
-    states: type[enum.Enum],
-    table: Table,
-    initial: enum.Enum,
-) -> Any:
-    machine = GraphMachine(
-        model=_Blank(),
-        states=states,
-        initial=initial,
-        transitions=table_to_transitions(table),
-        auto_transitions=False,
-        show_conditions=True,
-        graph_engine=engine,
-        title=f"codex-turn: {name} machine",
-    )
-    return machine.get_graph()
+#: Remarks on rows from a machine's decision tables that are not rows, by (state, trigger).
+Remarks = dict[tuple[enum.Enum, str], tuple[str, ...]]
 
 
-def _turn_notes() -> str:
-    """The turn machine's decision tables that are not edges, as Mermaid notes: how Codex's
-    turn status maps to a running_turn exit, and how a stage cut short ends. Generated from
-    :data:`RUN_END_TRIGGERS` and :data:`CUT_SHORT_TRIGGERS`, like the edges."""
-    run_end = [
-        f"    {end.value}{' + yield' if yielded else ''} -> {trigger.value}"
-        for (end, yielded), trigger in RUN_END_TRIGGERS.items()
+@attrs.frozen
+class Row:
+    """One table row as a label line: ``trigger [guards]``, then its remarks in parentheses."""
+
+    label: str
+    remarks: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return f"{self.label}  ({'; '.join(self.remarks)})" if self.remarks else self.label
+
+
+@attrs.frozen
+class Arrow:
+    """One drawn arrow: every table row from ``source`` to ``dest``, one label line each."""
+
+    source: enum.Enum | str  # a state, or a phase's title: every state in it has the rows
+    dest: enum.Enum  # ``source`` for internal rows
+    kind: ArrowKind
+    rows: tuple[Row, ...]
+
+    def lines(self) -> tuple[str, ...]:
+        return tuple(row.line() for row in self.rows)
+
+
+@attrs.frozen
+class Drawing:
+    """What both renderers draw: states, phases and arrows, in a stable order."""
+
+    name: str
+    title: str
+    states: tuple[enum.Enum, ...]
+    initial: enum.Enum
+    final: frozenset[enum.Enum]
+    spine: tuple[enum.Enum, ...]
+    phases: tuple[tuple[str, tuple[enum.Enum, ...]], ...]
+    arrows: tuple[Arrow, ...]
+
+    def legend(self) -> str:
+        kinds = {arrow.kind for arrow in self.arrows}
+        parts = ["bold: the run that goes well", "dashed: the other rows"]
+        if ArrowKind.FAILURE in kinds:
+            ends = sorted(
+                state_label(arrow.dest) for arrow in self.arrows if arrow.kind is ArrowKind.FAILURE
+            )
+            parts.append(f"red: ends {' or '.join(dict.fromkeys(ends))}")
+        if ArrowKind.INTERNAL in kinds:
+            parts.append("dotted loop: the state does not change")
+        return " · ".join(parts)
+
+
+def row_label(edge: Edge) -> str:
+    """A row as one label line: ``trigger [guard & !other]``."""
+    guards = [*edge.when, *(f"!{guard}" for guard in edge.unless)]
+    return f"{edge.trigger} [{' & '.join(guards)}]" if guards else edge.trigger
+
+
+def state_label(state: enum.Enum) -> str:
+    return state.value if isinstance(state.value, str) else state.name.lower()
+
+
+def spine(machine: TableMachine) -> tuple[tuple[enum.Enum, Edge], ...]:
+    """The run that goes well, as ``(source, row)`` pairs: from the initial state, each
+    state's first row that leaves it, until a final state (or a state already on the path)."""
+    table = machine.table
+    state = machine.initial_state_enum()
+    path: list[tuple[enum.Enum, Edge]] = []
+    seen = {state}
+    while state.name not in machine.final_states:
+        edge = next((e for e in table[state] if e.dest is not None and e.dest != state), None)
+        if edge is None or edge.dest is None or edge.dest in seen:
+            break
+        path.append((state, edge))
+        state = edge.dest
+        seen.add(state)
+    return tuple(path)
+
+
+def _lifted(
+    machine: TableMachine,
+    spine_rows: set[int],
+    phases: Sequence[tuple[str, tuple[enum.Enum, ...]]],
+    remarks: Remarks,
+) -> dict[tuple[enum.Enum, Edge], str]:
+    """Rows drawn once from a phase's box, by (state, row): a row (trigger, guards,
+    destination and remarks) that every state of the phase has, like a statechart's transition
+    from a superstate."""
+    lifted: dict[tuple[enum.Enum, Edge], str] = {}
+    for title, members in phases:
+        if len(members) < 2:
+            continue
+        first = members[0]
+        for edge in machine.table[first]:
+            if edge.dest is None or id(edge) in spine_rows:
+                continue
+            said = remarks.get((first, edge.trigger), ())
+            if all(
+                edge in machine.table[state] and remarks.get((state, edge.trigger), ()) == said
+                for state in members
+            ):
+                lifted.update({(state, edge): title for state in members})
+    return lifted
+
+
+def _arrows(
+    machine: TableMachine,
+    steps: Sequence[tuple[enum.Enum, Edge]],
+    phases: Sequence[tuple[str, tuple[enum.Enum, ...]]],
+    remarks: Remarks,
+) -> tuple[Arrow, ...]:
+    spine_pairs = {(source, edge.dest) for source, edge in steps}
+    spine_rows = {id(edge) for _, edge in steps}
+    end = steps[-1][1].dest if steps else machine.initial_state_enum()
+    final = {machine.state_enum[name] for name in machine.final_states}
+    lifted = _lifted(machine, spine_rows, phases, remarks)
+    drawn: set[tuple[str, Edge]] = set()
+    grouped: dict[tuple[enum.Enum | str, enum.Enum], tuple[ArrowKind, list[Row]]] = {}
+    for source, edges in machine.table.items():
+        for edge in edges:
+            dest = source if edge.dest is None else edge.dest
+            origin: enum.Enum | str = source
+            if (source, edge) in lifted:
+                origin = lifted[(source, edge)]
+            if isinstance(origin, str):
+                if (origin, edge) in drawn:
+                    continue  # drawn once, from the phase's box
+                drawn.add((origin, edge))
+            if edge.dest is None:
+                kind = ArrowKind.INTERNAL
+            elif (origin, dest) in spine_pairs:
+                kind = ArrowKind.SPINE
+            elif dest in final and dest != end:
+                kind = ArrowKind.FAILURE
+            else:
+                kind = ArrowKind.BRANCH
+            rows = grouped.setdefault((origin, dest), (kind, []))[1]
+            row = Row(row_label(edge), remarks.get((source, edge.trigger), ()))
+            # The spine's own row heads its arrow's label.
+            rows.insert(0 if id(edge) in spine_rows else len(rows), row)
+    # The spine first, top to bottom, then the rest in table order.
+    order: list[tuple[enum.Enum | str, enum.Enum]] = [
+        (source, edge.dest) for source, edge in steps if edge.dest is not None
     ]
-    lines = ["  note right of RUNNING_TURN", "    Codex turn status -> exit", *run_end]
-    lines.append("  end note")
+    order += [pair for pair in grouped if pair not in spine_pairs]
+    return tuple(Arrow(o, d, grouped[(o, d)][0], tuple(grouped[(o, d)][1])) for o, d in order)
+
+
+def _turn_remarks() -> Remarks:
+    """The turn machine's decision tables that are not rows, as remarks on the rows they
+    choose: which Codex turn status ends running_turn how (:data:`RUN_END_TRIGGERS`), which
+    thread decision leaves starting_thread how (:data:`THREAD_TRIGGERS`), and what a stage
+    reports when it is cut short (:data:`CUT_SHORT_TRIGGERS`)."""
+    remarks: dict[tuple[enum.Enum, str], list[str]] = {}
+    statuses: dict[str, list[str]] = {}
+    for (end, yielded), exit_ in RUN_END_TRIGGERS.items():
+        statuses.setdefault(exit_, []).append(f"{end.value}{' + yield' if yielded else ''}")
+    for exit_name, ends in statuses.items():
+        remarks.setdefault((TurnState.RUNNING_TURN, exit_name), []).append(
+            f"Codex: {_either_yield(ends)}"
+        )
+    actions: dict[str, list[str]] = {}
+    for action, started in THREAD_TRIGGERS.items():
+        actions.setdefault(started, []).append(action.value)
+    for started_name, names in actions.items():
+        remarks.setdefault((TurnState.STARTING_THREAD, started_name), []).append(
+            f"decision: {', '.join(names)}"
+        )
     for state, triggers in CUT_SHORT_TRIGGERS.items():
-        first = " else ".join(trigger.value for trigger in triggers)
-        lines += [f"  note left of {state.name}", f"    cut short -> {first}", "  end note"]
-    return "\n".join(lines) + "\n"
+        for trigger in triggers:
+            remarks.setdefault((state, trigger), []).append("cut short")
+    return {key: tuple(said) for key, said in remarks.items()}
 
 
-_NOTES = {"turn": _turn_notes}
+def _either_yield(ends: list[str]) -> str:
+    """``completed`` for ``[completed, completed + yield]``: a yield request changes nothing."""
+    if len(ends) == 2 and ends[1] == f"{ends[0]} + yield":
+        return ends[0]
+    return ", ".join(ends)
+
+
+_REMARKS: dict[str, Callable[[], Remarks]] = {"turn": _turn_remarks}
+
+
+def layout(name: str) -> Drawing:
+    """The drawing of machine ``name``: what :func:`render_mermaid` and :func:`render_dot` draw."""
+    machine = DIAGRAMS[name]
+    steps = spine(machine)
+    initial = machine.initial_state_enum()
+    remarks = _REMARKS.get(name)
+    phases = PHASES.get(name, ())
+    return Drawing(
+        name=name,
+        title=f"codex-turn: {name} machine",
+        states=tuple(machine.table),
+        initial=initial,
+        final=frozenset(machine.state_enum[n] for n in machine.final_states),
+        spine=(initial, *(edge.dest for _, edge in steps if edge.dest is not None)),
+        phases=phases,
+        arrows=_arrows(machine, steps, phases, remarks() if remarks is not None else {}),
+    )
+
+
+def _phase_id(title: str) -> str:
+    return "phase_" + "".join(c if c.isalnum() else "_" for c in title.lower()).strip("_")
+
+
+def _key(node: enum.Enum | str) -> str:
+    """The id of a state (its name) or of a phase's box, in both renderers."""
+    return node.name if isinstance(node, enum.Enum) else _phase_id(node)
+
+
+# Mermaid ---------------------------------------------------------------------------------
+
+_MERMAID_LINK = {
+    ArrowKind.SPINE: "==>",
+    ArrowKind.BRANCH: "-.->",
+    ArrowKind.FAILURE: "-.->",
+    ArrowKind.INTERNAL: "-.->",
+}
+_MERMAID_LINK_STYLE = {
+    ArrowKind.SPINE: "stroke:#222,stroke-width:2.5px",
+    ArrowKind.BRANCH: "stroke:#888,stroke-width:1px",
+    ArrowKind.FAILURE: "stroke:#c0504d,stroke-width:1px",
+    ArrowKind.INTERNAL: "stroke:#888,stroke-width:1px",
+}
+_MERMAID_CLASSES = (
+    "  classDef stateNode fill:#fff,stroke:#333,color:#111",
+    "  classDef finalNode fill:#fff,stroke:#333,color:#111",
+    "  classDef startNode fill:#333,stroke:#333",
+)
+
+
+def _mermaid_node(drawing: Drawing, state: enum.Enum) -> str:
+    label = state_label(state)
+    if state in drawing.final:
+        return f'{state.name}((("{label}"))):::finalNode'
+    return f'{state.name}("{label}"):::stateNode'
 
 
 def render_mermaid(name: str) -> str:
-    """The Mermaid ``stateDiagram-v2`` source of machine ``name``, newline-terminated, with
-    the machine's non-edge decision tables as notes."""
-    machine = DIAGRAMS[name]
-    source: str = _graph(
-        "mermaid",
-        name,
-        type(machine.initial_state_enum()),
-        machine.table,
-        machine.initial_state_enum(),
-    ).source
-    source = source if source.endswith("\n") else source + "\n"
-    notes = _NOTES.get(name)
-    return source + notes() if notes is not None else source
+    """The Mermaid ``flowchart TB`` source of machine ``name``, newline-terminated: the spine
+    as thick links (``==>``), every other row dotted (``-.->``), phases as subgraphs."""
+    drawing = layout(name)
+    lines = ["---", f"title: {drawing.title}", "---", "flowchart TB"]
+    lines += [f"  %% {drawing.legend()}", *_MERMAID_CLASSES, '  START((" ")):::startNode']
+    phased = {state for _, members in drawing.phases for state in members}
+    lines += [
+        f"  {_mermaid_node(drawing, state)}"
+        for state in drawing.states
+        if state not in phased and state not in drawing.final
+    ]
+    for title, members in drawing.phases:
+        lines += [f'  subgraph {_phase_id(title)}["{title}"]', "    direction TB"]
+        lines += [f"    {_mermaid_node(drawing, state)}" for state in members]
+        lines.append("  end")
+    lines += [
+        f"  {_mermaid_node(drawing, state)}" for state in drawing.states if state in drawing.final
+    ]
+    links: list[tuple[ArrowKind | None, str]] = [(None, f"  START --> {drawing.initial.name}")]
+    links += [
+        (
+            arrow.kind,
+            f"  {_key(arrow.source)} {_MERMAID_LINK[arrow.kind]}"
+            f'|"{"<br/>".join(arrow.lines())}"| {arrow.dest.name}',
+        )
+        for arrow in drawing.arrows
+    ]
+    lines += [link for _, link in links]
+    for kind in ArrowKind:
+        indices = [str(i) for i, (k, _) in enumerate(links) if k is kind]
+        if indices:
+            lines.append(f"  linkStyle {','.join(indices)} {_MERMAID_LINK_STYLE[kind]}")
+    for index, (title, _) in enumerate(drawing.phases):
+        fill = _PHASE_FILLS[index % len(_PHASE_FILLS)]
+        lines.append(f"  style {_phase_id(title)} fill:{fill},stroke:{_PHASE_STROKE}")
+    return "\n".join(lines) + "\n"
+
+
+# Graphviz --------------------------------------------------------------------------------
+
+_FONT = "Helvetica,Arial,sans-serif"
+_MAX_WIDTH_PT = 750
+_EDGE_STYLE: dict[ArrowKind, dict[str, str]] = {
+    ArrowKind.SPINE: {"penwidth": "2.2", "color": "#222222", "weight": "100"},
+    ArrowKind.BRANCH: {
+        "style": "dashed",
+        "color": "#8a8a8a",
+        "fontcolor": "#555555",
+        "weight": "0",
+    },
+    ArrowKind.FAILURE: {
+        "style": "dashed",
+        "color": "#c0504d",
+        "fontcolor": "#a33b38",
+        "weight": "0",
+    },
+    ArrowKind.INTERNAL: {"style": "dotted", "color": "#8a8a8a", "fontcolor": "#555555"},
+}
+_PHASE_FILLS = ("#f1f5fb", "#eff7ec", "#fbf4ea", "#f5f0fa")
+_PHASE_STROKE = "#c5cdd8"
+
+
+def _html_lines(first: str, rest: Sequence[str], *, size: int) -> str:
+    """An HTML-like Graphviz label: ``first`` in bold, ``rest`` smaller, left-aligned."""
+    body = [f"<B>{html.escape(first)}</B>"]
+    body += [f'<FONT POINT-SIZE="{size}">{html.escape(line)}</FONT>' for line in rest]
+    return "<" + '<BR ALIGN="LEFT"/>'.join(body) + '<BR ALIGN="LEFT"/>>'
+
+
+def _beside(drawing: Drawing) -> dict[enum.Enum, enum.Enum]:
+    """States drawn level with a spine state, so that their arrows stay short:
+
+    * a detour (a state the spine steps out to and back from, like reprojecting) sits beside
+      the spine state it returns to;
+    * a failure end (like failed) sits beside the spine state *before* the last one that can
+      fail: the last failure arrow rises one step, the earlier ones fall.
+    """
+    index = {state: i for i, state in enumerate(drawing.spine)}
+    pairs = {(arrow.source, arrow.dest) for arrow in drawing.arrows}
+    beside: dict[enum.Enum, enum.Enum] = {}
+    for state in drawing.states:
+        if state in index or state in drawing.final:
+            continue
+        for partner in drawing.spine:
+            if (partner, state) in pairs and (state, partner) in pairs:
+                beside[state] = partner
+                break
+    members_of = dict(drawing.phases)
+    last: dict[enum.Enum, int] = {}
+    for arrow in drawing.arrows:
+        if arrow.kind is not ArrowKind.FAILURE:
+            continue
+        source = arrow.source
+        tail = members_of[source][-1] if isinstance(source, str) else source
+        tail = beside.get(tail, tail)
+        if tail in index:
+            last[arrow.dest] = max(last.get(arrow.dest, 0), index[tail])
+    for end, position in last.items():
+        beside[end] = drawing.spine[max(position - 1, 0)]
+    return beside
+
+
+def render_dot(name: str) -> Any:
+    """The ``pygraphviz.AGraph`` of machine ``name`` (not laid out); needs the diagrams extra.
+
+    Every arrow has the id ``SOURCE->DEST`` (a state's name, or ``phase_...`` for a phase's
+    box), which the SVG keeps."""
+    import pygraphviz
+
+    drawing = layout(name)
+    graph = pygraphviz.AGraph(directed=True, strict=False, name=name)
+    graph.graph_attr.update(
+        label=_html_lines(drawing.title, (drawing.legend(),), size=10),
+        labelloc="t",
+        fontname=_FONT,
+        fontsize="15",
+        rankdir="TB",
+        newrank="true",
+        compound="true",
+        nodesep="0.15",
+        # Never wider than 750 pt (1000 px): a wider drawing is scaled down to fit.
+        size=f"{_MAX_WIDTH_PT / 72:.2f},100",
+        ranksep="0.34",
+        pad="0.2",
+    )
+    graph.node_attr.update(
+        shape="box",
+        style="rounded",
+        fontname=_FONT,
+        fontsize="12",
+        color="#333333",
+        margin="0.12,0.05",
+        height="0.36",
+    )
+    graph.edge_attr.update(fontname=_FONT, fontsize="10", arrowsize="0.7")
+    on_spine = set(drawing.spine)
+
+    def add_state(target: Any, state: enum.Enum) -> None:
+        extra = {"group": "spine"} if state in on_spine else {}
+        if state in drawing.final:
+            extra["peripheries"] = "2"
+        target.add_node(state.name, label=state_label(state), **extra)
+
+    graph.add_node("START", shape="point", width="0.12", color="#333333", label="")
+    phased = {state for _, members in drawing.phases for state in members}
+    for state in drawing.states:
+        if state not in phased:
+            add_state(graph, state)
+    for index, (title, members) in enumerate(drawing.phases):
+        cluster = graph.add_subgraph(
+            name=f"cluster_{_phase_id(title)}",
+            label="",
+            style="rounded,filled",
+            fillcolor=_PHASE_FILLS[index % len(_PHASE_FILLS)],
+            color=_PHASE_STROKE,
+        )
+        # The phase's title left of its first state (a cluster label would sit where the
+        # spine enters the box).
+        heading = f"title_{_phase_id(title)}"
+        cluster.add_node(
+            heading, label=f"<<B>{html.escape(title)}</B>>", shape="plaintext", fontsize="12"
+        )
+        for state in members:
+            add_state(cluster, state)
+        graph.add_subgraph([heading, members[0].name], name=f"rank_{heading}", rank="same")
+        graph.add_edge(heading, members[0].name, style="invis")
+    graph.add_edge(
+        "START", drawing.initial.name, id=f"START->{drawing.initial.name}", arrowsize="0.6"
+    )
+    for state, beside in _beside(drawing).items():
+        graph.add_subgraph([beside.name, state.name], name=f"rank_{state.name}", rank="same")
+    members_of = dict(drawing.phases)
+    for arrow in drawing.arrows:
+        extra: dict[str, str] = {}
+        tail = arrow.source
+        if isinstance(tail, str):  # from a phase's box: clipped at the box, from its last state
+            extra["ltail"] = f"cluster_{_phase_id(tail)}"
+            tail = members_of[tail][-1]
+        if arrow.kind is ArrowKind.FAILURE:
+            extra["constraint"] = "false"  # placed by _beside, never bending the spine
+        if arrow.kind is ArrowKind.SPINE and arrow.dest == drawing.spine[-1]:
+            # Room above the end for the labels of the other arrows converging on it.
+            extra["minlen"] = str(max(1, sum(a.dest == arrow.dest for a in drawing.arrows) - 1))
+        graph.add_edge(
+            tail.name,
+            arrow.dest.name,
+            id=f"{_key(arrow.source)}->{arrow.dest.name}",
+            label="\\l".join(arrow.lines()) + "\\l",
+            **_EDGE_STYLE[arrow.kind],
+            **extra,
+        )
+    return graph
 
 
 def render_svg(name: str) -> bytes | None:
@@ -96,15 +543,7 @@ def render_svg(name: str) -> bytes | None:
         import pygraphviz  # noqa: F401
     except ImportError:
         return None
-    machine = DIAGRAMS[name]
-    graph = _graph(
-        "pygraphviz",
-        name,
-        type(machine.initial_state_enum()),
-        machine.table,
-        machine.initial_state_enum(),
-    )
-    data: bytes = graph.draw(format="svg", prog="dot")
+    data: bytes = render_dot(name).draw(format="svg", prog="dot")
     return data
 
 

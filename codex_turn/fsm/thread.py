@@ -35,6 +35,16 @@ made once per turn from facts, and it lives here as an ordered table of rules:
 The first rule whose guards hold decides. Like the turn table this module performs no I/O:
 the orchestrator gathers :class:`ThreadFacts` from the binding and the engine's assembly,
 asks :func:`decide_thread`, and fires ``thread_started``/``thread_resumed``/``thread_rotated``.
+
+How a *resume* is carried out is a second, smaller table (:data:`RESUME_RULES`). A
+``thread/resume`` loads the thread and re-sends the developer instructions and the runtime
+policy; that is needed exactly when Codex may not hold them as this turn wants them. When
+this app-server process started or resumed the thread itself, with the very settings this
+turn sends, and Codex has not compacted it since (a compaction is the one event that can
+drop re-sent instructions, see the app-server reference §6) nor unloaded it, the thread is
+*reused*: ``turn/start`` goes straight to it. Otherwise it is resumed as before. The
+client keeps the facts (what it sent, every compaction and unload it saw); the decision is
+:func:`decide_resume`'s.
 """
 
 from __future__ import annotations
@@ -43,7 +53,18 @@ import enum
 
 import attrs
 
-__all__ = ["THREAD_RULES", "ThreadAction", "ThreadDecision", "ThreadFacts", "decide_thread"]
+__all__ = [
+    "RESUME_RULES",
+    "THREAD_RULES",
+    "ResumeAction",
+    "ResumeDecision",
+    "ResumeFacts",
+    "ThreadAction",
+    "ThreadDecision",
+    "ThreadFacts",
+    "decide_resume",
+    "decide_thread",
+]
 
 
 class ThreadAction(enum.Enum):
@@ -81,9 +102,13 @@ class ThreadRule:
     rebind: bool = True
 
     def holds(self, facts: ThreadFacts) -> bool:
-        return all(getattr(facts, name) for name in self.when) and not any(
-            getattr(facts, name) for name in self.unless
-        )
+        return _holds(self.when, self.unless, facts)
+
+
+def _holds(when: tuple[str, ...], unless: tuple[str, ...], facts: object) -> bool:
+    return all(getattr(facts, name) for name in when) and not any(
+        getattr(facts, name) for name in unless
+    )
 
 
 @attrs.frozen
@@ -145,3 +170,56 @@ def decide_thread(facts: ThreadFacts) -> ThreadDecision:
         if rule.holds(facts):
             return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind)
     raise AssertionError("THREAD_RULES ends with an unconditional rule")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------
+# How a resume is carried out (see the module header)
+
+
+class ResumeAction(enum.Enum):
+    RESUME = "resume"  # send thread/resume: load the thread, re-send instructions and policy
+    REUSE = "reuse"  # the thread is loaded here exactly as wanted: turn/start goes straight on
+
+
+@attrs.frozen
+class ResumeFacts:
+    """What this app-server process knows about the bound thread."""
+
+    loaded: bool = False  # this process started or resumed it and Codex has not unloaded it
+    settings_match: bool = False  # ... with exactly the settings this turn would send
+    compacted: bool = False  # Codex compacted it since (re-sent instructions may be gone)
+
+
+@attrs.frozen
+class ResumeRule:
+    action: ResumeAction
+    reason: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: ResumeFacts) -> bool:
+        return _holds(self.when, self.unless, facts)
+
+
+@attrs.frozen
+class ResumeDecision:
+    action: ResumeAction
+    reason: str
+
+
+R = ResumeAction
+
+RESUME_RULES: tuple[ResumeRule, ...] = (
+    ResumeRule(R.RESUME, "thread-not-loaded-here", unless=("loaded",)),
+    ResumeRule(R.RESUME, "compacted-since-loaded", when=("compacted",)),
+    ResumeRule(R.RESUME, "thread-settings-changed", unless=("settings_match",)),
+    ResumeRule(R.REUSE, "thread-loaded-unchanged"),
+)
+
+
+def decide_resume(facts: ResumeFacts) -> ResumeDecision:
+    """The first rule of :data:`RESUME_RULES` that holds for ``facts``."""
+    for rule in RESUME_RULES:
+        if rule.holds(facts):
+            return ResumeDecision(rule.action, rule.reason)
+    raise AssertionError("RESUME_RULES ends with an unconditional rule")  # pragma: no cover

@@ -80,6 +80,7 @@ from codex_turn.harness.engine import (
     engine_info,
     is_active_engine,
     optional_method,
+    resolve_engine,
 )
 from codex_turn.harness.lifecycle import (
     MaintenanceOutcome,
@@ -87,6 +88,7 @@ from codex_turn.harness.lifecycle import (
     harness_runtime_context,
     run_context_engine_maintenance,
 )
+from codex_turn.harness.violations import engine_fault, watch_contract
 
 __all__ = [
     "AUTH_PROFILE_MISMATCH",
@@ -191,6 +193,10 @@ class CompactSessionParams:
     prompt_cache: Mapping[str, Any] | None = None
     attempt: Mapping[str, Any] = attrs.field(factory=dict)
     transcript_rewriter: TranscriptRewriter | None = None
+    #: Raise the engine's first contract violation (see ``TurnParams.strict``) as
+    #: :class:`~codex_turn.harness.engine.EngineContractViolation` once the compaction ran
+    #: to its report (native compaction included); operational faults keep the fallback.
+    strict: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def runtime_context(self) -> RuntimeContext:
         """The runtime context the engine's ``compact`` and ``maintain`` both receive (the
@@ -239,8 +245,11 @@ async def compact_codex_session(
     trigger: CompactionTriggerKind | str = "manual",
 ) -> CompactResult:
     """Compact one session as the module docstring describes; never raises for engine,
-    binding or app-server failures (they are reported in the result). Cancellation
-    propagates."""
+    binding or app-server failures (they are reported in the result), except: ``engine``
+    (an object, a spec ``"package.module:attribute"``, or ``None``) is checked first, before
+    any I/O (:class:`~codex_turn.harness.engine.EngineLoadError`,
+    :class:`~codex_turn.harness.engine.EngineContractError`), and ``params.strict`` raises
+    the engine's first contract violation once the run ended. Cancellation propagates."""
     run = await compact_codex_session_traced(
         params, app_server=app_server, engine=engine, trigger=trigger
     )
@@ -255,6 +264,19 @@ async def compact_codex_session_traced(
     trigger: CompactionTriggerKind | str = "manual",
 ) -> CompactionRun:
     """:func:`compact_codex_session`, returning the whole :class:`CompactionRun`."""
+    engine = resolve_engine(engine)  # before any I/O: a bad engine or spec is refused at once
+    with watch_contract(strict=params.strict) as contract:
+        run = await _compact_session(params, app_server, engine, trigger)
+    contract.raise_first(run)
+    return run
+
+
+async def _compact_session(
+    params: CompactSessionParams,
+    app_server: NativeCompactor | AppServerFactory,
+    engine: object | None,
+    trigger: str,
+) -> CompactionRun:
     owns = _engine_owns_compaction(engine)
     # A turn of this session must not run meanwhile: it could restore a projection epoch the
     # compaction clears, and Codex would see a turn and a compaction on one thread at once.
@@ -274,17 +296,8 @@ async def compact_codex_session_traced(
 
 
 def _engine_owns_compaction(engine: object | None) -> bool:
-    if not is_active_engine(engine):
-        return False
-    try:
-        return engine_info(engine).owns_compaction
-    except InvalidEngineResult as err:
-        _log.warning(
-            "context engine info is invalid; treating it as not owning compaction",
-            engine=engine_id(engine),
-            error=format_error(err),
-        )
-        return False
+    # The engine (its info included) was checked before any I/O (resolve_engine).
+    return is_active_engine(engine) and engine_info(engine).owns_compaction
 
 
 @attrs.define
@@ -385,7 +398,14 @@ class _Run:
         except Exception as err:
             message = redact_text(str(err).strip())
             self.primary_error = f"{_ENGINE_FAILED}: {message}" if message else _ENGINE_FAILED
-            _log.warning(_ENGINE_FAILED_WARNING, **self._fields(error=format_error(err)))
+            engine_fault(
+                _log,
+                _ENGINE_FAILED_WARNING,
+                engine=self.engine,
+                method="compact",
+                error=err,
+                session_key=p.session_key,
+            )
             return T.ENGINE_FAILED
         _log.info(
             "context engine compaction finished",

@@ -47,17 +47,33 @@ still hold their default (OpenClaw's optional ``?`` fields are absent, not ``nul
 structuring ignores unknown keys and is *strict* about primitives (``"5"`` is not an integer,
 ``True`` is not a number), because silently coercing an engine's mistake would hide it.
 
-Why one file of ~740 lines: it is the contract, and the contract is read as one text (the
+Checking and loading
+--------------------
+
+*An engine is checked before it is used, and a string is a spec, never "no engine".*
+:func:`check_engine` is the static part of the contract (a valid ``info``, callable
+required methods, optional methods absent or callable, an instance and not a class) and
+raises :class:`EngineContractError`; :func:`load_engine` turns the one spec form
+``"package.module:attribute"`` into an engine or raises :class:`EngineLoadError` (a
+``ValueError``) naming the failed step; :func:`resolve_engine` applies the right one to
+whatever a runner passed, and every turn and compaction calls it first, before any I/O.
+What an engine does *while it runs* (a result of the wrong shape, an exception) is judged at
+the lifecycle's fallback points by :mod:`codex_turn.harness.violations`.
+
+Why one file of ~980 lines: it is the contract, and the contract is read as one text (the
 params and results, the converter that defines their JSON, the validation at the boundary,
-:class:`EngineHandle` and the loader); splitting it would scatter one vocabulary across
-modules that every engine author would have to read together anyway.
+:class:`EngineHandle`, the static check and the loader); splitting it would scatter one
+vocabulary across modules that every engine author would have to read together anyway.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
-from collections.abc import Awaitable, Callable, Mapping
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
@@ -82,8 +98,11 @@ __all__ = [
     "ContextEngineInfo",
     "ContextProjection",
     "EngineCapabilities",
+    "EngineContractError",
+    "EngineContractViolation",
     "EngineError",
     "EngineLoadError",
+    "EngineUnavailable",
     "IngestBatchParams",
     "IngestBatchResult",
     "IngestParams",
@@ -101,6 +120,7 @@ __all__ = [
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
+    "check_engine",
     "coerce_result",
     "converter",
     "engine_capabilities",
@@ -112,6 +132,7 @@ __all__ = [
     "json_type_name",
     "load_engine",
     "optional_method",
+    "resolve_engine",
     "to_json",
 ]
 
@@ -156,8 +177,13 @@ class InvalidEngineResult(EngineError, TypeError):
         return (type(self), (self.engine_id, self.method, self.problem))
 
 
-class EngineLoadError(EngineError):
-    """:func:`load_engine` could not produce an engine from its spec."""
+class EngineLoadError(EngineError, ValueError):
+    """:func:`load_engine` could not produce an engine from its spec (a ``ValueError`` too).
+
+    ``str(err)`` is one line: ``cannot load context engine '<spec>': <problem>``, where the
+    problem names the step that failed (the spec's form, the import, the attribute, the call
+    of a class or factory, or the contract check of what it produced).
+    """
 
     def __init__(self, spec: str, problem: str) -> None:
         super().__init__(f"cannot load context engine {spec!r}: {problem}")
@@ -166,6 +192,55 @@ class EngineLoadError(EngineError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.spec, self.problem))
+
+
+class EngineContractError(EngineError, TypeError):
+    """The object given as the engine is not a context engine (a ``TypeError`` too).
+
+    Raised by :func:`check_engine` (and so at the start of every turn and compaction, before
+    anything is read, written or sent) for an object without a valid ``info``, without a
+    callable ``ingest``/``assemble``/``compact``, with an optional method that is present but
+    not callable, or for a class where an instance was meant. ``problems`` lists each finding.
+    """
+
+    def __init__(self, engine: str, problems: Sequence[str]) -> None:
+        super().__init__(f"{engine} is not a context engine: {'; '.join(problems)}")
+        self.engine = engine
+        self.problems = tuple(problems)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.engine, self.problems))
+
+
+class EngineContractViolation(EngineError):
+    """A strict turn (or compaction) saw the engine break the contract while it ran.
+
+    Raised by ``run_codex_turn`` and ``compact_codex_session`` with ``strict=True``, *after*
+    the turn ended on its usual fallback path (see :mod:`codex_turn.harness.violations`):
+    the first violation of the run, with ``method`` (``assemble``, ``after_turn`` ...) and a
+    redacted ``problem``; the original exception is its ``__cause__``. ``result`` is what
+    the run returned (the :class:`~codex_turn.TurnResult`, or the compaction's run) and
+    ``later`` counts the violations that followed the first one.
+    """
+
+    def __init__(self, engine_id: str, method: str, problem: str) -> None:
+        super().__init__(
+            f'context engine "{engine_id}" broke the contract in {method}(): {problem}'
+        )
+        self.engine_id = engine_id
+        self.method = method
+        self.problem = problem
+        self.result: Any = None
+        self.later = 0
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.engine_id, self.method, self.problem))
+
+
+class EngineUnavailable(EngineError):
+    """Raised *by an engine* to say that it failed for operational reasons (its store or a
+    service it needs is down), not because of a bug: the harness falls back as for any
+    engine failure, and a strict run does not count it as a contract violation."""
 
 
 # --- Info, params and results ---------------------------------------------------------------
@@ -687,31 +762,123 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
     )
 
 
-# --- Loading --------------------------------------------------------------------------------
+# --- Checking and loading ------------------------------------------------------------------
+
+_ABSENT: Final = object()
+
+
+def check_engine(engine: object) -> ContextEngineInfo:
+    """Check that ``engine`` is a context engine; return its validated info.
+
+    The contract's static part, checked once before an engine is used: a valid ``info``
+    (:func:`engine_info`), callable ``ingest``, ``assemble`` and ``compact``, and every
+    optional method either absent (``None`` counts as absent) or callable. A class where an
+    instance was meant is refused too. Raises :class:`EngineContractError` listing every
+    problem found. Whether the methods are coroutine functions is not checked (a wrapper or a
+    bridge may return awaitables from plain callables); a method that cannot be awaited fails
+    when it is called, as a contract violation.
+    """
+    problems = _contract_problems(engine)
+    if problems:
+        raise EngineContractError(_describe(engine), problems)
+    return engine_info(engine)
+
+
+def resolve_engine(engine: object | None) -> object | None:
+    """The engine a turn or a compaction runs with, checked before it starts.
+
+    ``None`` stays ``None`` (no engine); a ``str`` is a spec, loaded by :func:`load_engine`
+    (:class:`EngineLoadError` when it yields no engine); any other object must pass
+    :func:`check_engine` (:class:`EngineContractError`). The legacy engine passes and is
+    returned as it is: it is *no engine* for the lifecycle, but it is still an engine.
+    """
+    if engine is None:
+        return None
+    if isinstance(engine, str):
+        return load_engine(engine)
+    check_engine(engine)
+    return engine
+
+
+def _attribute(engine: object, name: str) -> tuple[object, str | None]:
+    """``engine.<name>`` (``_ABSENT`` when missing), or the problem reading it raised."""
+    try:
+        return getattr(engine, name, _ABSENT), None
+    except Exception as err:  # a property that raises
+        return _ABSENT, f"reading {name} raised {type(err).__name__}"
+
+
+def _contract_problems(engine: object) -> list[str]:
+    if isinstance(engine, type):
+        name = engine.__name__
+        return [f"it is a class, not an instance (pass {name}(), or load a spec)"]
+    if isinstance(engine, str | bytes):
+        return ['it is a string; a spec "package.module:attribute" is loaded by load_engine']
+    problems: list[str] = []
+    missing: list[str] = []
+    info, info_error = _attribute(engine, "info")
+    if info_error is not None:
+        problems.append(info_error)
+    elif info is _ABSENT or info is None:
+        missing.append("info")
+    for name in _REQUIRED_METHODS:
+        value, error = _attribute(engine, name)
+        if error is not None:
+            problems.append(error)
+        elif value is _ABSENT or value is None:
+            missing.append(name)
+        elif not callable(value):
+            problems.append(f"{name} is not callable (got {type(value).__name__})")
+    if missing:
+        problems.insert(0, f"missing {', '.join(missing)}")
+    for name in _OPTIONAL_METHODS:
+        value, error = _attribute(engine, name)
+        if error is not None:
+            problems.append(error)
+        elif value is not _ABSENT and value is not None and not callable(value):
+            problems.append(f"{name} is present but not callable (got {type(value).__name__})")
+    if "info" not in missing and info_error is None:
+        try:
+            engine_info(engine)
+        except InvalidEngineResult as err:
+            problems.append(f"invalid info: {err.problem}")
+    return problems
+
+
+def _describe(engine: object) -> str:
+    if isinstance(engine, type):
+        return f"class {engine.__name__}"
+    kind = f"{type(engine).__name__!r} object"
+    try:
+        known = engine_id(engine)
+    except Exception:  # an info property that raises
+        known = "<unknown>"
+    return kind if known == "<unknown>" else f'{kind} (id "{known}")'
 
 
 def load_engine(spec: str) -> ContextEngine:
-    """Load an engine from ``"package.module:attr"`` (``attr`` may be dotted).
+    """Load an engine from its spec, ``"package.module:attribute"``.
 
-    ``attr`` may name an engine instance, an engine class (instantiated without arguments) or a
-    zero-argument factory. The result must have a valid ``info`` and the required methods;
-    every failure raises :class:`EngineLoadError` saying which step failed and why.
+    The one spec form (the CLI's ``--engine`` takes it too): the module's absolute dotted name,
+    a colon, then the attribute's path in the module, which may be dotted
+    (``"my_engines.memory:Holder.engine"``). There is no colon-less ``"module.attribute"``
+    form: a spec without a colon is refused with a suggestion. The module is imported as
+    Python's import finds it: on ``sys.path``, else in the current working directory (as
+    ``python -m`` would), which is then appended to ``sys.path`` so that the module's own
+    later imports resolve. The attribute may be
+
+    * an engine instance: used as it is (every load of the spec shares it);
+    * a class: instantiated with no arguments (a new engine per load);
+    * any other callable (a factory): called with no arguments; it must return the engine
+      itself, not an awaitable.
+
+    What it yields must pass :func:`check_engine`. Every failure raises
+    :class:`EngineLoadError` (a ``ValueError``) whose one-line message names the failed step.
     """
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name.strip() or not attr_path.strip():
-        raise EngineLoadError(spec, 'expected "package.module:attribute"')
-    module_name, attr_path = module_name.strip(), attr_path.strip()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        # Distinguish "the spec names no module" from "the module imports something missing".
-        if err.name is not None and (module_name + ".").startswith(err.name + "."):
-            raise EngineLoadError(spec, f"no module named {module_name!r}") from err
-        raise EngineLoadError(spec, f"importing {module_name!r} failed: {err}") from err
-    except Exception as err:
-        raise EngineLoadError(
-            spec, f"importing {module_name!r} failed: {type(err).__name__}: {err}"
-        ) from err
+    if not isinstance(spec, str):
+        raise EngineLoadError(repr(spec), f"a spec is a string (got {type(spec).__name__})")
+    module_name, attr_path = _parse_spec(spec)
+    module = _import_module(spec, module_name)
 
     target: Any = module
     for part in attr_path.split("."):
@@ -719,6 +886,10 @@ def load_engine(spec: str) -> ContextEngine:
             target = getattr(target, part)
         except AttributeError:
             raise EngineLoadError(spec, f"{module_name!r} has no attribute {attr_path!r}") from None
+        except Exception as err:
+            raise EngineLoadError(
+                spec, f"reading {attr_path!r} failed: {type(err).__name__}: {err}"
+            ) from err
 
     if isinstance(target, type) or (callable(target) and not _looks_like_engine(target)):
         try:
@@ -727,17 +898,84 @@ def load_engine(spec: str) -> ContextEngine:
             raise EngineLoadError(
                 spec, f"calling {attr_path!r} failed: {type(err).__name__}: {err}"
             ) from err
+        if inspect.isawaitable(target):
+            close = getattr(target, "close", None)
+            if callable(close):
+                close()  # a coroutine never awaited: no "never awaited" warning
+            raise EngineLoadError(
+                spec, f"calling {attr_path!r} returned an awaitable; a factory must be synchronous"
+            )
 
-    missing = [name for name in _REQUIRED_METHODS if optional_method(target, name) is None]
-    if missing:
-        raise EngineLoadError(
-            spec, f"{type(target).__name__} is not a context engine: missing {', '.join(missing)}"
-        )
     try:
-        engine_info(target)
-    except InvalidEngineResult as err:
-        raise EngineLoadError(spec, f"invalid info: {err.problem}") from None
+        check_engine(target)
+    except EngineContractError as err:
+        raise EngineLoadError(
+            spec, f"{type(target).__name__} is not a context engine: {'; '.join(err.problems)}"
+        ) from None
     return target  # type: ignore[no-any-return]
+
+
+def _parse_spec(spec: str) -> tuple[str, str]:
+    module_name, sep, attr_path = (part.strip() for part in spec.partition(":"))
+    expected = 'expected "package.module:attribute"'
+    if not sep:
+        head, dot, tail = spec.strip().rpartition(".")
+        if dot and _dotted(head) and tail.isidentifier():
+            expected += f' (did you mean "{head}:{tail}"?)'
+        raise EngineLoadError(spec, expected)
+    if module_name.startswith("."):
+        raise EngineLoadError(spec, "relative module names are not supported; " + expected)
+    if not _dotted(module_name) or not _dotted(attr_path):
+        raise EngineLoadError(spec, expected)
+    return module_name, attr_path
+
+
+def _dotted(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def _import_module(spec: str, module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if not _names_the_spec(err, module_name):
+            # The module exists but imports something missing.
+            raise EngineLoadError(spec, f"importing {module_name!r} failed: {err}") from err
+        top = module_name.partition(".")[0]
+        if err.name != top or _cwd_on_path():
+            raise EngineLoadError(spec, f"no module named {module_name!r}") from err
+    except Exception as err:
+        raise EngineLoadError(
+            spec, f"importing {module_name!r} failed: {type(err).__name__}: {err}"
+        ) from err
+    # Not on sys.path: the current directory, as ``python -m`` would search it.
+    cwd = os.getcwd()
+    sys.path.append(cwd)
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        sys.path.remove(cwd)
+        if not _names_the_spec(err, module_name):
+            raise EngineLoadError(spec, f"importing {module_name!r} failed: {err}") from err
+        raise EngineLoadError(spec, f"no module named {module_name!r}") from err
+    except Exception as err:
+        sys.path.remove(cwd)
+        raise EngineLoadError(
+            spec, f"importing {module_name!r} failed: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _names_the_spec(err: ModuleNotFoundError, module_name: str) -> bool:
+    """True when the missing module is the spec's module or one of its packages."""
+    return err.name is not None and (module_name + ".").startswith(err.name + ".")
+
+
+def _cwd_on_path() -> bool:
+    cwd = os.path.realpath(os.getcwd())
+    return any(
+        isinstance(entry, str) and os.path.realpath(entry or os.curdir) == cwd for entry in sys.path
+    )
 
 
 def _looks_like_engine(value: object) -> bool:

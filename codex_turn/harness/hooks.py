@@ -10,6 +10,10 @@ decorates *this* request. Three rules, all from OpenClaw's harness:
   ``append_system_context`` around the instructions, and ``system_prompt`` *replaces* the
   instructions, the engine's addition included (the last hook that sets it wins).
 * A hook that raises is logged (redacted) and ignored: a plugin never breaks a turn.
+* ``on_transition`` sees every step of the turn machine as it is taken (a
+  :class:`~codex_turn.fsm.TraceEntry`: source, trigger, destination), e.g. for a progress
+  line; it runs synchronously between two stages, so it must be quick, and its errors are
+  logged and ignored like a hook's.
 * Compaction hooks fire for Codex's own in-turn compactions (``contextCompaction`` items);
   ``on_compaction_event`` receives the diagnostics stream (phase start/end, and for an engine
   that owns compaction an explicit ``{"backend": "codex-app-server", "ownsCompaction": true}``
@@ -24,6 +28,7 @@ from typing import Any
 import attrs
 
 from codex_turn._log import format_error, get_logger
+from codex_turn.fsm import TraceEntry
 from codex_turn.harness.engine import AgentMessage
 
 __all__ = [
@@ -74,6 +79,7 @@ class CompactionHookEvent:
 PromptHook = Callable[[PromptBuildContext], Awaitable[PromptBuildResult | None]]
 CompactionHook = Callable[[CompactionHookEvent], Awaitable[None]]
 DiagnosticSink = Callable[[Mapping[str, Any]], Awaitable[None]]
+TransitionObserver = Callable[[TraceEntry], None]
 
 
 @attrs.frozen(kw_only=True)
@@ -82,6 +88,7 @@ class TurnHooks:
     before_compaction: Sequence[CompactionHook] = ()
     after_compaction: Sequence[CompactionHook] = ()
     on_compaction_event: DiagnosticSink | None = None
+    on_transition: TransitionObserver | None = None
 
 
 def join_sections(*sections: str | None) -> str | None:

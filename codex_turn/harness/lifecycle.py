@@ -31,6 +31,17 @@ into an outcome. Nothing is raised to the runner except cancellation and misuse 
 functions themselves. Log lines carry facts (engine id, masked session key, counts, reason),
 never prompts, transcript text, tool arguments or the runtime context.
 
+Each fallback point hands the caught fault to
+:func:`~codex_turn.harness.violations.engine_fault`, the one place that decides whether it was
+a *contract violation* (the engine's mistake) or an *operational fault* (the log line says so
+in ``contract_violation``); results the lifecycle tolerates although the contract forbids them
+(``bootstrap`` returning ``None``, ``after_turn`` returning a value, a malformed ``ingest`` or
+``ingest_batch`` result) are reported by
+:func:`~codex_turn.harness.violations.tolerated_violation` and change nothing here. Violations
+are collected by the run's :func:`~codex_turn.harness.violations.watch_contract`; a strict run
+raises the first one once it ended (``TurnParams.strict``). The helpers themselves never raise
+for an engine fault, strict or not.
+
 No engine
 ---------
 ``engine=None`` and the legacy engine (id ``"legacy"``) are *no engine*: every helper returns a
@@ -54,7 +65,7 @@ from typing import Final, Literal
 
 import attrs
 
-from codex_turn._log import format_error, get_logger
+from codex_turn._log import get_logger
 from codex_turn.fsm.turn import (
     SkipReason,
     TurnTrigger,
@@ -69,7 +80,9 @@ from codex_turn.harness.engine import (
     BootstrapParams,
     BootstrapResult,
     IngestBatchParams,
+    IngestBatchResult,
     IngestParams,
+    IngestResult,
     InvalidEngineResult,
     RuntimeContext,
     coerce_result,
@@ -77,6 +90,7 @@ from codex_turn.harness.engine import (
     engine_log_fields,
     ensure_assemble_result,
     is_active_engine,
+    json_type_name,
     optional_method,
 )
 from codex_turn.harness.maintenance import (
@@ -96,6 +110,7 @@ from codex_turn.harness.runtime_context import (
     harness_runtime_context,
     strip_runtime_context_messages,
 )
+from codex_turn.harness.violations import engine_fault, tolerated_violation
 
 __all__ = [
     "ASSEMBLE_FAILED_WARNING",
@@ -248,13 +263,28 @@ async def call_bootstrap(
                     session_id=session_id, session_key=session_key, session_file=session_file
                 )
             )
-            if raw is not None:
+            if raw is None:
+                # Tolerated as "bootstrapped, nothing to report"; the contract wants a result.
+                tolerated_violation(
+                    _log,
+                    engine=engine,
+                    method="bootstrap",
+                    problem="expected a BootstrapResult (got null)",
+                    session_key=session_key,
+                )
+            else:
                 result = coerce_result(
                     raw, BootstrapResult, engine_id=engine_id(engine), method="bootstrap"
                 )
     except Exception as err:
-        error = format_error(err)
-        _log.warning(_BOOTSTRAP_FAILED, **engine_log_fields(engine, session_key, error=error))
+        error = engine_fault(
+            _log,
+            _BOOTSTRAP_FAILED,
+            engine=engine,
+            method="bootstrap",
+            error=err,
+            session_key=session_key,
+        )
         return BootstrapOutcome(status="failed", error=error)
     maintenance = await call_maintenance(
         engine=engine,
@@ -311,8 +341,14 @@ async def assemble_context_engine(
             raise InvalidEngineResult(engine_id(engine), "assemble", "the engine has no assemble")
         result = ensure_assemble_result(await assemble(params), engine_id=engine_id(engine))
     except Exception as err:
-        error = format_error(err)
-        _log.warning(ASSEMBLE_FAILED_WARNING, **engine_log_fields(engine, session_key, error=error))
+        error = engine_fault(
+            _log,
+            ASSEMBLE_FAILED_WARNING,
+            engine=engine,
+            method="assemble",
+            error=err,
+            session_key=session_key,
+        )
         return AssembleOutcome(status="failed", error=error)
     return AssembleOutcome(status="assembled", result=result)
 
@@ -379,7 +415,7 @@ async def finalize_context_engine_turn(
     if after_turn is not None:
         path = "after_turn"
         try:
-            await after_turn(
+            returned = await after_turn(
                 AfterTurnParams(
                     session_id=session_id,
                     session_key=session_key,
@@ -393,14 +429,29 @@ async def finalize_context_engine_turn(
             )
         except Exception as err:
             succeeded, failures = False, 1
-            fields = engine_log_fields(engine, session_key, error=format_error(err))
-            _log.warning(_AFTER_TURN_FAILED, **fields)
+            engine_fault(
+                _log,
+                _AFTER_TURN_FAILED,
+                engine=engine,
+                method="after_turn",
+                error=err,
+                session_key=session_key,
+            )
+        else:
+            if returned is not None:
+                tolerated_violation(
+                    _log,
+                    engine=engine,
+                    method="after_turn",
+                    problem=f"expected null (got {json_type_name(returned)})",
+                    session_key=session_key,
+                )
     elif not new:
         path = "nothing_new"
     elif ingest_batch is not None:
         path = "ingest_batch"
         try:
-            await ingest_batch(
+            batch = await ingest_batch(
                 IngestBatchParams(
                     session_id=session_id,
                     session_key=session_key,
@@ -410,12 +461,16 @@ async def finalize_context_engine_turn(
             )
         except Exception as err:
             succeeded, failures = False, 1
-            _log.warning(
+            engine_fault(
+                _log,
                 _INGEST_FAILED,
-                **engine_log_fields(
-                    engine, session_key, method="ingest_batch", error=format_error(err)
-                ),
+                engine=engine,
+                method="ingest_batch",
+                error=err,
+                session_key=session_key,
             )
+        else:
+            _check_tolerated(engine, "ingest_batch", batch, IngestBatchResult, session_key)
     else:
         path = "ingest"
         ingest = optional_method(engine, "ingest")
@@ -425,7 +480,7 @@ async def finalize_context_engine_turn(
                     raise InvalidEngineResult(
                         engine_id(engine), "ingest", "the engine has no ingest"
                     )
-                await ingest(
+                ingested = await ingest(
                     IngestParams(
                         session_id=session_id,
                         session_key=session_key,
@@ -436,16 +491,17 @@ async def finalize_context_engine_turn(
             except Exception as err:
                 succeeded = False
                 failures += 1
-                _log.warning(
+                engine_fault(
+                    _log,
                     _INGEST_FAILED,
-                    **engine_log_fields(
-                        engine,
-                        session_key,
-                        method="ingest",
-                        message_index=index,
-                        error=format_error(err),
-                    ),
+                    engine=engine,
+                    method="ingest",
+                    error=err,
+                    session_key=session_key,
+                    message_index=index,
                 )
+            else:
+                _check_tolerated(engine, "ingest", ingested, IngestResult, session_key)
 
     skip = maintenance_skip_reason(
         engine_active=is_active_engine(engine),
@@ -488,8 +544,25 @@ async def dispose_context_engine(engine: object | None) -> bool:
     try:
         await dispose()
     except Exception as err:
-        _log.warning(
-            "context engine dispose failed", engine=engine_id(engine), error=format_error(err)
+        engine_fault(
+            _log,
+            "context engine dispose failed",
+            engine=engine,
+            method="dispose",
+            error=err,
+            session_key=None,
         )
         return False
     return True
+
+
+def _check_tolerated(
+    engine: object, method: str, value: object, cls: type[object], session_key: str | None
+) -> None:
+    """A result the lifecycle ignores, checked only to report a contract violation."""
+    try:
+        coerce_result(value, cls, engine_id=engine_id(engine), method=method)
+    except InvalidEngineResult as err:
+        tolerated_violation(
+            _log, engine=engine, method=method, problem=err.problem, session_key=session_key
+        )

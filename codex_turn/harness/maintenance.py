@@ -54,6 +54,7 @@ from codex_turn.harness.engine import (
     is_active_engine,
     optional_method,
 )
+from codex_turn.harness.violations import engine_fault, unwatched
 
 __all__ = [
     "BackgroundMaintenance",
@@ -212,9 +213,14 @@ async def call_maintenance(
             )
         )
     except Exception as err:
-        error = format_error(err)
-        _log.warning(
-            _MAINTAIN_FAILED, **engine_log_fields(engine, session_key, reason=reason, error=error)
+        error = engine_fault(
+            _log,
+            _MAINTAIN_FAILED,
+            engine=engine,
+            method="maintain",
+            error=err,
+            session_key=session_key,
+            reason=reason,
         )
         return MaintenanceOutcome(status="failed", reason=reason, error=error)
     if result is not None and result.changed:
@@ -423,7 +429,8 @@ class BackgroundMaintenance:
 
     async def _run(self, request: _Request) -> None:
         self.runs += 1
-        with anyio.move_on_after(self._run_timeout) as timeout:
+        # Deferred: outside the turn that asked for it, so outside its contract watch.
+        with unwatched(), anyio.move_on_after(self._run_timeout) as timeout:
             await call_maintenance(
                 engine=request.engine,
                 reason="turn",

@@ -7,9 +7,10 @@ This module is a dispatch loop over it, in the shape of h2's ``stream.py``::
     while not turn.is_terminal:
         turn.fire(await STAGES[turn.state](ctx))
 
-``STAGES`` maps every non-final state to its stage (:mod:`codex_turn.harness.stages`): an
-async function that does the I/O of that state and returns the past-tense trigger saying
-what happened. Stages never fire, never read the trace and never choose the next state; the
+(each step is also shown to the host's ``TurnHooks.on_transition`` observer). ``STAGES``
+maps every non-final state to its stage (:mod:`codex_turn.harness.stages`): an async
+function that does the I/O of that state and returns the past-tense trigger saying what
+happened. Stages never fire, never read the trace and never choose the next state; the
 loop never branches on a stage's result. The one thing a stage may report besides its result
 is an *in-state* event (Codex's native compaction during running_turn) through ``ctx.emit``,
 which accepts internal edges only (the state cannot change). The only thing the loop adds is
@@ -56,7 +57,7 @@ from codex_turn.fsm import (
 from codex_turn.harness import stages, turn_context
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
-from codex_turn.harness.engine import EngineHandle, InvalidEngineResult, engine_id
+from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.stages import Stage, TurnContext
@@ -67,6 +68,7 @@ from codex_turn.harness.turn_api import (
     TurnParams,
     TurnResult,
 )
+from codex_turn.harness.violations import watch_contract
 
 __all__ = [
     "STAGES",
@@ -206,44 +208,46 @@ async def run_codex_turn(
 ) -> TurnResult:
     """Run one turn of a Codex session through the turn machine (see the module docstring).
 
-    Returns the :class:`TurnResult` for every outcome that reached a decision, including
-    failed, aborted and timed-out turns. Raises :class:`~codex_turn.SessionBusy`
-    when another turn holds the session file (``concurrency="reject"``, or the wait timed
-    out). A cancellation of the caller propagates after the shielded cleanup; ``on_turn_end``
-    sees the result in that case too.
+    ``engine`` is an engine object, a spec ``"package.module:attribute"`` (loaded by
+    :func:`~codex_turn.harness.engine.load_engine`), or ``None``. Returns the
+    :class:`TurnResult` for every outcome that reached a decision, including failed, aborted
+    and timed-out turns. Raises, before anything is read, written or sent,
+    :class:`~codex_turn.EngineLoadError` for a spec that yields no engine and
+    :class:`~codex_turn.EngineContractError` for an object that is not an engine; raises
+    :class:`~codex_turn.SessionBusy` when another turn holds the session file
+    (``concurrency="reject"``, or the wait timed out). With ``params.strict``, the engine's
+    first contract violation is raised as :class:`~codex_turn.EngineContractViolation` after
+    the turn ended and ``on_turn_end`` saw its result. A cancellation of the caller
+    propagates after the shielded cleanup; ``on_turn_end`` sees the result in that case too.
     """
+    engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
     session_file = os.fspath(params.session_file)
-    async with hold_session(
-        session_file,
-        lane=params.session_key or params.session_id,
-        wait=params.concurrency,
-        wait_timeout=params.session_wait_timeout,
-    ):
-        with sensitive(params.prompt):
-            ctx, turn = await _prepare(
-                params,
-                session_file=session_file,
-                app_server=app_server,
-                engine=engine,
-                tools=tools,
-                hooks=hooks or TurnHooks(),
-                scheduler=maintenance_scheduler,
-            )
-            return await _drive(ctx, turn, on_turn_end)
+    with watch_contract(strict=params.strict) as contract:
+        async with hold_session(
+            session_file,
+            lane=params.session_key or params.session_id,
+            wait=params.concurrency,
+            wait_timeout=params.session_wait_timeout,
+        ):
+            with sensitive(params.prompt):
+                ctx, turn = await _prepare(
+                    params,
+                    session_file=session_file,
+                    app_server=app_server,
+                    engine=engine,
+                    tools=tools,
+                    hooks=hooks or TurnHooks(),
+                    scheduler=maintenance_scheduler,
+                )
+                result = await _drive(ctx, turn, on_turn_end)
+        contract.raise_first(result)  # strict: the typed error, once the turn is delivered
+        return result
 
 
 def _engine_handle(engine: object | None) -> EngineHandle | None:
-    """The engine validated once for the turn; ``None`` runs the turn as plain Codex."""
-    try:
-        handle = EngineHandle.of(engine)
-    except InvalidEngineResult as error:
-        # An engine we cannot describe cannot be driven: the turn runs as plain Codex.
-        _log.warning(
-            "context engine has an invalid info; running the turn without it",
-            engine=engine_id(engine),
-            error=format_error(error),
-        )
-        handle = None
+    """The engine's handle for the turn (:func:`run_codex_turn` checked the engine, its
+    ``info`` included, before any I/O); ``None`` runs the turn as plain Codex."""
+    handle = EngineHandle.of(engine)
     if engine is not None and handle is None:
         # OpenClaw bug #77185/#971: an engine silently not in use looks like "memory ignored".
         _log.warning(
@@ -296,7 +300,7 @@ async def _prepare(
             engine=handle.id if handle is not None else None,
         ),
         may=turn.allows,
-        emit=_internal_only(turn),
+        emit=_internal_only(turn, hooks),
         outcome=lambda: turn.outcome,
         cut_short=turn.cut_short_trigger,
         switch=switch,
@@ -304,15 +308,26 @@ async def _prepare(
     return context, turn
 
 
-def _internal_only(turn: TurnModel) -> Callable[[TurnTrigger], None]:
+def _internal_only(turn: TurnModel, hooks: TurnHooks) -> Callable[[TurnTrigger], None]:
     """``emit`` for the stages: in-state events only; a stage cannot move the turn."""
 
     def emit(trigger: TurnTrigger) -> None:
         if turn.machine.select(turn, str(trigger)).dest is not None:
             raise IllegalTransition(turn.state_name, str(trigger), why="not an in-state event")
-        turn.fire(trigger)
+        _fire(turn, trigger, hooks)
 
     return emit
+
+
+def _fire(turn: TurnModel, trigger: TurnTrigger, hooks: TurnHooks) -> None:
+    """Take the step, then show it to the host's observer (never letting it break the turn)."""
+    turn.fire(trigger)
+    observer = hooks.on_transition
+    if observer is not None:
+        try:
+            observer(turn.trace[-1])
+        except Exception as error:
+            _log.warning("transition observer failed", error=format_error(error))
 
 
 async def _drive(
@@ -323,7 +338,7 @@ async def _drive(
     started = time.monotonic()
     try:
         while not turn.is_terminal:
-            turn.fire(await STAGES[turn.state](ctx))
+            _fire(turn, await STAGES[turn.state](ctx), ctx.hooks)
         result = _result(ctx, turn)
         if result.maintenance.status == "skipped" and turn.state is S.DONE:
             ctx.log.info(

@@ -40,7 +40,14 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
-from codex_turn.fsm.thread import ThreadAction, ThreadDecision, decide_thread
+from codex_turn.fsm.thread import (
+    ResumeAction,
+    ResumeFacts,
+    ThreadAction,
+    ThreadDecision,
+    decide_resume,
+    decide_thread,
+)
 from codex_turn.fsm.turn import THREAD_TRIGGERS, RunEnd, run_end_trigger
 from codex_turn.harness.appserver import (
     AppServerClosed,
@@ -50,6 +57,7 @@ from codex_turn.harness.appserver import (
     Notification,
     ThreadNotFound,
     TurnHandlePort,
+    settings_key,
 )
 from codex_turn.harness.binding import (
     ProjectionBinding,
@@ -102,7 +110,6 @@ from codex_turn.harness.turn_context import (
     runtime_context,
     save_binding,
     thread_facts,
-    tools_fingerprint,
     unhooked_prompt,
 )
 from codex_turn.projection import (
@@ -110,6 +117,7 @@ from codex_turn.projection import (
     project_context_engine_assembly,
     project_thread_bootstrap_assembly,
 )
+from codex_turn.projection.frame import unframed_projection
 
 __all__ = [
     "Stage",
@@ -237,6 +245,42 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
 async def project(ctx: TurnContext) -> TurnTrigger:
     assembled = ctx.assembled
     assert assembled is not None
+    if _frame_may_be_sent(ctx):
+        projected = _render_projection(ctx)
+    else:
+        # The thread decision sends the raw prompt whatever the assembly holds (the bound
+        # thread carries this epoch's context): render no frame only to throw it away.
+        try:
+            projected = Projected(
+                unframed_projection(
+                    original_history_messages=ctx.messages,
+                    prompt=ctx.params.prompt,
+                    system_prompt_addition=assembled.result.system_prompt_addition,
+                ),
+                framed=False,
+            )
+        except Exception as error:
+            ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
+            projected = None
+    if projected is None:
+        return T.PROJECTION_FAILED
+    ctx.projected = projected
+    return T.PROJECTED
+
+
+def _frame_may_be_sent(ctx: TurnContext) -> bool:
+    """Whether the thread table could send this turn's frame: it asks for it, or whether
+    there is context to frame changes its decision (so the frame must be rendered to know)."""
+    facts = thread_facts(ctx, resume_failed=False)
+    with_context = decide_thread(attrs.evolve(facts, has_context=True))
+    without_context = decide_thread(attrs.evolve(facts, has_context=False))
+    return with_context.project or with_context != without_context
+
+
+def _render_projection(ctx: TurnContext) -> Projected | None:
+    """The engine's assembly framed for Codex, or ``None`` (logged) when projection failed."""
+    assembled = ctx.assembled
+    assert assembled is not None
     params = ctx.params
     projector = (
         project_thread_bootstrap_assembly
@@ -258,9 +302,8 @@ async def project(ctx: TurnContext) -> TurnTrigger:
         )
     except Exception as error:
         ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
-        return T.PROJECTION_FAILED
-    ctx.projected = Projected(projection)
-    return T.PROJECTED
+        return None
+    return Projected(projection)
 
 
 async def build_prompt(ctx: TurnContext) -> TurnTrigger:
@@ -276,6 +319,10 @@ async def build_prompt(ctx: TurnContext) -> TurnTrigger:
 async def reproject(ctx: TurnContext) -> TurnTrigger:
     """Codex refused the resume: the thread table rotates, and the fresh thread (no native
     history) gets the projected context; the hooks run again on the prompt now sent."""
+    if ctx.projected is not None and not ctx.projected.framed:
+        # The frame was not rendered because the resumed thread had the context; the fresh
+        # thread needs it. A failure here leaves the raw prompt, as a failed projection does.
+        ctx.projected = _render_projection(ctx)
     decision = decide_thread(thread_facts(ctx, resume_failed=True))
     ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     log_decision(ctx, ctx.plan)
@@ -330,8 +377,22 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     settings = _thread_settings(ctx)
     if decision.action is ThreadAction.RESUME:
         assert bound is not None
+        loaded = ctx.app_server.loaded_thread(bound.thread_id)
+        how = decide_resume(
+            ResumeFacts(
+                loaded=loaded is not None,
+                settings_match=loaded is not None and loaded.settings == settings_key(**settings),
+                compacted=loaded is not None and loaded.compacted,
+            )
+        )
         try:
-            result = await ctx.app_server.resume_thread(bound.thread_id, **settings)
+            if how.action is ResumeAction.REUSE:
+                assert loaded is not None
+                result = loaded.result
+                if ctx.tools:
+                    ctx.app_server.bind_tools(bound.thread_id, ctx.tools)
+            else:
+                result = await ctx.app_server.resume_thread(bound.thread_id, **settings)
         except AppServerRpcError as error:
             # A live Codex answered that it cannot resume this thread: no such thread
             # (ThreadNotFound), or a rollout it cannot read. Asking again gets the same
@@ -358,13 +419,13 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         record, tools = kept, bound.dynamic_tools_fingerprint
         if decision.rebind:
             record = engine_binding(ctx, kept.projection if kept is not None else None)
-            tools = tools_fingerprint(ctx)
+            tools = ctx.tools_fingerprint
         binding = await save_binding(
             ctx, result, previous=bound, engine_record=record, tools_fingerprint=tools
         )
         ctx.thread = ThreadReady(result=result, binding=binding)
         ctx.log = ctx.log.bind(thread_id=result.thread_id)
-        ctx.log.info("codex app-server thread resumed", reason=decision.reason)
+        ctx.log.info("codex app-server thread resumed", reason=decision.reason, resume=how.reason)
         return T.THREAD_RESUMED
     retired: str | None = None
     if decision.action is ThreadAction.ROTATE and bound is not None:
@@ -391,7 +452,7 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
             result,
             previous=None,
             engine_record=engine_binding(ctx, None),
-            tools_fingerprint=tools_fingerprint(ctx),
+            tools_fingerprint=ctx.tools_fingerprint,
         )
     if retired is not None:
         # The old thread runs no more turns: release what the client keeps for it.
@@ -438,7 +499,7 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
                     thread.result,
                     previous=thread.binding,
                     engine_record=record,
-                    tools_fingerprint=tools_fingerprint(ctx),
+                    tools_fingerprint=ctx.tools_fingerprint,
                 )
                 ctx.thread = thread = attrs.evolve(thread, binding=binding, pending_projection=None)
 

@@ -92,6 +92,14 @@ class TurnParams:
     session_wait_timeout: float = 30.0
     #: Offer the ``sessions_yield`` tool: the model may end the run early (yield-aborted).
     yield_tool: bool = False
+    #: Raise the engine's first contract violation (an assembly of ``None``, a malformed
+    #: result, an exception escaping an engine method ...) as
+    #: :class:`~codex_turn.harness.engine.EngineContractViolation` once the turn ended on its
+    #: usual fallback path (prompt and reply mirrored, engine finalized, ``on_turn_end``
+    #: called). Operational faults (a timeout, an ``OSError``, a database down) keep the
+    #: fallback. See :mod:`codex_turn.harness.violations`. The CLI's ``--strict`` and the test
+    #: kit turn it on.
+    strict: bool = False
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -143,8 +151,9 @@ def _validate(p: TurnParams) -> None:
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
         _fail("concurrency must be 'wait' or 'reject'")
-    if not isinstance(p.yield_tool, bool):
-        _fail("yield_tool must be a bool")
+    for name in ("yield_tool", "strict"):
+        if not isinstance(getattr(p, name), bool):
+            _fail(f"{name} must be a bool")
     timeouts = ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout")
     for name in (*timeouts, "engine_timeout"):
         value = getattr(p, name)

@@ -10,9 +10,7 @@ trigger or decides a branch: the thread facts are gathered here and the thread t
 
 from __future__ import annotations
 
-import collections
 import os
-import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -42,7 +40,7 @@ from codex_turn.harness.binding import (
     write_binding,
 )
 from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
-from codex_turn.harness.frozen import freeze
+from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.hooks import (
     PromptBuildResult,
     TurnHooks,
@@ -51,11 +49,8 @@ from codex_turn.harness.hooks import (
 )
 from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
-    RuntimeContextFree,
     harness_runtime_context,
-    strip_runtime_context_messages,
 )
-from codex_turn.harness.session import MessageHistory, load_session_context
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport, TurnParams
 from codex_turn.harness.usage import Usage
 from codex_turn.projection import (
@@ -116,6 +111,9 @@ class Assembled:
 @attrs.frozen
 class Projected:
     projection: CodexContextProjection
+    #: ``False``: no frame was rendered, because the thread decision could not send one
+    #: (``projection`` holds the prompt and instruction addition only); see stages.project.
+    framed: bool = True
 
 
 @attrs.frozen
@@ -204,6 +202,18 @@ class TurnContext:
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
     cleanup_deadline: float | None = None
+    _tools_fingerprint: str | None = attrs.field(default=None, init=False)
+
+    @property
+    def tools_fingerprint(self) -> str:
+        """The fingerprint of this turn's tool specs (the tools never change within a turn;
+        the thread decision, the resume and the binding all ask for it)."""
+        if self._tools_fingerprint is None:
+            # From the very specs sent on thread/start, so the two can never drift apart.
+            self._tools_fingerprint = dynamic_tools_fingerprint(
+                unstructure(t.spec()) for t in self.tools
+            )
+        return self._tools_fingerprint
 
     @property
     def session_key(self) -> str:
@@ -264,49 +274,6 @@ async def engine_call(ctx: TurnContext, stage: str, call: Awaitable[_T]) -> _T |
     return None
 
 
-class StrippedHistories:
-    """The stripped history of each session's last read, extended by what was appended since.
-
-    A transcript read is O(new bytes) (the session cache), but stripping hidden runtime-context
-    messages is a Python pass over the whole history; doing it per read made every turn
-    O(history). Keyed by session file, bounded (least recently used dropped), thread-safe
-    (reads run in worker threads). The messages are frozen (:mod:`codex_turn.harness.frozen`)
-    as they enter, once each: engines and hooks receive them and cannot edit this shared copy
-    (nor the read cache's) in place.
-    """
-
-    def __init__(self, capacity: int = 64) -> None:
-        self._capacity = capacity
-        self._lock = threading.Lock()
-        self._entries: collections.OrderedDict[str, tuple[MessageHistory, RuntimeContextFree]] = (
-            collections.OrderedDict()
-        )
-
-    def read(self, session_file: str) -> list[AgentMessage]:
-        """A fresh, stripped list of the session's messages."""
-        # load_session_context raises SessionError on a read failure (load_session_messages
-        # would return [] and hide it).
-        history = load_session_context(session_file).messages
-        if not isinstance(history, MessageHistory):
-            return RuntimeContextFree(map(freeze, strip_runtime_context_messages(history)))
-        with self._lock:
-            previous = self._entries.get(session_file)
-        added = history.appended_since(previous[0]) if previous is not None else None
-        if previous is not None and added is not None:
-            fresh = strip_runtime_context_messages(added)
-            stripped = RuntimeContextFree(previous[1] + list(map(freeze, fresh)))
-        else:
-            stripped = RuntimeContextFree(
-                map(freeze, strip_runtime_context_messages(history.to_list()))
-            )
-        with self._lock:
-            self._entries[session_file] = (history, stripped)
-            self._entries.move_to_end(session_file)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-        return RuntimeContextFree(stripped)  # the caller's own copy
-
-
 stripped_histories = StrippedHistories()
 
 
@@ -328,11 +295,6 @@ def read_history_sync(ctx: TurnContext) -> list[AgentMessage] | None:
 
 def base_instructions(params: TurnParams) -> str | None:
     return join_sections(params.base_developer_instructions, params.extra_developer_instructions)
-
-
-def tools_fingerprint(ctx: TurnContext) -> str:
-    # From the very specs sent on thread/start, so the two can never drift apart.
-    return dynamic_tools_fingerprint(unstructure(t.spec()) for t in ctx.tools)
 
 
 def engine_binding(
@@ -377,7 +339,7 @@ def thread_facts(ctx: TurnContext, *, resume_failed: bool) -> ThreadFacts:
         )
     bound_projection = bound_engine.projection if bound_engine is not None else None
     epoch = ctx.assembled.bootstrap_epoch if ctx.assembled is not None else None
-    fingerprint = tools_fingerprint(ctx)
+    fingerprint = ctx.tools_fingerprint
     return ThreadFacts(
         bound=binding is not None,
         tools_match=binding is None

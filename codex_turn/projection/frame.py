@@ -79,6 +79,7 @@ __all__ = [
     "render_context",
     "render_message",
     "truncate_older",
+    "unframed_projection",
 ]
 
 AgentMessage = dict[str, Any]
@@ -415,6 +416,29 @@ def project_context_engine_assembly(
         reserve_tokens=reserve_tokens,
         tool_payload_mode=tool_payload_mode,
         max_context_chars=max_context_chars,
+    )
+
+
+def unframed_projection(
+    *,
+    original_history_messages: Sequence[AgentMessage],
+    prompt: str,
+    system_prompt_addition: str | None = None,
+) -> CodexContextProjection:
+    """The projection when no frame will be sent: the trimmed prompt and the instruction
+    addition, exactly as the ``project_*`` functions give them, with nothing rendered.
+
+    For a turn whose thread decision sends the raw prompt whatever the assembly holds (a
+    thread that already carries this epoch's context): rendering a frame only to throw it
+    away costs O(assembly) per turn.
+    """
+    addition = _trim(system_prompt_addition) if system_prompt_addition else ""
+    return CodexContextProjection(
+        developer_instruction_addition=addition or None,
+        prompt_text=_trim(prompt),
+        assembled_messages=[],
+        pre_prompt_message_count=len(original_history_messages),
+        max_context_chars=0,
     )
 
 

@@ -16,6 +16,12 @@ Everything here is public and meant for code that tests an engine or a runner (a
   :class:`ConformanceReport`; each :class:`ConformanceCheck` also runs alone (one pytest test
   per check). What applies is decided by declared :data:`Storage` and the engine's own info,
   and stated in every :class:`CheckResult`.
+* :func:`run_strict_turn` (:mod:`.strict`): a real turn with ``TurnParams.strict`` on.
+
+The kit is *strict*: the conformance host checks an engine as every turn does before it
+starts and fails a check at the engine's first contract violation, and
+:func:`run_strict_turn` raises it (:class:`~codex_turn.harness.engine.EngineContractViolation`)
+once the turn ended; nothing an engine gets wrong is left to a warning in a log.
 
 Nothing in the product imports this package; it has no dependencies beyond the library's.
 
@@ -48,6 +54,7 @@ from .conformance import (
 )
 from .offline_model import OfflineModel, RecordedRequest, Reply, ReplyKind, running_model
 from .recording_engine import Call, RecordingEngine
+from .strict import run_strict_turn
 
 __all__ = [
     "CONFORMANCE_CHECKS",
@@ -65,5 +72,6 @@ __all__ = [
     "ReplyKind",
     "Storage",
     "check_engine_conformance",
+    "run_strict_turn",
     "running_model",
 ]

@@ -15,7 +15,13 @@ preference (``after_turn`` with the whole session and the pre-prompt count, else
 ``ingest_batch`` of the new messages, else ``ingest`` of each) and turn maintenance.
 Background maintenance is awaited where the scheduler would have drained it. Every result is
 checked with the harness's own boundary validation; an exception or an invalid result fails
-the check with the method's name.
+the check with the method's name. The host is *strict*, as a turn with
+``TurnParams(strict=True)``: the engine is checked as every turn checks it before it starts
+(:func:`~codex_turn.harness.engine.check_engine`), and the first contract violation (a result
+of the wrong shape, ``bootstrap`` returning ``None``, ``after_turn`` returning a value, an
+exception escaping a method, an edit of a read-only message) fails the check at once; nothing
+falls back. Stricter still: an operational fault (an ``OSError``) fails the check too, since
+the suite's own environment has none.
 
 *Conversations are scripted and deterministic.* :func:`conversation` builds the same turns for
 the same name every time (texts from a hash, fixed timestamps): user prompts (string and
@@ -62,6 +68,7 @@ from codex_turn.harness.engine import (
     IngestResult,
     MaintainParams,
     MaintenanceResult,
+    check_engine,
     coerce_result,
     engine_capabilities,
     engine_info,
@@ -684,6 +691,7 @@ class Host:
                 raise CheckFailed(f"the engine has no {name}() (required by the contract)")
         try:
             info = engine_info(engine)
+            check_engine(engine)  # the rest of the check every turn makes before it starts
         except Exception as err:
             raise CheckFailed(str(err)) from err
         return DrivenEngine(engine, info, engine_capabilities(engine))

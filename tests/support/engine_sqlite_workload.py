@@ -17,7 +17,6 @@ how many kills landed.
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import random
@@ -27,8 +26,8 @@ import time
 from typing import Any
 
 import anyio
-import structlog
 
+from codex_turn import configure_logging
 from codex_turn.engines import EngineSettings, SqliteContextEngine
 from codex_turn.harness.engine import AfterTurnParams, CompactParams
 
@@ -302,10 +301,7 @@ def crasher(store: str, kills: int, seed: int) -> tuple[int, int, list[int]]:
 
 if __name__ == "__main__":
     # stdout carries the result; logs (warnings and up) go to stderr.
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    configure_logging("WARNING", "console", stream=sys.stderr)
     command, store = sys.argv[1], sys.argv[2]
     if command == "writer":
         anyio.run(writer, store, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

@@ -93,6 +93,7 @@ from codex_turn.harness.appserver import (
     AskForApproval,
     CompactionResult,
     DynamicTool,
+    LoadedThread,
     Notification,
     SandboxMode,
     ThreadNotFound,
@@ -101,6 +102,7 @@ from codex_turn.harness.appserver import (
     TurnHandle,
     TurnProjector,
 )
+from codex_turn.harness.appserver.threads import settings_key
 from codex_turn.harness.appserver.types import TextInput, ThreadInfo, UserInput
 
 __all__ = ["ENDINGS", "CodexScript", "FakeAppServer", "FakeCall"]
@@ -281,6 +283,10 @@ class FakeAppServer:
         self._active: dict[tuple[str, str], _ScriptedStream] = {}
         self._policies: dict[str, _Policy] = {}
         self._ids = itertools.count(1)
+        # Off by default: like a Codex process that holds no thread between turns, so every
+        # turn resumes (the call lists of most tests). On: the real client's ledger.
+        self.keeps_threads_loaded = False
+        self.loaded: dict[str, LoadedThread] = {}
 
     # --- failures ------------------------------------------------------------------------
 
@@ -321,6 +327,18 @@ class FakeAppServer:
     def forget_thread(self, thread_id: str) -> None:
         """Like ``AppServer.forget_thread``: noted in ``forgotten``, not in ``calls``."""
         self.forgotten.append(thread_id)
+        self.loaded.pop(thread_id, None)
+
+    def loaded_thread(self, thread_id: str) -> LoadedThread | None:
+        return self.loaded.get(thread_id) if self.keeps_threads_loaded else None
+
+    def bind_tools(self, thread_id: str, tools: Iterable[DynamicTool]) -> None:
+        registry = ToolRegistry(tools)
+        self.calls.append(FakeCall("bind_tools", {"thread_id": thread_id, "tools": registry.names}))
+        self.threads[thread_id] = registry
+
+    def _note_loaded(self, result: ThreadResult, **settings: Any) -> None:
+        self.loaded[result.thread_id] = LoadedThread(result, settings_key(**settings))
 
     async def start_thread(
         self,
@@ -355,7 +373,16 @@ class FakeAppServer:
         thread_id = f"thread-{next(self._ids)}"
         self.threads[thread_id] = registry
         self._policies[thread_id] = policy
-        return self._thread_result(thread_id, model, policy)
+        result = self._thread_result(thread_id, model, policy)
+        self._note_loaded(
+            result,
+            developer_instructions=developer_instructions,
+            cwd=cwd,
+            model=model,
+            tools=registry,
+            **attrs.asdict(policy),
+        )
+        return result
 
     async def resume_thread(
         self,
@@ -396,7 +423,16 @@ class FakeAppServer:
         # What was sent replaces the thread's policy; what was not keeps it.
         policy = self._policies[thread_id].updated(sent)
         self._policies[thread_id] = policy
-        return self._thread_result(thread_id, model, policy)
+        result = self._thread_result(thread_id, model, policy)
+        self._note_loaded(
+            result,
+            developer_instructions=developer_instructions,
+            cwd=cwd,
+            model=model,
+            tools=registry,
+            **attrs.asdict(sent),
+        )
+        return result
 
     async def compact_thread(
         self,
@@ -518,6 +554,7 @@ class FakeAppServer:
 
     def _die(self) -> None:
         self.closed_error = AppServerClosed("codex app-server exited", returncode=137)
+        self.loaded.clear()  # a new process holds no thread
 
     async def _call_tool(self, thread_id: str, name: str, arguments: Any) -> None:
         registry = self.threads.get(thread_id, ToolRegistry())

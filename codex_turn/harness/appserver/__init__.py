@@ -48,6 +48,9 @@ from .errors import (
     AppServerRpcError,
     AppServerStartError,
     AppServerTimeout,
+    CodexBinaryMissing,
+    CodexHomeNotPrivate,
+    CodexLoginRequired,
     ThreadNotFound,
 )
 from .manager import AppServer
@@ -56,6 +59,7 @@ from .port import AppServerPort, TurnHandlePort
 from .process import AppServerProcess, LineTransport
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector, Usage
 from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
+from .threads import LoadedThread, settings_key
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
@@ -88,6 +92,9 @@ __all__ = [
     "ApprovalPolicy",
     "ApprovalsReviewer",
     "AskForApproval",
+    "CodexBinaryMissing",
+    "CodexHomeNotPrivate",
+    "CodexLoginRequired",
     "CodexTurnPhase",
     "CodexTurnResult",
     "CodexTurnStatus",
@@ -96,6 +103,7 @@ __all__ = [
     "DynamicToolSpec",
     "ImageInput",
     "LineTransport",
+    "LoadedThread",
     "LocalImageInput",
     "ModelProviderConfig",
     "Notification",
@@ -114,5 +122,6 @@ __all__ = [
     "bundled_codex_path",
     "decline_all",
     "render_toml",
+    "settings_key",
     "tool",
 ]

@@ -75,6 +75,7 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
+import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from codex_turn._log import format_error, get_logger
@@ -94,7 +95,7 @@ from .native_compaction import CompactionResult, _CompactionMethods, _KeyedLocks
 from .process import AppServerProcess, LineTransport
 from .projector import Notification
 from .server_requests import ApprovalPolicy, UserInputHandler, decline_all, serve_request
-from .threads import _ThreadMethods
+from .threads import LoadedThread, _ThreadMethods
 from .tools import ToolRegistry
 from .turn import CodexTurnPhase, TurnHandle
 from .turn_start import _TurnMethods
@@ -125,9 +126,25 @@ NotificationListener = Callable[[Notification], None]
 #: The liveness probe: cheap, in memory, no side effects, answered mid-turn (see the header).
 LIVENESS_PROBE_METHOD = "thread/loaded/list"
 _LIVENESS_PROBE_PARAMS = {"limit": 1}
+# Notifications after which Codex may no longer hold a thread as this process loaded it.
+_UNLOADING = frozenset(
+    {
+        "thread/closed",
+        "thread/archived",
+        "thread/deleted",
+        "thread/reverted",
+        "thread/settings/updated",
+    }
+)
+_UNLOADED_STATUSES = frozenset({"notLoaded", "systemError"})
 
 # A surrogate pair (kept: it is one character), or a lone surrogate (repaired).
 _SURROGATES = re.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")
+
+
+def _status_type(params: Mapping[str, Any]) -> object:
+    status = params.get("status")
+    return status.get("type") if isinstance(status, Mapping) else None
 
 
 def _repair_surrogate(match: re.Match[str]) -> str:
@@ -213,7 +230,7 @@ class _Connection:
         self._subs: dict[str, list[_Subscription]] = {}
         self._listeners: list[NotificationListener] = []
         self._tools: dict[str, ToolRegistry] = {}
-        self._loaded_threads: set[str] = set()
+        self._loaded: dict[str, LoadedThread] = {}  # see threads.py
         self._compaction_locks = _KeyedLocks()
         self._closed_error: AppServerClosed | None = None
         self._probe: anyio.Event | None = None  # set when the running liveness probe is done
@@ -399,6 +416,7 @@ class _Connection:
         log.warning("appserver.garbage_message", keys=sorted(message)[:5])
 
     def _route(self, n: Notification) -> None:
+        self._note_thread_change(n)
         for listener in self._listeners:
             try:
                 listener(n)
@@ -411,6 +429,21 @@ class _Connection:
             # Unbounded buffer: never blocks, and a closed receiver is simply skipped.
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 sub.send.send_nowait(n)
+
+    def _note_thread_change(self, n: Notification) -> None:
+        """Keep :class:`~.threads.LoadedThread` true: a compaction may drop the instructions
+        a resume re-sent, an unload drops the thread (both make the next turn resume)."""
+        thread_id = n.thread_id
+        loaded = self._loaded.get(thread_id) if thread_id is not None else None
+        if loaded is None or thread_id is None:
+            return
+        if n.compaction_phase is not None:
+            if not loaded.compacted:
+                self._loaded[thread_id] = attrs.evolve(loaded, compacted=True)
+        elif n.method in _UNLOADING or (
+            n.method == "thread/status/changed" and _status_type(n.params) in _UNLOADED_STATUSES
+        ):
+            del self._loaded[thread_id]
 
     @contextlib.contextmanager
     def subscribe(self, thread_id: str) -> Iterator[MemoryObjectReceiveStream[Notification]]:

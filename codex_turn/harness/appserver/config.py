@@ -11,6 +11,20 @@ Codex reads its configuration from ``$CODEX_HOME/config.toml``. There are two mo
 * **User home** (:meth:`AppServerConfig.user`): the user's own Codex config is used as is, for
   real runs; nothing is written, and ``config_overrides`` become ``-c key=value`` arguments.
 
+A private home never takes over a user's configuration. The config.toml written here starts
+with :data:`CONFIG_MARKER`, and only a file starting with it is ever rewritten. A config.toml
+without it (someone's settings, an ``mcp_servers`` table, ...), a config.toml that is not a
+regular file, or a home that holds files but no config.toml (say ``~/.codex`` with just
+``auth.json``) is refused with :class:`~.errors.CodexHomeNotPrivate`, before anything in the
+home is written or re-permissioned. Refusing, rather than merging, is deliberate: a merged
+file would carry the user's MCP servers and providers into a home that promises to be offline,
+and rewriting their file would lose its comments and layout. The error says what to do
+instead: a new or empty directory, or :meth:`AppServerConfig.user` on that home.
+
+TOML is written by ``tomli-w`` (a maintained writer; :func:`render_toml` for config.toml,
+:func:`toml_value` for the single-line values of ``-c`` overrides, :func:`override_args` for
+the arguments), so any Unicode text, including characters outside the BMP, round-trips.
+
 A private home holds conversations (rollouts and sqlite state carry every prompt), so it is
 owner-only: the directory is made ``0700`` (also when it already existed: the library owns
 it), ``config.toml`` is ``0600``, and the child starts with ``umask 0o077``
@@ -36,27 +50,37 @@ home that one process has already initialised, is fine.
 from __future__ import annotations
 
 import contextlib
-import json
+import datetime
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+import tomli_w
 
 from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
+from .errors import CodexBinaryMissing, CodexHomeNotPrivate
 
 __all__ = [
     "AppServerConfig",
     "ModelProviderConfig",
     "bundled_codex_path",
     "bundled_path_dirs",
+    "override_args",
     "render_toml",
+    "toml_value",
 ]
 
 OFFLINE_PROVIDER_ID = "offline"
+CONFIG_FILE = "config.toml"
+CONFIG_MARKER = "# codex-turn private config (AppServerConfig.offline)"
+"""The first line of every config.toml this library writes: the file is ours to rewrite."""
+CONFIG_NOTE = "# Rewritten at every start of codex-turn: edits here are lost."
+_TEMP_PREFIX = ".config.toml.codex-turn-"
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_UMASK = 0o077
@@ -66,11 +90,8 @@ def bundled_codex_path() -> Path:
     """The pinned binary from ``openai-codex-cli-bin``; a clear error when it is missing."""
     try:
         import codex_cli_bin
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise FileNotFoundError(
-            "the Codex binary is not installed: pip install 'codex-turn[codex]' "
-            "(openai-codex-cli-bin==0.163.0)"
-        ) from exc
+    except ImportError as exc:  # tests shadow the package to exercise it
+        raise CodexBinaryMissing() from exc
     return Path(codex_cli_bin.bundled_codex_path())
 
 
@@ -132,6 +153,14 @@ class AppServerConfig:
     set this to also log each line's (secret-scrubbed, truncated) text. Off by default: with
     ``RUST_LOG`` set, Codex traces request and tool content there, outside any turn's
     redaction context.
+
+    ``login_check``: ask the started process whether it needs an OpenAI login it lacks, and
+    fail in seconds with :class:`~.errors.CodexLoginRequired` (see :mod:`.account`).
+    ``None``: for every process spawned from the real binary, not for injected transports
+    or a ``command`` replacement (test doubles).
+
+    ``config_overrides`` become ``-c key=value`` arguments (:func:`override_args`);
+    ``extra_config`` is merged into a private home's config.toml.
     """
 
     codex_home: Path = attrs.field(converter=_path)
@@ -163,6 +192,7 @@ class AppServerConfig:
     interrupt_grace: float = INTERRUPT_GRACE_S
     liveness_timeout: float = LIVENESS_TIMEOUT_S
     umask: int | None = PRIVATE_UMASK
+    login_check: bool | None = None
 
     @classmethod
     def offline(
@@ -171,7 +201,10 @@ class AppServerConfig:
         base_url: str,
         **kwargs: Any,
     ) -> AppServerConfig:
-        """A private, offline-safe home whose only model is ``base_url`` (the offline model)."""
+        """A private, offline-safe home whose only model is ``base_url`` (the offline model).
+
+        ``codex_home`` must be new, empty, or a home this library prepared before: a user's
+        configuration there is refused, never overwritten (see :meth:`claim_home`)."""
         provider = kwargs.pop("provider", None) or ModelProviderConfig(base_url=base_url)
         return cls(codex_home=Path(codex_home), provider=provider, **kwargs)
 
@@ -216,22 +249,84 @@ class AppServerConfig:
         data["features"]["plugins"] = False
         return data
 
+    def config_text(self) -> str:
+        """The private config.toml: :data:`CONFIG_MARKER` (how a later start recognises the
+        file as its own), then :meth:`config_data` as TOML."""
+        return f"{CONFIG_MARKER}\n{CONFIG_NOTE}\n\n{render_toml(self.config_data())}"
+
     def write(self) -> Path | None:
         """Create CODEX_HOME and write config.toml (private mode); return its path.
 
-        A private home is made owner-only (see the module header); a user home is only
-        created when missing (``0700``), never re-permissioned."""
-        self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        A private home is claimed first (:meth:`claim_home`): a config.toml that codex-turn
+        did not write is never overwritten, a home holding anything else is never written
+        into (:class:`~.errors.CodexHomeNotPrivate`). Our own config.toml is replaced
+        atomically (a new file is linked into place, so a file that appeared meanwhile is
+        not clobbered). Then the home is made owner-only (see the module header); a user
+        home is only created when missing (``0700``), never written or re-permissioned.
+        Raises ``OSError``, and ``TypeError``/``ValueError`` for a value TOML cannot hold
+        (before anything is written)."""
         if not self.write_config:
+            self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
             return None
+        text = self.config_text()
+        self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        ours = self.claim_home()
         self.restrict_home()
-        path = self.codex_home / "config.toml"
-        # Created owner-only (never briefly readable), and tightened if it existed.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-        with open(fd, "w", encoding="utf-8") as file:
-            os.fchmod(file.fileno(), PRIVATE_FILE_MODE)
-            file.write(render_toml(self.config_data()))
+        path = self.codex_home / CONFIG_FILE
+        # Created owner-only (never briefly readable) under a temporary name, then moved in.
+        fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.codex_home)
+        try:
+            with open(fd, "w", encoding="utf-8") as file:
+                os.fchmod(file.fileno(), PRIVATE_FILE_MODE)
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            if not ours:
+                try:
+                    os.link(temp, path)  # never replaces a config.toml created meanwhile
+                except FileExistsError:
+                    ours = self.claim_home()  # ours (a concurrent start) or refused
+            if ours:
+                os.replace(temp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
         return path
+
+    def claim_home(self) -> bool:
+        """Check that CODEX_HOME may hold this library's private config; ``True`` when its
+        config.toml is already ours (to be rewritten), ``False`` when the home is new or
+        empty (leftover temporary files of an interrupted write do not count).
+
+        Refused with :class:`~.errors.CodexHomeNotPrivate`: a ``config.toml`` without
+        :data:`CONFIG_MARKER` as its first line (a user's configuration: never overwritten,
+        merged or re-permissioned), a ``config.toml`` that is not a regular file (a symlink
+        could point anywhere), and a home that holds other files but no config.toml (a user
+        home, e.g. with only ``auth.json``: writing a config there would change what their
+        own ``codex`` runs). Only names are reported, never file content."""
+        path = self.codex_home / CONFIG_FILE
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            others = sorted(
+                name for name in os.listdir(self.codex_home) if not name.startswith(_TEMP_PREFIX)
+            )
+            if others:
+                shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+                raise CodexHomeNotPrivate(
+                    self.codex_home, f"it holds files ({shown}) but no codex-turn config.toml"
+                ) from None
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            raise CodexHomeNotPrivate(self.codex_home, "its config.toml is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as file:
+            head = file.read(len(CONFIG_MARKER) + 2)
+        if head.splitlines()[:1] != [CONFIG_MARKER.encode()]:
+            raise CodexHomeNotPrivate(
+                self.codex_home, "it holds a config.toml that codex-turn did not write"
+            )
+        return True
 
     def restrict_home(self) -> None:
         """Make a private home owner-only: the home ``0700``, and group and other bits
@@ -256,9 +351,7 @@ class AppServerConfig:
             return list(self.command)
         binary = self.codex_bin or bundled_codex_path()
         argv = [str(binary), "app-server"]
-        for key, value in self.config_overrides.items():
-            argv += ["-c", f"{key}={_toml_value(value)}"]
-        return argv
+        return [*argv, *override_args(self.config_overrides)]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ) if self.inherit_env else {}
@@ -283,44 +376,106 @@ def _deep_merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
             into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+# -- TOML ------------------------------------------------------------------------------
+#
+# tomli-w renders every scalar, string and key (the escaping is where a hand-written writer
+# goes wrong: characters outside the BMP, control characters); the only structure built here
+# is the inline form that ``-c`` needs, ``[a, b]`` and ``{k = v}``, around its output.
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_SCALARS = (bool, int, float, str, datetime.date, datetime.time)
 
 
-def _key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as the types tomli-w writes (dict, list, scalars), checked for what TOML
+    (and Codex, whose integers are 64-bit) can hold. Raises ``TypeError``/``ValueError``
+    naming ``where`` (a key path), never quoting the value."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes | bytearray):
+        raise TypeError(f"{where}: bytes cannot be written as TOML (decode them first)")
     if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str | os.PathLike):
-        # JSON string escapes are a subset of TOML basic-string escapes.
-        return json.dumps(os.fspath(value))
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return value
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"{where}: integer out of TOML's 64-bit range")
+        return value
+    if isinstance(value, str):
+        _check_unicode(value, where)
+        return value
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot render {type(value).__name__} as TOML")
+        plain: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where}: TOML keys are strings, got {type(key).__name__}")
+            _check_unicode(key, where)
+            plain[key] = _plain(item, f"{where}.{key}" if where else key)
+        return plain
+    if isinstance(value, list | tuple):
+        return [_plain(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    what = "None (TOML has no null)" if value is None else type(value).__name__
+    raise TypeError(f"{where or 'value'}: cannot write {what} as TOML")
+
+
+def _check_unicode(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{where or 'value'}: text holds a lone surrogate, which is not valid Unicode"
+        ) from None
 
 
 def render_toml(data: Mapping[str, Any]) -> str:
-    """A small TOML writer for config.toml: scalars first, then nested tables."""
-    lines: list[str] = []
-    _render_table(data, [], lines)
-    return "\n".join(lines).strip() + "\n"
+    """``data`` as a TOML document (tomli-w): scalars first, then nested tables.
+
+    Raises ``TypeError``/``ValueError`` for what TOML cannot hold (``None``, bytes, a lone
+    surrogate, an integer beyond 64 bits)."""
+    return tomli_w.dumps(_plain(data, ""))
 
 
-def _render_table(data: Mapping[str, Any], path: list[str], lines: list[str]) -> None:
-    tables = []
-    if path:
-        lines.append("")
-        lines.append("[" + ".".join(_key(p) for p in path) + "]")
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            tables.append((key, value))
-        else:
-            lines.append(f"{_key(key)} = {_toml_value(value)}")
-    for key, value in tables:
-        _render_table(value, [*path, key], lines)
+def toml_value(value: Any) -> str:
+    """``value`` as one single-line TOML value (inline tables and arrays), the form a
+    ``-c key=value`` override needs: Codex parses it as ``_x_ = <value>``."""
+    return _inline(_plain(value, "value"))
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_inline(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value}).removeprefix("v = ").removesuffix("\n")
+
+
+def _toml_key(key: str) -> str:
+    return tomli_w.dumps({key: 0}).removesuffix(" = 0\n")
+
+
+_OVERRIDE_SEGMENT_BAD = re.compile(r"[=.\x00-\x1f\x7f]")
+
+
+def override_args(overrides: Mapping[str, Any]) -> list[str]:
+    """``-c key=value`` arguments for ``codex app-server``.
+
+    Codex splits each at the first ``=``, splits the key on ``.`` (segments are taken
+    literally: no TOML quoting), and parses the value as TOML; a value that does not parse is
+    silently taken as a *string*, so every value here is rendered by :func:`toml_value`. A key
+    is a dotted path whose segments are non-empty, hold no ``=``, ``.`` or control character
+    and no surrounding whitespace; anything else raises ``ValueError``. A mapping value
+    replaces the whole table at that key (as an inline table), like Codex's own ``-c``."""
+    argv: list[str] = []
+    for key, value in overrides.items():
+        if not isinstance(key, str):
+            raise TypeError(f"config override keys are strings, got {type(key).__name__}")
+        _check_unicode(key, "config override key")
+        for segment in key.split("."):
+            if not segment or segment != segment.strip() or _OVERRIDE_SEGMENT_BAD.search(segment):
+                raise ValueError(
+                    f"config override key {key!r}: a dotted path of non-empty segments "
+                    "without '=', control characters or surrounding whitespace"
+                )
+        argv += ["-c", f"{key}={_inline(_plain(value, key))}"]
+    return argv

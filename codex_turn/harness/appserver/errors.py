@@ -14,6 +14,10 @@ error dict. The tree is small on purpose::
         │                         fails with it, nothing hangs
         ├── AppServerTimeout      a request (or a turn, a compaction) missed its deadline
         └── AppServerStartError   the binary could not be spawned or initialised
+            ├── CodexHomeNotPrivate   a private home (``offline()``) would have to overwrite
+            │                         or write into a user's Codex configuration: refused
+            └── CodexLoginRequired    the configuration needs an OpenAI login and the
+                                      CODEX_HOME has none (checked at start, in seconds)
 
 Definitive versus transient. :class:`ThreadNotFound` is the one *definitive* answer about a
 thread: Codex looked and there is no such thread, so a binding to it is worthless and may be
@@ -30,6 +34,8 @@ Messages are short and never carry prompts or model text; they are safe for
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
 from typing import Final
 
 from codex_turn.errors import CodexTurnError
@@ -43,6 +49,8 @@ __all__ = [
     "AppServerRpcError",
     "AppServerStartError",
     "AppServerTimeout",
+    "CodexHomeNotPrivate",
+    "CodexLoginRequired",
     "ThreadNotFound",
 ]
 
@@ -118,3 +126,53 @@ class AppServerTimeout(AppServerError):
 
 class AppServerStartError(AppServerError):
     """The binary is missing, failed to spawn, or failed ``initialize``."""
+
+
+class CodexBinaryMissing(AppServerStartError, FileNotFoundError):
+    """The pinned Codex binary (the ``codex`` extra: ``openai-codex-cli-bin``) is not
+    installed. Also a ``FileNotFoundError``, for callers that caught that before."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the Codex binary is not installed: pip install 'codex-turn[codex]' "
+            "(openai-codex-cli-bin==0.163.0)"
+        )
+
+
+class CodexHomeNotPrivate(AppServerStartError):
+    """``AppServerConfig.offline()`` was pointed at a CODEX_HOME it does not own.
+
+    A private home is a new or empty directory, or one whose config.toml codex-turn wrote
+    (it starts with :data:`~.config.CONFIG_MARKER`). Anything else (a config.toml with the
+    user's settings, ``mcp_servers`` and all; a home holding ``auth.json``) is left exactly as
+    it is: nothing is overwritten, merged, written into or re-permissioned. ``reason`` names
+    what was found (file names only, never content)."""
+
+    def __init__(self, codex_home: Path, reason: str) -> None:
+        super().__init__(
+            f"CODEX_HOME {codex_home} is not a private codex-turn home: {reason}. "
+            "AppServerConfig.offline() writes its own config.toml and never overwrites or "
+            "merges a user's configuration: give it a new or empty directory, or use "
+            f"AppServerConfig.user({str(codex_home)!r}) to run on that configuration unchanged"
+        )
+        self.codex_home = codex_home
+        self.reason = reason
+
+
+class CodexLoginRequired(AppServerStartError):
+    """The configuration needs an OpenAI login (``account/read`` says
+    ``requiresOpenaiAuth``) and the CODEX_HOME in use holds none, so every turn would
+    only retry until its timeout. Raised when the process starts; the message says how to
+    log in. A model provider that needs no OpenAI login (``AppServerConfig.offline()``, any
+    custom ``model_providers`` entry, with or without ``env_key``) is never refused."""
+
+    def __init__(self, codex_home: Path) -> None:
+        home = shlex.quote(str(codex_home))
+        super().__init__(
+            f"codex app-server needs an OpenAI login and CODEX_HOME {codex_home} has none. "
+            f"Log in with `CODEX_HOME={home} codex login` (ChatGPT), or with an API key: "
+            f"`printenv OPENAI_API_KEY | CODEX_HOME={home} codex login --with-api-key` "
+            "(codex app-server does not read OPENAI_API_KEY from the environment); or "
+            "configure a model provider that needs no OpenAI login"
+        )
+        self.codex_home = codex_home

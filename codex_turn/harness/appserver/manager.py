@@ -25,6 +25,11 @@ client" plus two policies:
   with should be released with :meth:`AppServer.forget_thread` (the memo *and* the live
   client's tool registry); an LRU eviction only drops the memo (the thread is then no longer
   re-resumed after a restart).
+* **Login.** Each process the manager spawns from the real binary is asked for its account
+  state right after ``initialize`` (:mod:`.account`): a configuration that needs an OpenAI
+  login and has none raises :class:`~.errors.CodexLoginRequired` from :meth:`AppServer.start`
+  (or from the call that restarts the process) in seconds, instead of every turn retrying
+  until its timeout.
 * **Compaction.** Native compactions of one thread are serialised by a per-thread lock held
   by the manager (so it survives restarts); a compaction whose interrupt went unanswered
   retires the process before that lock is released (see :meth:`AppServer.compact_thread`).
@@ -45,6 +50,7 @@ import attrs
 
 from codex_turn._log import format_error, get_logger
 
+from .account import check_login, should_check
 from .client import AppServerClient, NotificationListener, unwrap_single_group
 from .config import AppServerConfig
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
@@ -55,6 +61,7 @@ from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
 from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
+from .threads import LoadedThread
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .turn import TurnHandle
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
@@ -154,6 +161,10 @@ class AppServer:
         ) as client:
             if self.record_sent:
                 client.server_requests = self.server_requests
+            if should_check(self.config, injected_transport=transport is not None):
+                # Before anyone can use the process: a missing login fails the start (or the
+                # call that restarts it) in seconds, not every turn at its timeout.
+                await check_login(client, self.config)
             for listener in self._listeners:
                 client.add_listener(listener)
             task_status.started(client)
@@ -211,6 +222,26 @@ class AppServer:
         self._threads.pop(thread_id, None)
         if self._client is not None:
             self._client.forget_thread(thread_id)
+
+    def loaded_thread(self, thread_id: str) -> LoadedThread | None:
+        """What the live process holds for ``thread_id`` (see :class:`~.threads.LoadedThread`);
+        ``None`` when it has not loaded the thread, or no process is running."""
+        client = self._client
+        if client is None or client.closed:
+            return None
+        return client.loaded_thread(thread_id)
+
+    def bind_tools(self, thread_id: str, tools: ToolRegistry | Iterable[DynamicTool]) -> None:
+        """Bind this turn's Python tool handlers to a thread that stays loaded (local only:
+        Codex froze the tool *specs* at thread/start); remembered for an auto-resume."""
+        registry = as_registry(tools)
+        assert registry is not None
+        if self._client is not None:
+            self._client.register_tools(thread_id, registry)
+        memo = self._threads.get(thread_id)
+        if memo is not None:
+            memo.tools = registry
+            self._threads.move_to_end(thread_id)
 
     @property
     def remembered_threads(self) -> list[str]:

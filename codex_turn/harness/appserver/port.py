@@ -22,6 +22,7 @@ from typing import Protocol
 from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .native_compaction import CompactionResult
 from .projector import CodexTurnResult, Notification, TurnProjector
+from .threads import LoadedThread
 from .tools import DynamicTool
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
 
@@ -93,6 +94,14 @@ class AppServerPort(Protocol):
 
     def forget_thread(self, thread_id: str) -> None:
         """Release what is kept locally for a thread that runs no more turns (idempotent)."""
+        ...
+
+    def loaded_thread(self, thread_id: str) -> LoadedThread | None:
+        """What the live Codex process holds for a thread this process loaded, else ``None``."""
+        ...
+
+    def bind_tools(self, thread_id: str, tools: Iterable[DynamicTool]) -> None:
+        """Bind this turn's Python tool handlers to a thread that stays loaded."""
         ...
 
     def turn(

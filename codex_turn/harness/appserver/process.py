@@ -4,8 +4,10 @@
 JSON-RPC client needs, as a :class:`LineTransport`: send one line, receive one line, and a
 background job (draining stderr). Everything OS-level is mapped here, once:
 
-* a failed spawn (missing binary, bad permissions, a CODEX_HOME that cannot be prepared)
-  becomes :class:`AppServerStartError`;
+* a failed spawn (missing binary, bad permissions, a CODEX_HOME that cannot be prepared, a
+  config value TOML cannot hold) becomes :class:`AppServerStartError`; a CODEX_HOME that
+  holds a user's configuration is refused before anything is written there
+  (:class:`~.errors.CodexHomeNotPrivate`, see :mod:`.config`);
 * end of stdout, a broken pipe, or a closed stream becomes :class:`AppServerClosed` with the
   exit code when the process has one. EOF on stdout is the *immediate* death signal: a killed
   process closes its pipes at once, so the client notices within milliseconds instead of
@@ -133,11 +135,13 @@ class AppServerProcess:
     async def spawn(cls, config: AppServerConfig) -> AppServerProcess:
         try:
             config.write()
-        except OSError as exc:
+            argv = config.argv()
+        except (OSError, TypeError, ValueError) as exc:
+            # OS errors, and a config value TOML cannot hold (the message names its key,
+            # never the value). A foreign CODEX_HOME is already typed (CodexHomeNotPrivate).
             raise AppServerStartError(
                 f"cannot prepare CODEX_HOME for codex app-server: {format_error(exc)}"
             ) from exc
-        argv = config.argv()
         try:
             process = await anyio.open_process(
                 argv,

@@ -11,6 +11,14 @@ keeps only what is re-sent there across a later compaction. The runtime policy
 (``approval_policy``, ``sandbox``, ``approvals_reviewer``, ``service_tier``) is sent only when
 given; see :meth:`_ThreadMethods.resume_thread` for what a resume without it loses.
 
+The client also keeps, per thread this process loaded, what Codex holds
+(:class:`LoadedThread`): the result of the last start/resume, the key of the settings sent
+with it (:func:`settings_key`) and whether Codex has compacted or unloaded the thread since
+(the connection core watches every notification: ``contextCompaction`` items,
+``thread/compacted``, ``thread/status/changed`` to ``notLoaded``). The turn's resume table
+(:func:`codex_turn.fsm.thread.decide_resume`) reads it to skip a ``thread/resume`` that
+would change nothing.
+
 A resume that fails because Codex says the thread does not exist raises
 :class:`~.errors.ThreadNotFound` (mapped here, the one place ``thread/resume`` is sent); any
 other failure keeps its own type, so a caller can tell "gone" from "not now".
@@ -18,8 +26,12 @@ other failure keeps its own type, so a caller can tell "gone" from "not now".
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from codex_turn._log import get_logger
 
@@ -42,9 +54,52 @@ if TYPE_CHECKING:
 else:
     _Connection = object
 
-__all__: list[str] = []
+__all__ = ["LoadedThread", "settings_key"]
 
 log = get_logger(__name__)
+
+
+@attrs.frozen
+class LoadedThread:
+    """What this process knows Codex holds for a thread it started or resumed."""
+
+    result: ThreadResult  # the answer of the last thread/start or thread/resume
+    settings: str  # settings_key() of what was sent with it
+    compacted: bool = False  # Codex compacted the thread since (instructions may be gone)
+
+
+def settings_key(
+    *,
+    developer_instructions: str | None = None,
+    cwd: str | None = None,
+    model: str | None = None,
+    tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+    approval_policy: AskForApproval | None = None,
+    sandbox: SandboxMode | None = None,
+    approvals_reviewer: ApprovalsReviewer | None = None,
+    service_tier: str | None = None,
+    base_instructions: str | None = None,
+    model_provider: str | None = None,
+    personality: str | None = "none",
+) -> str:
+    """A digest of the thread settings a start or resume sends (``thread/resume``'s keyword
+    arguments): equal keys mean a resume would send Codex nothing new."""
+    registry = as_registry(tools)
+    fields = {
+        "developer_instructions": developer_instructions,
+        "cwd": cwd,
+        "model": model,
+        "tools": registry.specs() if registry else None,
+        "approval_policy": approval_policy,
+        "sandbox": sandbox,
+        "approvals_reviewer": approvals_reviewer,
+        "service_tier": service_tier,
+        "base_instructions": base_instructions,
+        "model_provider": model_provider,
+        "personality": personality,
+    }
+    canonical = json.dumps(fields, sort_keys=True, default=repr, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class _ThreadMethods(_Connection):
@@ -57,8 +112,13 @@ class _ThreadMethods(_Connection):
         self._tools[thread_id] = registry
 
     def is_loaded(self, thread_id: str) -> bool:
-        """Whether this process started or resumed ``thread_id``."""
-        return thread_id in self._loaded_threads
+        """Whether this process started or resumed ``thread_id`` (and Codex kept it loaded)."""
+        return thread_id in self._loaded
+
+    def loaded_thread(self, thread_id: str) -> LoadedThread | None:
+        """What Codex holds for ``thread_id`` as far as this process knows, or ``None`` when
+        this process has not loaded it (or Codex unloaded it since)."""
+        return self._loaded.get(thread_id)
 
     def forget_thread(self, thread_id: str) -> None:
         """Drop this client's local state for ``thread_id``: its tool registry (and whatever
@@ -69,7 +129,7 @@ class _ThreadMethods(_Connection):
         would be answered as an unknown tool, and a later compaction would resume it first.
         Idempotent; unknown ids are ignored."""
         self._tools.pop(thread_id, None)
-        self._loaded_threads.discard(thread_id)
+        self._loaded.pop(thread_id, None)
 
     async def start_thread(
         self,
@@ -112,7 +172,22 @@ class _ThreadMethods(_Connection):
         result = structure(raw, ThreadResult)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
-        self._loaded_threads.add(result.thread_id)
+        self._loaded[result.thread_id] = LoadedThread(
+            result,
+            settings_key(
+                developer_instructions=developer_instructions,
+                cwd=cwd,
+                model=model,
+                tools=registry,
+                approval_policy=approval_policy,
+                sandbox=sandbox,
+                approvals_reviewer=approvals_reviewer,
+                service_tier=service_tier,
+                base_instructions=base_instructions,
+                model_provider=model_provider,
+                personality=personality,
+            ),
+        )
         log.info(
             "appserver.thread_started",
             thread_id=capped(result.thread_id),
@@ -174,8 +249,24 @@ class _ThreadMethods(_Connection):
             log.info("appserver.thread_not_found", thread_id=capped(thread_id))
             raise not_found from exc
         result = structure(raw, ThreadResult)
-        if tools is not None:
-            self.register_tools(result.thread_id, tools)
-        self._loaded_threads.add(result.thread_id)
+        registry = as_registry(tools)
+        if registry is not None:
+            self.register_tools(result.thread_id, registry)
+        self._loaded[result.thread_id] = LoadedThread(
+            result,
+            settings_key(
+                developer_instructions=developer_instructions,
+                cwd=cwd,
+                model=model,
+                tools=registry,
+                approval_policy=approval_policy,
+                sandbox=sandbox,
+                approvals_reviewer=approvals_reviewer,
+                service_tier=service_tier,
+                base_instructions=base_instructions,
+                model_provider=model_provider,
+                personality=personality,
+            ),
+        )
         log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result

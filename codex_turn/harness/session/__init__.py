@@ -11,8 +11,12 @@ One private module per concern; this package re-exports the public names of each
 * ``_lock.py``: OpenClaw's write lock: the in-process re-entrant lock per transcript, the
   ``<name>.lock`` file other processes honour, stale-lock recovery and
   :class:`SessionLockTimeout`.
+* ``_budget.py``: the byte ceiling shared by the read cache and the stripped histories
+  (:func:`set_session_cache_limit`), least recently used out.
 * ``_cache.py``: the per-transcript incremental read cache and the readers on it
   (:func:`load_session_context`, :func:`load_session_messages`, :func:`read_session`).
+* ``_stream.py``: :func:`iter_session_messages`, the conversation in chunks without keeping
+  its parsed graph (an engine's cold import of a transcript).
 * ``_writable.py``: :func:`ensure_transcript_writable`, the preflight made before anything
   reaches Codex (:class:`TranscriptUnwritable`), and the recovery of a transcript that holds
   only a torn header.
@@ -20,7 +24,8 @@ One private module per concern; this package re-exports the public names of each
   :func:`mirror_turn` (one idempotent append per turn under the write lock) and
   :func:`reset_session`.
 
-The dependency order is ``_format`` <- ``_lock`` <- ``_cache`` <- ``_writable`` <- ``_mirror``;
+The dependency order is ``_format`` <- ``_lock`` <- ``_budget`` <- ``_cache`` <- ``_stream``,
+``_writable`` <- ``_mirror``;
 nothing imports upwards. Every module keys a transcript by one name,
 :func:`codex_turn.harness._fs.session_path`, as do the binding and the in-process turn gates.
 
@@ -31,6 +36,11 @@ never be awaited from the event loop thread.
 
 from __future__ import annotations
 
+from codex_turn.harness.session._budget import (
+    session_cache_limit,
+    session_cache_usage,
+    set_session_cache_limit,
+)
 from codex_turn.harness.session._cache import (
     SessionTranscript,
     clear_session_cache,
@@ -64,6 +74,7 @@ from codex_turn.harness.session._mirror import (
     mirror_turn,
     reset_session,
 )
+from codex_turn.harness.session._stream import iter_session_messages
 from codex_turn.harness.session._writable import ensure_transcript_writable
 
 __all__ = [
@@ -84,6 +95,7 @@ __all__ = [
     "build_session_context",
     "clear_session_cache",
     "ensure_transcript_writable",
+    "iter_session_messages",
     "load_session_context",
     "load_session_messages",
     "migrate_session_entries",
@@ -92,5 +104,8 @@ __all__ = [
     "parse_session_bytes",
     "read_session",
     "reset_session",
+    "session_cache_limit",
+    "session_cache_usage",
     "session_write_lock",
+    "set_session_cache_limit",
 ]

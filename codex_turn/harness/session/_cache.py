@@ -18,10 +18,15 @@ older entry, a re-used id or a compaction rebuilds it. Readers hand out a
 Each state has its own lock; readers and the mirror (``_mirror.py``) refresh the state under
 it, so the mirror sees exactly what a reader would. Only a regular file is ever opened
 (:func:`codex_turn.harness._fs.open_regular`): a FIFO, a directory or a device at the path is
-an error at once, never a read that blocks. At most :data:`_CACHE_MAX_FILES`
-transcripts are cached (LRU). Everything is synchronous file I/O: an async caller runs it in
-a worker thread. Messages returned by the readers are shared with the cache: treat them as
-read-only (``copy.deepcopy`` before mutating).
+an error at once, never a read that blocks. Everything is synchronous file I/O: an async
+caller runs it in a worker thread. Messages returned by the readers are shared with the
+cache: treat them as read-only (``copy.deepcopy`` before mutating).
+
+Memory is bounded by bytes, not by a count of files (``_budget.py``): every refresh charges
+the state ~4 bytes per committed file byte to the ledger shared with the stripped
+histories, and the least recently used states are evicted (dropped from the cache whole,
+their next read is a fresh parse) until the total is under the ceiling (256 MiB by default,
+:func:`set_session_cache_limit`). A state that a reader holds is never evicted under it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import attrs
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.harness._fs import open_regular, session_path
+from codex_turn.harness.session import _budget
 from codex_turn.harness.session._format import (
     _BAD,
     AgentMessage,
@@ -69,7 +75,6 @@ __all__ = [
 _log = get_logger(__name__)
 
 _DIGEST_SPAN: Final = 4096
-_CACHE_MAX_FILES: Final = 32
 _READ_CHUNK: Final = 1 << 20
 
 
@@ -187,9 +192,13 @@ def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
     """Forget cached reads (of one path, or all). Only needed to reclaim memory."""
     with _cache_lock:
         if path is None:
+            keys = list(_cache)
             _cache.clear()
         else:
-            _cache.pop(_cache_key(path), None)
+            keys = [_cache_key(path)]
+            _cache.pop(keys[0], None)
+    for key in keys:
+        _budget.release(("read", key))
 
 
 def _state_for(key: str) -> _FileState:
@@ -197,11 +206,31 @@ def _state_for(key: str) -> _FileState:
         state = _cache.get(key)
         if state is None:
             state = _cache[key] = _FileState(key)
-            while len(_cache) > _CACHE_MAX_FILES:
-                _cache.popitem(last=False)
-        else:
-            _cache.move_to_end(key)
         return state
+
+
+def _charge(state: _FileState) -> None:
+    """Charge ``state``'s estimated bytes to the ledger (caller holds ``state.lock``)."""
+    with _cache_lock:
+        if _cache.get(state.path) is not state:
+            return  # evicted or cleared while held: an orphan, dropped with its reader
+    nbytes = _budget.ENTRY_OVERHEAD + _budget.READ_BYTES_PER_BYTE * state.committed
+    _budget.charge(("read", state.path), nbytes, lambda: _evict(state))
+
+
+def _evict(state: _FileState) -> object | None:
+    """The ledger's evictor: drop ``state`` from the cache, unless a reader holds it."""
+    if not state.lock.acquire(blocking=False):
+        return None
+    try:
+        with _cache_lock:
+            if _cache.get(state.path) is state:
+                del _cache[state.path]
+        detached = (state.fold, state.ctx)
+        _reset_state(state)  # a thread still holding this orphan re-reads from scratch
+        return detached
+    finally:
+        state.lock.release()
 
 
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:
@@ -227,6 +256,13 @@ def _digests(fd: int, size: int) -> tuple[bytes, bytes]:
 
 def _refresh(state: _FileState) -> _View:
     """Bring ``state`` up to date with the file (caller holds ``state.lock``)."""
+    try:
+        return _refresh_uncharged(state)
+    finally:
+        _charge(state)
+
+
+def _refresh_uncharged(state: _FileState) -> _View:
     try:
         # Never blocks (a FIFO at the path), never reads a directory or a device.
         fd = open_regular(state.path, os.O_RDONLY)
@@ -271,7 +307,14 @@ def _reset_state(state: _FileState) -> None:
 
 def _header_problem(view: _View) -> str | None:
     fold = view.state.fold
-    first = fold.first_object if fold.first_object is not None else view.tentative
+    return _first_object_problem(
+        fold.first_object if fold.first_object is not None else view.tentative
+    )
+
+
+def _first_object_problem(first: Entry | None) -> str | None:
+    """Why a transcript whose first object is ``first`` reads as empty (``"empty"``: quietly;
+    anything else: with a warning), or ``None`` when it has a valid session header."""
     if first is None:
         return "empty"
     if first.get("type") != "session":
@@ -307,7 +350,8 @@ def _context(view: _View) -> SessionContext:
     if tentative is None or tentative is header or tentative.get("type") == "session":
         if ctx is None:
             return SessionContext([])
-        return SessionContext(MessageHistory(ctx.messages), ctx.thinking, ctx.model)
+        history = MessageHistory(ctx.messages, source_bytes=state.committed)
+        return SessionContext(history, ctx.thinking, ctx.model)
     if ctx is not None:
         ext = _extension(ctx, [tentative], fold.by_id)
         if ext is not None:

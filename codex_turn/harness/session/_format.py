@@ -38,9 +38,9 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, overload
+from typing import Any, Final, Protocol, TypeVar, overload
 
 import attrs
 
@@ -62,6 +62,17 @@ __all__ = [
 
 Entry = dict[str, Any]
 AgentMessage = dict[str, Any]
+
+_E = TypeVar("_E")
+
+
+class _EntryLike(Protocol):
+    """What the path rules read of an entry: a dict, or the streaming reader's lazy entry."""
+
+    def get(self, key: str, default: Any = ..., /) -> Any: ...
+    def __getitem__(self, key: str, /) -> Any: ...
+    def __contains__(self, key: object, /) -> bool: ...
+
 
 CURRENT_SESSION_VERSION: Final = 3
 _UTF8_BOM: Final = b"\xef\xbb\xbf"
@@ -117,11 +128,15 @@ class MessageHistory(Sequence[AgentMessage]):
     cache: treat them as read-only.
     """
 
-    __slots__ = ("_items", "_length")
+    __slots__ = ("_items", "_length", "source_bytes")
 
-    def __init__(self, items: list[AgentMessage], length: int | None = None) -> None:
+    def __init__(
+        self, items: list[AgentMessage], length: int | None = None, *, source_bytes: int = 0
+    ) -> None:
         self._items = items
         self._length = len(items) if length is None else length
+        #: The transcript bytes behind this view (what a cache of it is charged for).
+        self.source_bytes = source_bytes
 
     def __len__(self) -> int:
         return self._length
@@ -498,13 +513,13 @@ def _header_line(session_id: str, cwd: str) -> bytes:
     return _dumps(header) + b"\n"
 
 
-def _copy_present(target: dict[str, Any], source: Mapping[str, Any], *keys: str) -> None:
+def _copy_present(target: dict[str, Any], source: _EntryLike, *keys: str) -> None:
     for key in keys:
         if key in source:  # JSON.stringify drops undefined: absent stays absent
             target[key] = source[key]
 
 
-def _entry_message(entry: Entry) -> AgentMessage | None:
+def _entry_message(entry: _EntryLike) -> AgentMessage | None:
     kind = entry.get("type")
     if kind == "message":
         message = entry.get("message")
@@ -545,14 +560,20 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _walk_to_root(leaf: Entry, by_id: Mapping[str, Entry]) -> list[Entry]:
-    path: list[Entry] = []
+def _parent_id(entry: Mapping[str, Any]) -> object:
+    return entry.get("parentId")
+
+
+def _walk_to_root(leaf: _E, by_id: Mapping[str, _E], parent_of: Callable[[_E], object]) -> list[_E]:
+    """The path from the root to ``leaf``; ``parent_of`` reads an entry's ``parentId`` (the
+    streaming reader walks compact records, not dicts)."""
+    path: list[_E] = []
     seen: set[int] = set()  # pi has no cycle guard and loops forever; we stop
-    current: Entry | None = leaf
+    current: _E | None = leaf
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         path.append(current)
-        parent = current.get("parentId")
+        parent = parent_of(current)
         current = by_id.get(parent) if isinstance(parent, str) and parent else None
     path.reverse()
     return path
@@ -561,37 +582,45 @@ def _walk_to_root(leaf: Entry, by_id: Mapping[str, Entry]) -> list[Entry]:
 def _context_from_path(path: Sequence[Entry]) -> SessionContext:
     thinking = "off"
     model: ModelRef | None = None
+    for entry in path:
+        thinking, model = _apply_settings(entry, thinking, model)
+    return SessionContext(list(_path_messages(path)), thinking, model)
+
+
+def _path_messages(path: Sequence[_EntryLike]) -> Iterator[AgentMessage]:
+    """The AgentMessages of a root-to-leaf path, in order: pi's compaction rule.
+
+    A generator, so the streaming reader (``_stream.py``) can hand them on in chunks. Only
+    ``type`` and ``id`` are read from entries that yield no message.
+    """
     compaction_at = -1
     for index, entry in enumerate(path):
-        thinking, model = _apply_settings(entry, thinking, model)
         if entry.get("type") == "compaction":
             compaction_at = index  # only the last compaction on the path counts
-    messages: list[AgentMessage] = []
     if compaction_at < 0:
         for entry in path:
             message = _entry_message(entry)
             if message is not None:
-                messages.append(message)
-        return SessionContext(messages, thinking, model)
+                yield message
+        return
     compaction = path[compaction_at]
     summary: AgentMessage = {"role": "compactionSummary"}
     _copy_present(summary, compaction, "summary", "tokensBefore")
     summary["timestamp"] = _iso_to_ms(compaction.get("timestamp"))
-    messages.append(summary)
+    yield summary
     first_kept = compaction.get("firstKeptEntryId", _MISSING)
     keeping = False
-    for entry in path[:compaction_at]:
+    for entry in itertools.islice(path, compaction_at):
         if not keeping and entry.get("id", _MISSING) == first_kept:
             keeping = True
         if keeping:
             message = _entry_message(entry)
             if message is not None:
-                messages.append(message)
-    for entry in path[compaction_at + 1 :]:
+                yield message
+    for entry in itertools.islice(path, compaction_at + 1, None):
         message = _entry_message(entry)
         if message is not None:
-            messages.append(message)
-    return SessionContext(messages, thinking, model)
+            yield message
 
 
 def _index(entries: Sequence[Entry]) -> dict[str, Entry]:
@@ -623,4 +652,4 @@ def build_session_context(
         if not entries:
             return SessionContext([])
         leaf = entries[-1]
-    return _context_from_path(_walk_to_root(leaf, index))
+    return _context_from_path(_walk_to_root(leaf, index, _parent_id))

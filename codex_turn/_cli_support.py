@@ -1,0 +1,540 @@
+"""What every ``codex-turn`` command shares: errors and exit codes, logging, the progress line,
+the observed engine, engine resolution, the Codex configuration, turn output.
+
+Errors are mapped ONCE, in :func:`exit_code_for` (called by :func:`codex_turn.cli.main`): a
+:class:`~codex_turn.CodexTurnError` becomes one line on stderr and the exit code of the first
+class of its MRO listed in :data:`EXIT_CODES`; anything else is a defect (exit 70, traceback
+only with ``-v``). Classes are matched by *name*, so an error family another module adds
+later gets its code as soon as it exists, without this module importing it.
+
+Live progress. The progress line shows each state of the turn machine as it is entered
+(:func:`progress_hooks`: the turn's ``TurnHooks.on_transition`` observer); the full FSM trace
+is printed after the turn. :class:`ObservedEngine` records the engine calls for the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Final, TextIO
+
+import attrs
+
+from codex_turn.errors import CodexTurnError
+from codex_turn.fsm import TraceEntry, TurnState
+from codex_turn.harness.hooks import TurnHooks
+
+if TYPE_CHECKING:
+    from codex_turn.harness.appserver import AppServerConfig
+    from codex_turn.harness.turn_api import TurnResult
+    from codex_turn.testing import OfflineModel
+
+__all__ = [
+    "EXIT_CODES",
+    "CliError",
+    "EngineCall",
+    "InputNotFound",
+    "ObservedEngine",
+    "Progress",
+    "UsageError",
+    "configure_cli_logging",
+    "exit_code_for",
+    "progress_hooks",
+]
+
+# --- errors and exit codes ------------------------------------------------------------------
+
+EXIT_OK: Final = 0
+EXIT_NOT_OK: Final = 1  # the command ran; its result is not ok (turn failed, problems found)
+EXIT_USAGE: Final = 2
+EXIT_NOT_FOUND: Final = 3
+EXIT_LOGIN: Final = 4
+EXIT_CODEX: Final = 5
+EXIT_BUSY: Final = 6
+EXIT_ENGINE: Final = 7
+EXIT_SOFTWARE: Final = 70  # an unexpected exception: a defect (traceback with -v)
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C
+
+#: Error class name -> exit code; the first class of an error's MRO listed here wins.
+EXIT_CODES: Final[dict[str, int]] = {
+    # 2: the command line is wrong (a flag, a value, an engine spec, turn params).
+    "UsageError": EXIT_USAGE,
+    "InvalidTurnParams": EXIT_USAGE,
+    "EngineSpecError": EXIT_USAGE,
+    "EngineLoadError": EXIT_USAGE,
+    "EngineContractError": EXIT_USAGE,  # the engine given is not a context engine
+    "CodexHomeNotPrivate": EXIT_USAGE,  # --offline --codex-home names a user's home
+    # 3: an input is missing or unreadable (the session file, its binding, a trace file).
+    "InputNotFound": EXIT_NOT_FOUND,
+    "SessionLockTimeout": EXIT_BUSY,
+    "SessionError": EXIT_NOT_FOUND,
+    "BindingError": EXIT_NOT_FOUND,
+    # 4: Codex needs a login (``codex login``) for the configured provider.
+    "CodexLoginRequired": EXIT_LOGIN,
+    # 5: Codex itself: the binary is missing or failed, the app-server closed or timed out.
+    "AppServerError": EXIT_CODEX,
+    # 6: another turn or compaction holds the session.
+    "SessionBusy": EXIT_BUSY,
+    # 7: the engine broke its contract (strict mode) or failed.
+    "EngineContractViolation": EXIT_ENGINE,
+    "EngineError": EXIT_ENGINE,
+    # 1: anything else codex-turn refused.
+    "CodexTurnError": EXIT_NOT_OK,
+}
+
+
+class CliError(CodexTurnError):
+    """An error the command line itself raises."""
+
+
+class UsageError(CliError, ValueError):
+    """A flag or value the command cannot use (exit 2)."""
+
+
+class InputNotFound(CliError, FileNotFoundError):
+    """A file the command reads does not exist or cannot be read (exit 3)."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code of ``error`` (see :data:`EXIT_CODES`); 70 for an unexpected one."""
+    for cls in type(error).__mro__:
+        code = EXIT_CODES.get(cls.__name__)
+        if code is not None:
+            return code
+    return EXIT_SOFTWARE
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a positive, finite number of seconds."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds, zero allowed."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+# --- logging --------------------------------------------------------------------------------
+
+
+def configure_cli_logging(verbosity: int, log_format: str, stream: TextIO) -> None:
+    """Library logs to ``stream`` (stderr): warnings by default, ``-v`` info, ``-vv`` debug,
+    ``-q`` errors only."""
+    from codex_turn._log import configure_logging
+
+    level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(
+        max(-1, min(verbosity, 2)), logging.DEBUG
+    )
+    configure_logging(
+        level=level, format="json" if log_format == "json" else "console", stream=stream
+    )
+
+
+# --- the progress line ----------------------------------------------------------------------
+
+
+class Progress:
+    """The state being executed, on stderr: one rewritten line on a terminal, plain lines
+    otherwise (a log a test or a pipe can read), nothing when quiet."""
+
+    def __init__(self, stream: IO[str], *, enabled: bool = True) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._tty = enabled and stream.isatty()
+        self._label = ""
+        self._shown = False
+
+    def label(self, text: str) -> None:
+        """What the following states belong to (``turn 2``, ``compaction``)."""
+        self._label = text
+
+    def state(self, state: str, detail: str = "") -> None:
+        if not self._enabled:
+            return
+        text = f"[{self._label}] {state}" + (f" ({detail})" if detail else "")
+        if self._tty:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            self._stream.write("\r\x1b[K" + text[:width])
+            self._shown = True
+        else:
+            self._stream.write(f"progress: {text}\n")
+        self._stream.flush()
+
+    def clear(self) -> None:
+        if self._tty and self._shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self._shown = False
+
+
+# --- the observed engine and the progress hooks ---------------------------------------------
+
+#: The engine's lifecycle methods that are recorded.
+ENGINE_METHODS: Final = frozenset(
+    {"bootstrap", "assemble", "after_turn", "ingest_batch", "ingest", "maintain", "compact"}
+)
+
+
+@attrs.frozen
+class EngineCall:
+    method: str
+    ms: float
+    ok: bool
+
+
+class ObservedEngine:
+    """A transparent stand-in for an engine that records each lifecycle call (method, time,
+    success) for the turn report. Methods the engine lacks stay absent (capabilities are
+    unchanged)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.calls: list[EngineCall] = []
+
+    @property
+    def inner(self) -> object:
+        return self._inner
+
+    def take_calls(self) -> list[EngineCall]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name not in ENGINE_METHODS or not callable(value):
+            return value
+
+        async def observed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            ok = False
+            try:
+                result = value(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                ok = True
+                return result
+            finally:
+                ms = (time.perf_counter() - started) * 1000
+                self.calls.append(EngineCall(name, ms, ok))
+
+        return observed
+
+
+def progress_hooks(progress: Progress) -> TurnHooks:
+    """Turn hooks that show each state of the turn machine as it is entered."""
+
+    def on_transition(entry: TraceEntry) -> None:
+        state = TurnState[entry.dest].value  # the trace names states by their enum name
+        if entry.dest != entry.state:
+            progress.state(state)
+        else:  # an in-state event (Codex compacting during the turn, say)
+            progress.state(state, entry.trigger)
+
+    return TurnHooks(on_transition=on_transition)
+
+
+# --- engines --------------------------------------------------------------------------------
+
+
+def resolve_engine(spec: str | None, session_file: str, *, create: bool) -> object | None:
+    """The engine a command uses. ``none``: no engine; ``sqlite``: the reference engine next to
+    the session; ``module:attr``: loaded relative to the current directory. ``None`` (no
+    flag): the reference engine when ``create`` or when its store already exists, else none."""
+    from codex_turn.engines import SqliteContextEngine
+
+    if spec is None:
+        if create or os.path.exists(SqliteContextEngine.store_next_to(session_file)):
+            return SqliteContextEngine.next_to(session_file)
+        return None
+    if spec == "none":
+        return None
+    if spec == "sqlite":
+        return SqliteContextEngine.next_to(session_file)
+    return load_engine_spec(spec)
+
+
+def load_engine_spec(spec: str) -> object:
+    """``module:attr``, found on ``sys.path`` or in the current directory (the library's
+    :func:`~codex_turn.load_engine`; a bad spec is an ``EngineLoadError``, exit 2)."""
+    from codex_turn.harness.engine import load_engine
+
+    return load_engine(spec)
+
+
+def close_engine(engine: object | None) -> None:
+    inner = engine.inner if isinstance(engine, ObservedEngine) else engine
+    close = getattr(inner, "close", None)
+    if callable(close):
+        close()
+
+
+def engine_label(engine: object | None) -> str:
+    if engine is None:
+        return "none (plain Codex)"
+    from codex_turn.harness.engine import engine_id
+
+    inner = engine.inner if isinstance(engine, ObservedEngine) else engine
+    path = getattr(inner, "path", None)
+    return engine_id(inner) + (f" (store {path})" if isinstance(path, str) else "")
+
+
+# --- the Codex configuration ----------------------------------------------------------------
+
+
+def codex_binary() -> Path:
+    """The pinned Codex binary (``CodexBinaryMissing`` without the ``codex`` extra), checked
+    to be an executable file."""
+    from codex_turn.harness.appserver import AppServerStartError, bundled_codex_path
+
+    path = bundled_codex_path()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise AppServerStartError(f"the Codex binary is missing or not executable: {path}")
+    return path
+
+
+def codex_version(binary: Path) -> str:
+    try:
+        done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
+            [str(binary), "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unknown ({type(error).__name__})"
+    return (done.stdout.strip() or done.stderr.strip() or "unknown").splitlines()[0]
+
+
+def offline_home_for(session_file: str) -> Path:
+    """The private Codex home ``--offline`` uses by default: next to the session, so the
+    session's thread binding and the threads it names stay together."""
+    return Path(os.path.abspath(session_file)).parent / ".codex-turn-offline"
+
+
+@contextlib.contextmanager
+def codex_config(
+    *,
+    offline: bool,
+    codex_home: str | None,
+    session_file: str,
+    model: str | None,
+    offline_delay: float = 0.0,
+) -> Iterator[tuple[AppServerConfig, OfflineModel | None]]:
+    """The app-server configuration of a command: the user's own Codex (``codex_home`` or
+    ``$CODEX_HOME`` or ``~/.codex``), or with ``offline`` a private home and the local
+    stand-in model (started here, closed on exit)."""
+    from codex_turn.harness.appserver import AppServerConfig
+
+    codex_binary()  # a missing binary is one typed error before anything starts
+    if not offline:
+        yield AppServerConfig.user(codex_home, model=model), None
+        return
+    from codex_turn.testing import OfflineModel, Reply
+
+    home = Path(codex_home) if codex_home else offline_home_for(session_file)
+    with OfflineModel() as stand_in:
+        if offline_delay > 0:
+            stand_in.script(Reply.echo(delay=offline_delay), times=1_000_000)
+        config = AppServerConfig.offline(
+            home / "codex-home",
+            stand_in.base_url,
+            env=stand_in.proxy_env(),
+            home=home,
+            model=model or "mock-model",
+        )
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        yield config, stand_in
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+def session_header(session_file: str, *, must_exist: bool) -> dict[str, Any]:
+    """The transcript's header (``{}`` for a session that does not exist yet)."""
+    from codex_turn.harness.session import read_session
+
+    if not os.path.exists(session_file):
+        if must_exist:
+            raise InputNotFound(f"no such session file: {session_file}")
+        return {}
+    if os.path.isdir(session_file):
+        raise InputNotFound(f"not a session file (a directory): {session_file}")
+    return dict(read_session(session_file).header or {})
+
+
+def session_identity(
+    session_file: str, header: dict[str, Any], session_id: str | None
+) -> tuple[str, str]:
+    """(session id, workspace): the flag, else the transcript header, else the file name and
+    the current directory."""
+    from codex_turn.harness.binding import read_binding
+
+    sid = session_id or header.get("id") or Path(session_file).stem
+    binding = read_binding(session_file) if os.path.exists(session_file) else None
+    cwd = header.get("cwd") if isinstance(header.get("cwd"), str) else None
+    workspace = cwd or (binding.cwd if binding is not None and binding.cwd else None)
+    return str(sid), workspace or os.getcwd()
+
+
+# --- turn output ----------------------------------------------------------------------------
+
+REASONS: Final[dict[str, str]] = {
+    "missing-thread-binding": "no Codex thread is bound to this session yet",
+    "resume-failed": "Codex could not resume the bound thread",
+    "no-tools-transient-thread": "this turn has no tools; the tooled thread is kept",
+    "context-unavailable-keep-thread": "no engine context this turn; the conversation is kept",
+    "dynamic-tools-changed": "the dynamic tools changed (Codex freezes them per thread)",
+    "context-engine-policy-changed": "the engine or its policy changed",
+    "matching-thread-bootstrap-binding": "the thread already holds this epoch's context",
+    "thread-bootstrap-epoch-changed": "the engine's context epoch changed (e.g. compaction)",
+    "per-turn-projection-fresh-thread": "per-turn projection: a fresh thread per turn",
+    "compatible-thread-binding": "the bound thread is compatible",
+}
+
+
+def projection_note(result: TurnResult) -> str:
+    decision = result.thread_decision
+    if result.projected:
+        return "yes: the engine's context was framed into the prompt"
+    if decision is None:
+        return "no"
+    if not decision.project:
+        return "no: the thread already carries the conversation"
+    return "no: there was no earlier conversation to project"
+
+
+def trace_to_json(result: TurnResult) -> list[dict[str, Any]]:
+    return [
+        {"state": e.state, "trigger": e.trigger, "dest": e.dest, "monotonicNs": e.monotonic_ns}
+        for e in result.trace
+    ]
+
+
+def turn_to_json(
+    result: TurnResult, calls: Sequence[EngineCall], *, session_file: str
+) -> dict[str, Any]:
+    decision = result.thread_decision
+    usage = result.usage
+    return {
+        "sessionFile": session_file,
+        "outcome": result.outcome.value,
+        "assistantText": result.assistant_text,
+        "threadId": result.thread_id,
+        "turnId": result.turn_id,
+        "threadDecision": None
+        if decision is None
+        else {
+            "action": decision.action.value,
+            "reason": decision.reason,
+            "project": decision.project,
+        },
+        "projected": result.projected,
+        "maintenance": {
+            "status": result.maintenance.status,
+            "skipReason": result.maintenance.skip_reason,
+        },
+        "usage": None
+        if usage is None
+        else {
+            "input": usage.input,
+            "output": usage.output,
+            "cacheRead": usage.cache_read,
+            "cacheWrite": usage.cache_write,
+            "reasoningOutput": usage.reasoning_output,
+        },
+        "nativeCompactions": result.native_compactions,
+        "promptError": result.prompt_error,
+        "mirrorError": result.mirror_error,
+        "engineCalls": [{"method": c.method, "ms": round(c.ms, 3), "ok": c.ok} for c in calls],
+        "durationsMs": {k: round(v, 3) for k, v in result.durations_ms.items()},
+        "trace": trace_to_json(result),
+    }
+
+
+def print_turn(
+    out: IO[str],
+    title: str,
+    result: TurnResult,
+    calls: Iterable[EngineCall],
+    *,
+    timings: bool = True,
+) -> None:
+    """The human form of one turn: decision and why, projection, engine calls, timings, reply."""
+    decision = result.thread_decision
+    thread = result.thread_id or "-"
+    print(f"\n{title}: outcome={result.outcome.value} thread={thread}", file=out)
+    if decision is not None:
+        why = REASONS.get(decision.reason, "")
+        print(
+            f"  thread decision: {decision.action.value} ({decision.reason})"
+            + (f": {why}" if why else ""),
+            file=out,
+        )
+    print(f"  context projected: {result.projected} ({projection_note(result)})", file=out)
+    listed = [f"{c.method} {c.ms:.1f} ms" + ("" if c.ok else " FAILED") for c in calls]
+    print(f"  engine calls: {', '.join(listed) if listed else 'none'}", file=out)
+    maintenance = result.maintenance
+    print(
+        f"  maintenance: {maintenance.status}"
+        + (f" ({maintenance.skip_reason})" if maintenance.skip_reason else ""),
+        file=out,
+    )
+    if timings:
+        path = " -> ".join(_path(result))
+        print(f"  path: {path}", file=out)
+        spent = result.durations_ms
+        rows = [f"{state.lower()} {ms:.1f}" for state, ms in spent.items() if ms >= 0.05]
+        print(f"  time per state (ms): {', '.join(rows)}", file=out)
+    for problem in (result.prompt_error, result.mirror_error):
+        if problem:
+            print(f"  problem: {problem}", file=out)
+    print(f"  assistant: {result.assistant_text or '(no reply)'}", file=out)
+
+
+def _path(result: TurnResult) -> list[str]:
+    if not result.trace:
+        return []
+    states = [result.trace[0].state.lower()]
+    for entry in result.trace:
+        if entry.dest.lower() != states[-1]:
+            states.append(entry.dest.lower())
+    return states
+
+
+def dump_json(data: object, out: IO[str]) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False), file=out)

@@ -1,0 +1,361 @@
+"""``codex-turn run`` and ``codex-turn chat``: turns of one session from the command line.
+
+Both start one app-server (the user's own Codex, or with ``--offline`` a private home and the
+local stand-in model) and run each turn through :func:`codex_turn.run_codex_turn` with the
+chosen engine. Ctrl-C is a signal handler, not a ``KeyboardInterrupt``: during a turn it
+cancels the turn, which the API guarantees to interrupt Codex, mirror and finalize (the result
+still arrives through ``on_turn_end``); a second Ctrl-C, or one at the prompt, leaves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import os
+import signal
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import IO, TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+import attrs
+
+from codex_turn._cli_support import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_OK,
+    EXIT_OK,
+    ObservedEngine,
+    Progress,
+    UsageError,
+    close_engine,
+    codex_config,
+    dump_json,
+    engine_label,
+    print_turn,
+    progress_hooks,
+    resolve_engine,
+    session_header,
+    session_identity,
+    turn_to_json,
+)
+
+if TYPE_CHECKING:
+    from codex_turn.harness.appserver import AppServer
+
+__all__ = ["add_turn_options", "chat_command", "run_command"]
+
+
+def add_turn_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``run`` and ``chat`` share."""
+    from codex_turn._cli_support import non_negative_float, non_negative_int, positive_float
+
+    parser.add_argument("session_file", metavar="SESSION_FILE", help="the session transcript")
+    parser.add_argument(
+        "--engine",
+        metavar="SPEC|sqlite|none",
+        default="sqlite",
+        help="the context engine: 'sqlite' (default: the reference engine, its store "
+        "context.sqlite next to the session), 'none' (plain Codex), or MODULE:ATTR "
+        "(loaded relative to the current directory)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        help="a private Codex home (.codex-turn-offline/ next to the session) and the local "
+        "stand-in model; nothing leaves the machine",
+    )
+    where.add_argument(
+        "--codex-home",
+        metavar="DIR",
+        help="your Codex home (default: $CODEX_HOME, else ~/.codex); used as it is",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="engine contract violations are errors (exit 7), not logged fallbacks",
+    )
+    parser.add_argument("--session-id", help="default: the transcript header's id, else its name")
+    parser.add_argument("--session-key", help="the key engines bind the session to")
+    parser.add_argument("--workspace", metavar="DIR", help="default: the transcript's cwd")
+    parser.add_argument("--model", help="the Codex model (default: your config's)")
+    parser.add_argument("--instructions", help="base developer instructions")
+    parser.add_argument("--token-budget", type=non_negative_int, metavar="TOKENS")
+    parser.add_argument(
+        "--turn-timeout", type=positive_float, default=600.0, metavar="S", help="default: 600"
+    )
+    parser.add_argument(
+        "--offline-delay",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="with --offline: the stand-in model stalls each reply S seconds (try Ctrl-C)",
+    )
+
+
+# --- one turn, cancellable ------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Turns:
+    """The turns of one command: the params they share, the server, the engine."""
+
+    args: argparse.Namespace
+    session_file: str
+    session_id: str
+    workspace: str
+    port: AppServer
+    engine: ObservedEngine | None
+    progress: Progress
+    count: int = 0
+    #: The running turn's scope (Ctrl-C cancels it), and whether it was cancelled already.
+    scope: anyio.CancelScope | None = None
+    interrupting: bool = False
+
+    def params(self, prompt: str) -> Any:
+        from codex_turn.harness.turn_api import TurnParams
+
+        return TurnParams(
+            session_id=self.session_id,
+            session_key=self.args.session_key,
+            session_file=self.session_file,
+            workspace_dir=self.workspace,
+            prompt=prompt,
+            model=self.args.model,
+            base_developer_instructions=self.args.instructions,
+            context_token_budget=self.args.token_budget,
+            turn_timeout=self.args.turn_timeout,
+            strict=self.args.strict,
+        )
+
+    async def run(self, prompt: str) -> tuple[Any, bool]:
+        """(result, interrupted): the result is ``None`` only when the turn never began."""
+        from codex_turn.harness.orchestrator import run_codex_turn
+
+        params = self.params(prompt)
+        self.count += 1
+        self.progress.label(f"turn {self.count}")
+        self.progress.state("starting")
+        delivered: list[Any] = []
+
+        async def on_turn_end(result: Any) -> None:
+            delivered.append(result)
+
+        self.interrupting = False
+        result: Any = None
+        try:
+            with anyio.CancelScope() as scope:
+                self.scope = scope
+                result = await run_codex_turn(
+                    params,
+                    app_server=self.port,
+                    engine=self.engine,
+                    hooks=progress_hooks(self.progress),
+                    on_turn_end=on_turn_end,
+                )
+        finally:
+            self.scope = None
+            self.progress.clear()
+        interrupted = scope.cancelled_caught
+        if result is None and delivered:
+            result = delivered[-1]
+        return result, interrupted
+
+    def interrupt(self) -> bool:
+        """Cancel the running turn (first Ctrl-C); ``False`` when there is none to cancel."""
+        if self.scope is None or self.interrupting:
+            return False
+        self.interrupting = True
+        self.progress.state("interrupting", "Ctrl-C: the turn is interrupted, then saved")
+        self.scope.cancel()
+        return True
+
+
+@asynccontextmanager
+async def _session(args: argparse.Namespace, progress: Progress) -> AsyncIterator[_Turns]:
+    session_file = os.fspath(args.session_file)
+    header = session_header(session_file, must_exist=False)
+    session_id, workspace = session_identity(session_file, header, args.session_id)
+    workspace = args.workspace or workspace
+    if not await anyio.Path(workspace).is_dir():
+        raise UsageError(f"--workspace: not a directory: {workspace}")
+    if args.offline_delay and not args.offline:
+        raise UsageError("--offline-delay needs --offline")
+
+    from codex_turn.harness.appserver import AppServer
+
+    engine = resolve_engine(args.engine, session_file, create=True)
+    observed = ObservedEngine(engine) if engine is not None else None
+    try:
+        with codex_config(
+            offline=args.offline,
+            codex_home=args.codex_home,
+            session_file=session_file,
+            model=args.model,
+            offline_delay=args.offline_delay,
+        ) as (config, _model):
+            progress.label("codex")
+            progress.state("starting", "codex app-server")
+            async with AppServer.start(config) as server:
+                progress.clear()
+                yield _Turns(
+                    args=args,
+                    session_file=session_file,
+                    session_id=session_id,
+                    workspace=workspace,
+                    port=server,
+                    engine=observed,
+                    progress=progress,
+                )
+    finally:
+        progress.clear()
+        close_engine(engine)
+
+
+async def _watch_interrupts(on_interrupt: Callable[[], None]) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            on_interrupt()
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+def run_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """One turn; prints it (or its JSON with ``--json``). Exit 0 when completed."""
+    if not args.prompt.strip():
+        raise UsageError("--prompt must not be empty")
+    progress = Progress(err, enabled=not args.quiet)
+    outcome: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with _session(args, progress) as turns, anyio.create_task_group() as group:
+
+            def interrupt() -> None:
+                if not turns.interrupt():
+                    group.cancel_scope.cancel()
+
+            group.start_soon(_watch_interrupts, interrupt)
+            result, interrupted = await turns.run(args.prompt)
+            outcome.update(result=result, interrupted=interrupted, turns=turns)
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
+    result = outcome.get("result")
+    turns: _Turns | None = outcome.get("turns")
+    if result is None or turns is None:
+        print("codex-turn run: interrupted before the turn began", file=err)
+        return EXIT_INTERRUPTED
+    calls = turns.engine.take_calls() if turns.engine is not None else []
+    if args.json:
+        dump_json(turn_to_json(result, calls, session_file=turns.session_file), out)
+    else:
+        print(f"session {turns.session_file} (engine: {engine_label(turns.engine)})", file=out)
+        print_turn(out, "turn", result, calls)
+    if outcome.get("interrupted"):
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.outcome.value == "completed" else EXIT_NOT_OK
+
+
+# --- chat -----------------------------------------------------------------------------------
+
+
+def _stdin_lines(token: anyio.lowlevel.EventLoopToken, send: Any) -> None:
+    """A daemon thread: lines of stdin into ``send``; EOF closes it. Reads the file
+    descriptor itself (never ``sys.stdin``'s buffer, whose lock a blocked daemon thread would
+    hold at interpreter exit)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    fd = sys.stdin.fileno()
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            pending += decoder.decode(chunk, final=not chunk)
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                anyio.from_thread.run_sync(send.send_nowait, line, token=token)
+            if not chunk:
+                if pending:
+                    anyio.from_thread.run_sync(send.send_nowait, pending, token=token)
+                break
+    except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        return
+    try:
+        anyio.from_thread.run_sync(send.close, token=token)
+    except RuntimeError:
+        return
+
+
+def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Turns from stdin lines until EOF, ``/quit``, or Ctrl-C at the prompt (or twice)."""
+    progress = Progress(err, enabled=not args.quiet)
+    interactive = sys.stdin.isatty()
+    state: dict[str, Any] = {"left": False, "failed": 0}
+
+    async def main() -> None:
+        send, receive = anyio.create_memory_object_stream[str](64)
+        async with _session(args, progress) as turns, anyio.create_task_group() as group:
+
+            def interrupt() -> None:
+                if turns.interrupt():
+                    print("\n(interrupting the turn; Ctrl-C again to leave)", file=err, flush=True)
+                    return
+                state["left"] = True
+                group.cancel_scope.cancel()
+
+            group.start_soon(_watch_interrupts, interrupt)
+            reader = threading.Thread(
+                target=_stdin_lines,
+                args=(anyio.lowlevel.current_token(), send),
+                name="codex-turn stdin",
+                daemon=True,
+            )
+            reader.start()
+            print(
+                f"chat with {turns.session_file} (engine: {engine_label(turns.engine)}); "
+                "empty line ignored, /quit or EOF leaves, Ctrl-C interrupts a turn",
+                file=out,
+                flush=True,
+            )
+            async with receive:
+                while True:
+                    if interactive:
+                        print("you> ", end="", file=out, flush=True)
+                    try:
+                        line = await receive.receive()
+                    except anyio.EndOfStream:
+                        break
+                    prompt = line.strip()
+                    if not prompt:
+                        continue
+                    if prompt in {"/quit", "/exit"}:
+                        break
+                    result, interrupted = await turns.run(prompt)
+                    calls = turns.engine.take_calls() if turns.engine is not None else []
+                    if result is not None:
+                        title = f"turn {turns.count}"
+                        print_turn(out, title, result, calls, timings=args.verbose > 0)
+                        if result.outcome.value != "completed":
+                            state["failed"] += 1
+                    if interrupted:
+                        print(
+                            f"(turn {turns.count} interrupted and saved; "
+                            "type the next prompt, or Ctrl-C to leave)",
+                            file=out,
+                            flush=True,
+                        )
+                    if turns.scope is None and state["left"]:
+                        break
+                    out.flush()
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
+    if state["left"]:
+        print("(left)", file=err)
+        return EXIT_INTERRUPTED
+    return EXIT_OK

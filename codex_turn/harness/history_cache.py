@@ -1,0 +1,101 @@
+"""The per-session stripped, frozen history a turn hands to engines and hooks.
+
+A transcript read is O(new bytes) (the session read cache), but stripping hidden
+runtime-context messages is a pass over the whole history; doing it per read made every
+turn O(history). :class:`StrippedHistories` keeps, per session file, the stripped history of
+the last read and extends it by what was appended since (``MessageHistory.appended_since``).
+Its messages are frozen (:mod:`codex_turn.harness.frozen`) as they enter, once each, so
+engines and hooks cannot edit this shared copy (nor the read cache's) in place.
+
+Memory: each entry is charged to the byte ledger shared with the read cache
+(``codex_turn.harness.session._budget``, one ceiling for both, least recently used out): a
+frozen copy retains ~1 byte per transcript byte behind it (its containers are new; the
+strings are shared with the read cache). ``capacity`` additionally bounds the count.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+from codex_turn.harness.engine import AgentMessage
+from codex_turn.harness.frozen import freeze
+from codex_turn.harness.runtime_context import (
+    RuntimeContextFree,
+    strip_runtime_context_messages,
+)
+from codex_turn.harness.session import MessageHistory, _budget, load_session_context
+
+__all__ = ["StrippedHistories"]
+
+
+class StrippedHistories:
+    """The stripped history of each session's last read, extended by what was appended since.
+
+    Keyed by session file, bounded by the shared byte ceiling and by ``capacity`` entries
+    (least recently used dropped), thread-safe (reads run in worker threads).
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[str, tuple[MessageHistory, RuntimeContextFree]] = (
+            collections.OrderedDict()
+        )
+
+    def read(self, session_file: str) -> list[AgentMessage]:
+        """A fresh, stripped list of the session's messages."""
+        # load_session_context raises SessionError on a read failure (load_session_messages
+        # would return [] and hide it).
+        history = load_session_context(session_file).messages
+        if not isinstance(history, MessageHistory):
+            return RuntimeContextFree(map(freeze, strip_runtime_context_messages(history)))
+        with self._lock:
+            previous = self._entries.get(session_file)
+        added = history.appended_since(previous[0]) if previous is not None else None
+        if previous is not None and added is not None:
+            fresh = strip_runtime_context_messages(added)
+            stripped = RuntimeContextFree(previous[1] + list(map(freeze, fresh)))
+        else:
+            stripped = RuntimeContextFree(
+                map(freeze, strip_runtime_context_messages(history.to_list()))
+            )
+        dropped: list[str] = []
+        with self._lock:
+            self._entries[session_file] = (history, stripped)
+            self._entries.move_to_end(session_file)
+            while len(self._entries) > self._capacity:
+                dropped.append(self._entries.popitem(last=False)[0])
+        for name in dropped:
+            _budget.release((id(self), name))
+        nbytes = (
+            _budget.ENTRY_OVERHEAD
+            + _budget.FROZEN_BYTES_PER_BYTE * history.source_bytes
+            + 8 * len(stripped)
+        )
+        _budget.charge((id(self), session_file), nbytes, _evictor(self, session_file, stripped))
+        return RuntimeContextFree(stripped)  # the caller's own copy
+
+    def _evict(self, session_file: str, stripped: RuntimeContextFree) -> object | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            entry = self._entries.get(session_file)
+            if entry is not None and entry[1] is stripped:
+                del self._entries[session_file]
+            return entry if entry is not None else ()
+        finally:
+            self._lock.release()
+
+
+def _evictor(
+    owner: StrippedHistories, session_file: str, stripped: RuntimeContextFree
+) -> _budget.Evictor:
+    ref = weakref.ref(owner)  # the ledger must not keep a dropped cache alive
+
+    def evict() -> object | None:
+        live = ref()
+        return () if live is None else live._evict(session_file, stripped)
+
+    return evict

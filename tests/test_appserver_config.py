@@ -1,0 +1,356 @@
+"""config.toml and ``-c`` overrides (issue 17): valid TOML for any text, and a user's Codex
+configuration is never overwritten by a private home.
+
+* TOML: everything written (config.toml through :func:`render_toml`, each ``-c`` value through
+  :func:`toml_value`) survives :mod:`tomllib`, for any string (characters outside the BMP
+  included: the old hand-written writer turned them into surrogate escapes) and nested
+  tables, arrays, integers, floats and booleans; the real binary reads both back.
+* Ownership: ``AppServerConfig.offline()`` rewrites only a config.toml it wrote (marked by
+  :data:`CONFIG_MARKER`); anything else is refused with :class:`CodexHomeNotPrivate` and left
+  byte-for-byte (and mode-for-mode) as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from codex_turn.errors import CodexTurnError
+from codex_turn.harness.appserver import AppServer, AppServerConfig, ModelProviderConfig
+from codex_turn.harness.appserver.config import (
+    CONFIG_MARKER,
+    override_args,
+    render_toml,
+    toml_value,
+)
+from codex_turn.harness.appserver.errors import AppServerStartError, CodexHomeNotPrivate
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+SCALARS = st.one_of(st.text(), INT64, st.booleans(), st.floats(allow_nan=False))
+VALUES = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(st.text(max_size=8), children, max_size=4),
+    ),
+    max_leaves=12,
+)
+EMOJI = "emoji 😀"
+USER_CONFIG = b"""# my own Codex settings
+model = "gpt-5"
+
+[mcp_servers.docs]
+command = "npx"
+args = ["-y", "docs-mcp"]   # keep me
+env = { TOKEN_FILE = "/home/me/.docs" }
+"""
+
+
+def parse_value(rendered: str) -> Any:
+    """How Codex parses the value of ``-c key=value``: as ``_x_ = <value>``."""
+    return tomllib.loads(f"_x_ = {rendered}")["_x_"]
+
+
+# --- TOML -----------------------------------------------------------------------------------
+
+
+@given(st.dictionaries(st.text(), VALUES, max_size=5))
+@example({"prompt": EMOJI})
+@example({EMOJI: {"nested 😀": [EMOJI, 1, True, {"k": '\x00\x7f\n\t"\\'}]}})
+def test_config_toml_round_trips_through_tomllib(data: dict[str, Any]) -> None:
+    assert tomllib.loads(render_toml(data)) == data
+
+
+@given(VALUES)
+@example(EMOJI)
+@example({"a.b": {"": [EMOJI]}, "x y": []})
+@example({})
+def test_override_values_are_single_line_toml(value: Any) -> None:
+    rendered = toml_value(value)
+    assert "\n" not in rendered  # one argv element; TOML inline tables are single-line
+    assert parse_value(rendered) == value
+
+
+@given(
+    st.dictionaries(st.from_regex(r"[a-z_]{1,8}(\.[a-z_0-9-]{1,8}){0,2}", fullmatch=True), VALUES)
+)
+def test_override_args_split_like_codex(overrides: dict[str, Any]) -> None:
+    argv = override_args(overrides)
+    assert argv[::2] == ["-c"] * len(overrides)
+    parsed = {}
+    for arg in argv[1::2]:
+        key, _, raw = arg.partition("=")  # Codex splits at the first "="
+        parsed[key] = parse_value(raw)
+    assert parsed == overrides
+
+
+@given(st.text(), VALUES)
+@example(EMOJI, {"k": EMOJI})
+def test_private_config_text_is_valid_toml(prompt: str, extra: Any) -> None:
+    config = AppServerConfig.offline(
+        "/nonexistent", "http://127.0.0.1:1/v1", compact_prompt=prompt, extra_config={"x": extra}
+    )
+    text = config.config_text()
+    assert text.splitlines()[0] == CONFIG_MARKER
+    assert tomllib.loads(text) == config.config_data()
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (None, TypeError),
+        ({"a": [1, None]}, TypeError),
+        (b"bytes", TypeError),
+        (object(), TypeError),
+        ("lone \ud800 surrogate", ValueError),
+        (2**63, ValueError),
+        ({1: "non-str key"}, TypeError),
+    ],
+)
+def test_values_toml_cannot_hold_are_refused(value: Any, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        toml_value(value)
+    with pytest.raises(error):
+        render_toml({"k": value})
+
+
+def test_paths_and_tuples_are_written_as_strings_and_arrays() -> None:
+    assert parse_value(toml_value((Path("/a b"), 1))) == ["/a b", 1]
+
+
+@pytest.mark.parametrize("key", ["", "a..b", ".a", "a.", "a=b", " a", "a. b", "a\nb", "a\x00"])
+def test_override_keys_codex_cannot_split_are_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="config override key"):
+        override_args({key: 1})
+
+
+def test_override_keys_are_literal_dotted_paths() -> None:
+    argv = override_args({"features.plugins": False, "model_providers.my-p.name": EMOJI})
+    assert argv == [
+        "-c",
+        "features.plugins=false",
+        "-c",
+        f'model_providers.my-p.name="{EMOJI}"',
+    ]
+
+
+def test_invalid_config_fails_before_anything_is_written(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    config = AppServerConfig.offline(home, "http://127.0.0.1:1/v1", extra_config={"x": None})
+    with pytest.raises(TypeError):
+        config.write()
+    assert not home.exists()
+
+
+@pytest.mark.anyio
+async def test_a_config_toml_cannot_hold_is_a_typed_start_error(tmp_path: Path) -> None:
+    config = AppServerConfig.offline(
+        tmp_path / "home", "http://127.0.0.1:1/v1", extra_config={"x": None}, command=("true",)
+    )
+    with pytest.raises(AppServerStartError, match="x: cannot write None"):
+        async with AppServer.start(config):
+            pass
+    bad_key = AppServerConfig.user(tmp_path / "user", config_overrides={"a=b": 1})
+    with pytest.raises(AppServerStartError, match="config override key"):
+        async with AppServer.start(bad_key):
+            pass
+
+
+@pytest.mark.anyio
+async def test_the_real_binary_reads_unicode_from_config_toml_and_overrides(
+    make_appserver_config: Callable[..., AppServerConfig], offline_model: Any
+) -> None:
+    """config.toml: the model and provider id (a quoted table key); ``-c``: the model."""
+    weird = f'{EMOJI} "q" \\ \t end'
+    provider = ModelProviderConfig(base_url=offline_model.base_url, id=f"prov {EMOJI}")
+    config = make_appserver_config(model=weird, provider=provider)
+    async with AppServer.start(config) as server:
+        started = await server.start_thread()
+    assert (started.model, started.model_provider) == (weird, provider.id)
+
+    other = f"override {EMOJI} 𝄞"
+    config = make_appserver_config(config_overrides={"model": other})
+    async with AppServer.start(config) as server:
+        started = await server.start_thread()
+    assert started.model == other
+
+
+# --- ownership of CODEX_HOME -------------------------------------------------------------
+
+
+def offline(home: Path, **kwargs: Any) -> AppServerConfig:
+    return AppServerConfig.offline(home, "http://127.0.0.1:1/v1", **kwargs)
+
+
+def snapshot(home: Path) -> dict[str, tuple[bytes | str, int]]:
+    """Every entry of ``home``: content (or link target) and mode."""
+    state: dict[str, tuple[bytes | str, int]] = {"": (b"", stat.S_IMODE(home.lstat().st_mode))}
+    for path in sorted(home.rglob("*")):
+        info = path.lstat()
+        body: bytes | str = (
+            os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else b""
+        )
+        state[str(path.relative_to(home))] = (body, stat.S_IMODE(info.st_mode))
+    return state
+
+
+def user_home(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    home = tmp_path / "dot-codex"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    for name, body in files.items():
+        (home / name).write_bytes(body)
+        (home / name).chmod(0o644)
+    return home
+
+
+def test_a_user_config_with_mcp_servers_is_refused_and_kept_byte_for_byte(tmp_path: Path) -> None:
+    home = user_home(tmp_path, {"config.toml": USER_CONFIG})
+    before = snapshot(home)
+    with pytest.raises(CodexHomeNotPrivate) as caught:
+        offline(home).write()
+    assert snapshot(home) == before  # not overwritten, merged, or re-permissioned
+    error = caught.value
+    assert isinstance(error, AppServerStartError)
+    assert isinstance(error, CodexTurnError)
+    assert error.codex_home == home
+    text = str(error)
+    assert str(home) in text
+    assert "did not write" in text
+    assert "AppServerConfig.user(" in text
+    assert "new or empty directory" in text
+    assert "docs-mcp" not in text  # names only, never content
+
+
+@pytest.mark.anyio
+async def test_appserver_start_refuses_a_user_home_before_spawning(tmp_path: Path) -> None:
+    home = user_home(tmp_path, {"config.toml": USER_CONFIG})
+    before = snapshot(home)
+    marker = tmp_path / "spawned"
+    command = (sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    with pytest.raises(CodexHomeNotPrivate):
+        async with AppServer.start(offline(home, command=command)):
+            pass
+    assert snapshot(home) == before
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        ({"auth.json": b'{"OPENAI_API_KEY": "sk-not-real"}'}, "holds files (auth.json)"),
+        ({"config.toml": b""}, "did not write"),
+        ({"config.toml": (CONFIG_MARKER + " and more\n").encode()}, "did not write"),
+        ({"config.toml": b"\n" + CONFIG_MARKER.encode() + b"\n"}, "did not write"),
+        ({"sessions": b"x", "history.jsonl": b"{}"}, "holds files (history.jsonl, sessions)"),
+    ],
+)
+def test_other_user_homes_are_refused_untouched(
+    tmp_path: Path, files: dict[str, bytes], reason: str
+) -> None:
+    home = user_home(tmp_path, files)
+    before = snapshot(home)
+    with pytest.raises(CodexHomeNotPrivate, match=re.escape(reason)):
+        offline(home).write()
+    assert snapshot(home) == before
+
+
+def test_a_symlinked_config_toml_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.toml"
+    target.write_bytes(CONFIG_MARKER.encode() + b"\n" + USER_CONFIG)
+    home = user_home(tmp_path, {})
+    (home / "config.toml").symlink_to(target)
+    before = snapshot(home)
+    with pytest.raises(CodexHomeNotPrivate, match="not a regular file"):
+        offline(home).write()
+    assert snapshot(home) == before
+    assert target.read_bytes() == CONFIG_MARKER.encode() + b"\n" + USER_CONFIG
+
+
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+@example(USER_CONFIG)
+def test_any_config_toml_without_the_marker_is_preserved(body: bytes) -> None:
+    if body.startswith(CONFIG_MARKER.encode()):
+        body = b"#" + body
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        (home / "config.toml").write_bytes(body)
+        with pytest.raises(CodexHomeNotPrivate):
+            offline(home).write()
+        assert (home / "config.toml").read_bytes() == body
+
+
+@pytest.mark.parametrize("existing", ["missing", "empty", "leftover temp file"])
+def test_a_new_or_empty_home_gets_the_private_config(tmp_path: Path, existing: str) -> None:
+    home = tmp_path / "home"
+    if existing != "missing":
+        home.mkdir()
+    if existing == "leftover temp file":
+        (home / ".config.toml.codex-turn-abc123").write_text("interrupted")
+    path = offline(home, compact_prompt=EMOJI).write()
+    assert path == home / "config.toml"
+    text = path.read_text(encoding="utf-8")
+    assert text.splitlines()[0] == CONFIG_MARKER
+    assert tomllib.loads(text)["compact_prompt"] == EMOJI
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    temporary = [p.name for p in home.iterdir() if p.name.startswith(".config.toml.codex-turn-")]
+    assert temporary == (
+        [".config.toml.codex-turn-abc123"] if existing.startswith("leftover") else []
+    )
+
+
+def test_our_own_config_is_rewritten_in_a_used_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    offline(home, model="first").write()
+    (home / "state_5.sqlite").write_bytes(b"codex state")  # what a started Codex leaves
+    (home / "sessions").mkdir()
+    offline(home, model="second").write()
+    assert tomllib.loads((home / "config.toml").read_text())["model"] == "second"
+    assert sorted(p.name for p in home.iterdir()) == ["config.toml", "sessions", "state_5.sqlite"]
+
+
+def test_a_user_home_is_never_written(tmp_path: Path) -> None:
+    home = user_home(tmp_path, {"config.toml": USER_CONFIG})
+    before = snapshot(home)
+    config = AppServerConfig.user(home, config_overrides={"features.plugins": False})
+    assert config.write() is None
+    assert snapshot(home) == before
+
+
+@pytest.mark.parametrize("appeared", ["foreign", "ours"])
+def test_a_config_toml_appearing_during_the_write_is_not_clobbered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, appeared: str
+) -> None:
+    """Between the claim and the move into place, another writer creates config.toml: a
+    user's file is kept (and the start refused), a concurrent start's own file is replaced."""
+    home = tmp_path / "home"
+    body = USER_CONFIG if appeared == "foreign" else CONFIG_MARKER.encode() + b"\nmodel = 'x'\n"
+    real_link = os.link
+
+    def racing_link(src: str, dst: str) -> None:
+        Path(dst).write_bytes(body)
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "link", racing_link)
+    config = offline(home, model="mine")
+    if appeared == "foreign":
+        with pytest.raises(CodexHomeNotPrivate):
+            config.write()
+        assert (home / "config.toml").read_bytes() == USER_CONFIG
+    else:
+        config.write()
+        assert tomllib.loads((home / "config.toml").read_text())["model"] == "mine"
+    assert [p.name for p in home.iterdir()] == ["config.toml"]  # no temporary file left

@@ -1,0 +1,219 @@
+"""The resume table and the client's ledger of loaded threads (fast; the real binary's side
+is tests/test_resume_reuse_e2e.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from support.fake_appserver import FakeAppServer
+from support.turns import temporary_session_file, turn_params
+
+from codex_turn import TurnOutcome, run_codex_turn
+from codex_turn.fsm import ResumeAction, ResumeFacts, decide_resume
+from codex_turn.harness.appserver import (
+    AppServerClient,
+    AppServerConfig,
+    LoadedThread,
+    Notification,
+    settings_key,
+    tool,
+)
+from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
+
+FIELDS = [f.name for f in attrs.fields(ResumeFacts)]
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        ResumeFacts(**dict(zip(FIELDS, bits, strict=True)))
+        for bits in itertools.product((False, True), repeat=len(FIELDS))
+    ],
+)
+def test_reuse_only_a_loaded_unchanged_uncompacted_thread(facts: ResumeFacts) -> None:
+    decision = decide_resume(facts)
+    wanted = facts.loaded and facts.settings_match and not facts.compacted
+    assert (decision.action is ResumeAction.REUSE) is wanted
+    if not facts.loaded:
+        assert decision.reason == "thread-not-loaded-here"
+    elif facts.compacted:
+        assert decision.reason == "compacted-since-loaded"
+
+
+BASE: dict[str, Any] = {
+    "developer_instructions": "be brief",
+    "cwd": "/w",
+    "model": "m",
+    "approval_policy": "never",
+    "sandbox": "read-only",
+    "approvals_reviewer": None,
+    "service_tier": None,
+}
+
+
+@tool("lookup", "look up")
+async def _lookup(args: Any) -> str:
+    return "x"
+
+
+@pytest.mark.parametrize(
+    ("field", "other"),
+    [
+        ("developer_instructions", "be verbose"),
+        ("cwd", "/elsewhere"),
+        ("model", "m2"),
+        ("approval_policy", "on-request"),
+        ("sandbox", "workspace-write"),
+        ("approvals_reviewer", "user"),
+        ("service_tier", "flex"),
+        ("tools", [_lookup]),
+    ],
+)
+def test_settings_key_changes_with_every_setting(field: str, other: Any) -> None:
+    assert settings_key(**BASE) == settings_key(**BASE)
+    assert settings_key(**{**BASE, field: other}) != settings_key(**BASE)
+
+
+def _loaded(thread_id: str) -> LoadedThread:
+    return LoadedThread(ThreadResult(thread=ThreadInfo(id=thread_id)), settings_key(**BASE))
+
+
+FAKE_SERVER = r"""
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == "initialize":
+        sys.stdout.write(json.dumps({"id": msg["id"], "result": {"userAgent": "fake/1"}}) + "\n")
+        sys.stdout.flush()
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[AppServerClient]:
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_SERVER)
+    config = AppServerConfig(
+        codex_home=tmp_path / "home",
+        write_config=False,
+        command=("python3", "-u", str(script)),
+        request_timeout=5.0,
+        shutdown_timeout=2.0,
+    )
+    async with AppServerClient.connect(config) as c:
+        yield c
+
+
+def _compaction_item(method: str, thread_id: str) -> Notification:
+    return Notification(
+        method, {"threadId": thread_id, "item": {"type": "contextCompaction", "id": "c"}}
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("notification", "after"),
+    [
+        (_compaction_item("item/started", "t1"), "compacted"),
+        (_compaction_item("item/completed", "t1"), "compacted"),
+        (Notification("thread/compacted", {"threadId": "t1"}), "compacted"),
+        (
+            Notification(
+                "thread/status/changed", {"threadId": "t1", "status": {"type": "notLoaded"}}
+            ),
+            "gone",
+        ),
+        (
+            Notification(
+                "thread/status/changed", {"threadId": "t1", "status": {"type": "systemError"}}
+            ),
+            "gone",
+        ),
+        (Notification("thread/closed", {"threadId": "t1"}), "gone"),
+        (Notification("thread/settings/updated", {"threadId": "t1"}), "gone"),
+        (Notification("thread/reverted", {"threadId": "t1"}), "gone"),
+        (
+            Notification("thread/status/changed", {"threadId": "t1", "status": {"type": "idle"}}),
+            "unchanged",
+        ),
+        (
+            Notification("item/completed", {"threadId": "t1", "item": {"type": "agentMessage"}}),
+            "unchanged",
+        ),
+        (_compaction_item("item/completed", "t2"), "unchanged"),
+    ],
+)
+async def test_the_ledger_follows_what_codex_says(
+    client: AppServerClient, notification: Notification, after: str
+) -> None:
+    client._loaded["t1"] = _loaded("t1")
+    client._route(notification)
+    loaded = client.loaded_thread("t1")
+    if after == "gone":
+        assert loaded is None
+        assert not client.is_loaded("t1")
+    elif after == "compacted":
+        assert loaded is not None
+        assert loaded.compacted
+    else:
+        assert loaded == _loaded("t1")
+
+
+# --------------------------------------------------------------------------------------------
+# Through the orchestrator, with the in-process fake (its ledger switched on)
+
+
+@pytest.mark.anyio
+async def test_turns_on_a_loaded_thread_send_no_resume_until_something_changes() -> None:
+    fake = FakeAppServer()
+    fake.keeps_threads_loaded = True
+    with temporary_session_file("reuse-") as path:
+
+        async def turn(prompt: str, **overrides: Any) -> None:
+            result = await run_codex_turn(turn_params(path, prompt, **overrides), app_server=fake)
+            assert result.outcome is TurnOutcome.COMPLETED
+
+        await turn("one")
+        await turn("two")
+        await turn("three")
+        assert [c.method for c in fake.calls if c.method != "turn"] == ["start_thread"]
+        thread_id = next(iter(fake.loaded))
+        fake.loaded[thread_id] = attrs.evolve(fake.loaded[thread_id], compacted=True)
+        await turn("four")  # Codex compacted: re-send the instructions
+        await turn("five", extra_developer_instructions="new")  # changed settings
+        await turn("six", extra_developer_instructions="new")
+        fake._die()
+        await turn("seven", extra_developer_instructions="new")  # a new process
+    methods = [c.method for c in fake.calls if c.method != "turn"]
+    assert methods == ["start_thread", "resume_thread", "resume_thread", "resume_thread"]
+    assert len(fake.calls_to("turn")) == 7
+
+
+@pytest.mark.anyio
+async def test_the_transition_observer_sees_every_step_and_cannot_break_the_turn() -> None:
+    from codex_turn import TurnHooks
+
+    seen: list[str] = []
+
+    def observer(entry: Any) -> None:
+        seen.append(entry.trigger)
+        if entry.trigger == "history_read":
+            raise RuntimeError("a broken progress line")
+
+    fake = FakeAppServer()
+    with temporary_session_file("observer-") as path:
+        result = await run_codex_turn(
+            turn_params(path, "hi"), app_server=fake, hooks=TurnHooks(on_transition=observer)
+        )
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert seen == [entry.trigger for entry in result.trace]
+    assert "history_read" in seen
