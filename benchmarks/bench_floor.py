@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_floor.py [--quick] [--rounds 30] [--warmup 3]
         [--only A,B,C] [--max-history 100000] [--others-messages 1000] [--touch N]
-        [--conc-rounds 8] [--tmp DIR] [--log]
+        [--active-rounds 10] [--conc-rounds 8] [--tmp DIR] [--log]
     .venv/bin/python benchmarks/bench_floor.py --profile CONFIG [--profile-turns 40]
         [--profile-clock cpu|wall] [--profile-out FILE]
 
@@ -43,15 +43,17 @@ B. Many sessions: the per-turn cost of one session (10k messages, pass-through e
    1, 32 or 1,000 other sessions are active in the process. Active = its transcript was read
    by the harness exactly as a turn's ``reading_history`` stage reads it
    (``ensure_transcript_writable`` + ``turn_context.stripped_histories.read`` +
-   ``read_binding``: the read cache, the stripped-history cache and the binding, which share
-   one byte ceiling). The others are read once when their block starts (the process RSS is
-   printed before and after); then, before each measured turn, untimed, the others run their
-   reads again, as their own turns would between two turns of the measured session: all of
-   them (``--touch N``: only the next N, round-robin). The others' transcripts use short
-   messages (~0.2 KB a line; 1,000 messages each, ``--quick`` 200; sizes are printed). Each
-   K runs as its own block, interleaved with the floor (the caches are process-wide: blocks
-   run together would be each other's "others"); the ratio to the block's floor makes the
-   blocks comparable.
+   ``read_binding``; the read cache and the stripped-history cache share one byte ceiling,
+   ``CODEX_TURN_SESSION_CACHE_BYTES``). The others are read once when their block starts (the
+   process RSS is printed before and after); then, before each measured turn, untimed, the
+   others run their reads again, as their own turns would between two turns of the measured
+   session: all of them (``--touch N``: only the next N, round-robin). The others'
+   transcripts use short messages (~0.2 KB a line; 1,000 messages each, ``--quick`` 200;
+   sizes are printed). With 1,000 others of 1,000 messages that outgrow the ceiling, reading
+   all of them takes ~30 s per round on a busy 2-core box, hence ``--active-rounds`` (10).
+   Each K runs as its own block, interleaved with the floor (the caches are process-wide:
+   blocks run together would be each other's "others"); the ratio to the block's floor makes
+   the blocks comparable.
 
 C. Concurrency: 32 and 128 sessions running a turn at once on ONE app-server (codex-turn, no
    engine, bound loaded threads) against the bare client running the same number of turns at
@@ -941,7 +943,7 @@ async def phase_active(world: World) -> None:
         config = await world.turn_config(name, ACTIVE_SESSION_MESSAGES, engine=True, before=touch)
         floor = FloorConfig("floor", client, thread_id)
         started = time.perf_counter()
-        await interleave([floor, config], rounds=args.rounds, warmup=args.warmup)
+        await interleave([floor, config], rounds=args.active_rounds, warmup=args.warmup)
         print(
             f"  block {name}: {time.perf_counter() - started:.1f} s; {touch.limit} other "
             f"sessions read before each measured turn (median "
@@ -1228,6 +1230,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="other sessions read before each measured turn (0: all of them)",
     )
+    parser.add_argument(
+        "--active-rounds",
+        type=int,
+        default=None,
+        help="rounds of each many-sessions block (10; quick: --rounds)",
+    )
     parser.add_argument("--conc-rounds", type=int, default=None, help="concurrency rounds (8; 2)")
     parser.add_argument(
         "--max-history", type=int, default=None, help="skip larger N (100000; quick 10000)"
@@ -1254,6 +1262,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.warmup = 2 if quick else 3
     if args.others_messages is None:
         args.others_messages = 200 if quick else 1000
+    if args.active_rounds is None:
+        args.active_rounds = args.rounds if quick else 10
     if args.max_history is None:
         args.max_history = 10_000 if quick else 100_000
     if args.conc_rounds is None:

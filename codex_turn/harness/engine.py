@@ -732,13 +732,16 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
             f'expected an object with a "messages" array '
             f"(got messages of type {json_type_name(messages)})",
         )
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidEngineResult(
-                engine_id,
-                "assemble",
-                f"messages[{index}] must be an object (got {json_type_name(message)})",
-            )
+    # One C-speed pass over the types (assemble is on every turn, with the whole history);
+    # the per-message walk runs only when some type is not a dict, to name the index.
+    if not all(issubclass(kind, dict) for kind in set(map(type, messages))):
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise InvalidEngineResult(
+                    engine_id,
+                    "assemble",
+                    f"messages[{index}] must be an object (got {json_type_name(message)})",
+                )
     try:
         tokens = _strict_int(estimated, None)
     except TypeError as err:

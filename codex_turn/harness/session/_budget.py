@@ -12,8 +12,11 @@ ceiling, whoever owns them. The estimate is proportional to the transcript bytes
 entry (measured on a 30 MB, 41k-message transcript with CPython 3.11: a read-cache state
 retains 3.9 bytes per file byte, a frozen stripped copy 1.0; see :data:`READ_BYTES_PER_BYTE`).
 
-The ceiling is :data:`DEFAULT_LIMIT` (256 MiB), or ``$CODEX_TURN_SESSION_CACHE_BYTES`` read
-at import, or :func:`set_session_cache_limit`. The total never exceeds it by more than the
+The ceiling is :data:`DEFAULT_LIMIT` (an eighth of the machine's physical memory, at least
+256 MiB and at most 4 GiB: 3 GiB on a 24 GiB machine), or ``$CODEX_TURN_SESSION_CACHE_BYTES``
+read at import, or :func:`set_session_cache_limit`. A fixed 256 MiB held only about eleven
+sessions of 10k messages, and one 100k-message session (a 72 MB transcript) did not fit at
+all, so every other session was evicted on each of its turns. The total never exceeds it by more than the
 entry being charged (an entry larger than the ceiling stays until the next charge evicts it)
 and entries whose owner is busy (a read in progress holds its state; it is skipped, never
 waited for). An evicted session keeps nothing: its next read parses its file afresh, the
@@ -45,7 +48,20 @@ __all__ = [
 
 _log = get_logger(__name__)
 
-DEFAULT_LIMIT: Final = 256 * 1024 * 1024
+_MIN_DEFAULT: Final = 256 * 1024 * 1024
+_MAX_DEFAULT: Final = 4 * 1024 * 1024 * 1024
+
+
+def _default_limit() -> int:
+    """An eighth of physical memory, clamped to [256 MiB, 4 GiB] (256 MiB when unknown)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return _MIN_DEFAULT
+    return max(_MIN_DEFAULT, min(_MAX_DEFAULT, physical // 8))
+
+
+DEFAULT_LIMIT: Final = _default_limit()
 ENV_LIMIT: Final = "CODEX_TURN_SESSION_CACHE_BYTES"
 #: Bytes a read-cache state retains per committed transcript byte (entries, messages,
 #: indexes); a frozen copy of the messages retains about one byte per transcript byte.
