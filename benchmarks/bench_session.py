@@ -12,6 +12,10 @@
 * cold read of a ``--stream-mb`` transcript in a worker thread, longest event-loop block
   seen by a 1 ms ticker: the cached read (``load_session_context``) against the streaming
   read (``iter_session_messages``, chunks consumed and dropped as an engine's import would).
+* the whole-turn session lease (what every turn and compaction pays on top of its work):
+  take + release of an uncontended lease from the event loop (two worker-thread hops, the
+  lock file created and removed), one background renewal, and a ``mirror_turn`` under a held
+  lease against one that takes the lock file itself.
 """
 
 from __future__ import annotations
@@ -203,13 +207,67 @@ def bench_stream(directory: Path, megabytes: float) -> None:
     clear_session_cache()
 
 
+def bench_lease(directory: Path, turns: int) -> None:
+    from codex_turn.harness._gates import hold_session
+    from codex_turn.harness.session import _lease
+
+    path = directory / "lease.jsonl"
+    rounds = max(turns, 50)
+
+    async def take_release() -> list[float]:
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            async with hold_session(path):
+                pass
+            times.append(time.perf_counter() - start)
+        return times
+
+    held = sorted(anyio.run(take_release))
+    lease = _lease.try_acquire_lease(path)
+    assert isinstance(lease, _lease.SessionLease)
+    renewals = []
+    under_lease = []
+    for turn in range(rounds):
+        start = time.perf_counter()
+        _lease._renew(lease)
+        renewals.append(time.perf_counter() - start)
+        messages, identities = _turn(turn)
+        under_lease.append(
+            _time(
+                lambda m=messages, i=identities: mirror_turn(
+                    path, m, scope=SCOPE, identities=i, session_id="bench", cwd="/"
+                )
+            )
+        )
+    _lease.release_lease(lease)
+    alone = []
+    for turn in range(rounds, 2 * rounds):
+        messages, identities = _turn(turn)
+        alone.append(
+            _time(
+                lambda m=messages, i=identities: mirror_turn(
+                    path, m, scope=SCOPE, identities=i, session_id="bench", cwd="/"
+                )
+            )
+        )
+    print(f"\nsession lease ({rounds} rounds, medians)")
+    print(
+        f"  take + release, from the loop     {_ms(statistics.median(held))}   "
+        f"(p90 {_ms(held[int(len(held) * 0.9)]).strip()})"
+    )
+    print(f"  one renewal (background thread)   {_ms(statistics.median(renewals))}")
+    print(f"  mirror_turn under the lease       {_ms(statistics.median(under_lease))}")
+    print(f"  mirror_turn taking the lock file  {_ms(statistics.median(alone))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--others-entries", type=int, default=40)
     parser.add_argument("--stream-mb", type=float, default=30.0)
-    parser.add_argument("--only", choices=("basic", "many", "stream"), default=None)
+    parser.add_argument("--only", choices=("basic", "many", "stream", "lease"), default=None)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as directory:
@@ -217,7 +275,9 @@ def main() -> None:
             bench_many(Path(directory), min(args.turns, 10), args.others_entries)
         if args.only in (None, "stream"):
             bench_stream(Path(directory), args.stream_mb)
-        if args.only in ("many", "stream"):
+        if args.only in (None, "lease"):
+            bench_lease(Path(directory), args.turns)
+        if args.only in ("many", "stream", "lease"):
             return
         print(f"session transcript benchmark (python, {args.turns} turns per figure)")
         for entries in sorted({10_000, args.entries}):

@@ -22,6 +22,10 @@ from codex_turn.fsm import (
 )
 from codex_turn.harness._gates import SessionBusy
 from codex_turn.harness.appserver import (
+    ApprovalCallback,
+    ApprovalDecision,
+    ApprovalKind,
+    ApprovalRequest,
     AppServer,
     AppServerClosed,
     AppServerConfig,
@@ -34,6 +38,11 @@ from codex_turn.harness.appserver import (
     CodexLoginRequired,
     DynamicTool,
     ToolResult,
+    UserInputAnswers,
+    UserInputCallback,
+    UserInputOption,
+    UserInputQuestion,
+    UserInputRequest,
     tool,
 )
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding
@@ -113,6 +122,10 @@ __all__ = [
     "AppServerRpcError",
     "AppServerStartError",
     "AppServerTimeout",
+    "ApprovalCallback",
+    "ApprovalDecision",
+    "ApprovalKind",
+    "ApprovalRequest",
     "AssembleParams",
     "AssembleResult",
     "BackgroundMaintenance",
@@ -170,6 +183,11 @@ __all__ = [
     "TurnState",
     "TurnTrigger",
     "Usage",
+    "UserInputAnswers",
+    "UserInputCallback",
+    "UserInputOption",
+    "UserInputQuestion",
+    "UserInputRequest",
     "__version__",
     "check_engine",
     "compact_codex_session",

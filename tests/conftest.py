@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,17 @@ def _fixture_needles() -> tuple[str, ...]:
 def private_texts() -> set[str]:
     """Texts that must never appear in a log record of this test."""
     return set()
+
+
+@pytest.fixture(autouse=True)
+def _library_logging_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process configures the library's logger (a handler on the
+    stream of that moment); the next test must not inherit it."""
+    library = logging.getLogger("codex_turn")
+    handlers, level = list(library.handlers), library.level
+    yield
+    library.handlers[:] = handlers
+    library.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

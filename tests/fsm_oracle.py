@@ -52,6 +52,7 @@ TURN_TRIGGERS = (
     "cancelled",
     "native_compaction_started",
     "native_compaction_completed",
+    "steered",  # messages delivered to the running turn (turn/steer): stays in running_turn
     "turn_completed",
     "turn_failed",
     "turn_aborted",
@@ -141,7 +142,7 @@ def turn_oracle(
     if state == "REPROJECTING":
         return "STARTING_THREAD" if trigger == "reprojected" else None
     if state == "RUNNING_TURN":
-        if trigger in ("native_compaction_started", "native_compaction_completed"):
+        if trigger in ("native_compaction_started", "native_compaction_completed", "steered"):
             return INTERNAL
         return "MIRRORING" if trigger in OUTCOME_BY_EXIT else None
     if state == "MIRRORING":

@@ -1,6 +1,6 @@
 """SqliteContextEngine's bootstrap: a transcript streamed in batches, nothing of it kept.
 
-* **Same store**: a bootstrap in batches of 1, 3 or 7 messages gives exactly the store the
+* **Same store**: a bootstrap in batches of 1, 3, 7 or 2000 messages gives exactly the store the
   whole-path sync gives (ids, order, contents, tokens, context items, checkpoint), and the
   ids are the path's (digest and occurrence), for transcripts with branches, a compaction,
   a branch summary, tool calls, runtime-context messages and repeated timestamp-less
@@ -161,7 +161,7 @@ def rich_tree(path: Path, turns: int = 24) -> Tree:
     """Tool calls, runtime-context messages, repeats, an abandoned branch, a branch
     summary and a compaction on the active path, then more turns after it."""
     tree = Tree(path)
-    kept = None
+    fork = kept = ""
     for n in range(turns):
         end = tree.turn(n, tools=n % 3 == 1)
         if n % 4 == 2:
@@ -171,13 +171,11 @@ def rich_tree(path: Path, turns: int = 24) -> Tree:
             fork = end
         if n == turns // 2:
             kept = end
-    abandoned = tree.leaf
-    for n in range(100, 104):  # a branch from the fork, then back to where we were
-        tree.turn(n, tools=True, words=3) if n == 100 else tree.turn(n)
-    tree.add(
-        "branch_summary", parent=abandoned, fromId=tree.leaf, summary="tried something else"
-    )
-    del fork
+    main = tree.leaf
+    tree.leaf = fork  # a branch from an earlier turn, then back to where we were
+    for n in range(100, 104):
+        tree.turn(n, tools=n == 100, words=3)
+    tree.add("branch_summary", parent=main, fromId=tree.leaf, summary="tried something else")
     tree.add("compaction", summary="earlier turns", firstKeptEntryId=kept, tokensBefore=999)
     for n in range(turns, turns + 6):
         tree.turn(n, tools=n % 2 == 0)
@@ -422,18 +420,23 @@ def test_path_scan_vouches_checks_and_gives_up(monkeypatch: pytest.MonkeyPatch) 
     assert scan.known == 0
     got = [scan.feed(path[i : i + 4]) for i in range(0, len(path), 4)]
     scan.finish()
-    assert [i for fed in got if fed for i in fed[0]] == want
+    assert [i for fed in got if fed for i in fed[1]] == want
     other = messages(9, "x")
     changed = other[:3] + messages(6, "y")
     want_other, want_changed = expected_ids(other), expected_ids(changed)
     calls = counting_encode(monkeypatch)
-    # The same path again: one check per batch (and the first message), nothing else.
+    # The same path again: one check per batch (and the first message), nothing else; the
+    # ids the store's checkpoint covers are not even made.
     scan = index.scan()
-    assert (scan.known, scan.known_id(22)) == (23, want[22])
+    assert (scan.known, scan.vouch(23, "elsewhere"), scan.vouch(21, want[20])) == (23, 0, 21)
     fed = [scan.feed(path[i : i + 5]) for i in range(0, len(path), 5)]
-    assert [i for f in fed if f for i in f[0]] == want
-    assert all(stored == [None] * len(ids) for ids, stored in filter(None, fed))
-    assert calls[0] == 5 + 1
+    assert [f[0] if f else None for f in fed] == [5, 5, 5, 5, 1]
+    assert [i for f in fed if f for i in f[1]] == want[21:]
+    assert (scan.last_id(), calls[0]) == (want[22], 5 + 1)
+    scan = index.scan()
+    fed = [scan.feed(path[i : i + 5]) for i in range(0, len(path), 5)]
+    assert [i for f in fed if f for i in f[1]] == want
+    assert all(stored == [None] * len(ids) for _, ids, stored in filter(None, fed))
     # A shorter path that agrees: the index ends where it ended.
     scan = index.scan()
     assert scan.feed(path[:7]) is not None
@@ -441,8 +444,10 @@ def test_path_scan_vouches_checks_and_gives_up(monkeypatch: pytest.MonkeyPatch) 
     assert len(index) == 7
     # The first batch disagrees: nothing was vouched for yet, the index is dropped.
     scan = index.scan()
+    assert scan.vouch(7, want[6]) == 7
     fed = scan.feed(other[:3])
-    assert fed is not None and (fed[0], scan.known) == (want_other[:3], 0)
+    assert fed is not None
+    assert (fed[:2], scan.known, scan.vouched) == ((0, want_other[:3]), 0, 0)
     assert scan.feed(other[3:]) is not None
     scan.finish()
     # A later batch disagrees: earlier ones were taken on trust, start over untrusted.
@@ -451,8 +456,8 @@ def test_path_scan_vouches_checks_and_gives_up(monkeypatch: pytest.MonkeyPatch) 
     assert scan.feed(changed[3:6]) is None
     scan = index.scan(trust=False)
     assert scan.known == 0
-    ids = [i for part in (changed[:5], changed[5:]) for i in (scan.feed(part) or ([], []))[0]]
-    assert ids == want_changed
+    parts = (changed[:5], changed[5:])
+    assert [i for part in parts for i in (scan.feed(part) or (0, [], []))[1]] == want_changed
 
 
 # --- nothing kept --------------------------------------------------------------------------
@@ -570,7 +575,6 @@ def test_a_sigkilled_bootstrap_then_a_retry_gives_the_uninterrupted_store(tmp_pa
         with sqlite3.connect(store) as conn:
             booted = conn.execute("SELECT boot_path FROM conversations").fetchone()[0]
         inside += booted is None  # killed between its first and its last batch
-    print("inside", inside)
     assert inside >= 1
     assert run_child(store, transcript, None)
     assert dump(store) == dump(reference)

@@ -250,6 +250,9 @@ def uncaptured() -> Iterator[None]:
     processors[:] = [p for p in processors if not isinstance(p, LogCapture)]
     library = logging.getLogger(LIBRARY_LOGGER)
     handlers, level = list(library.handlers), library.level
+    # As a process that never configured logging has it (another test may have run the CLI).
+    library.handlers[:] = [h for h in handlers if type(h) is logging.NullHandler]
+    library.setLevel(logging.NOTSET)
     try:
         yield
     finally:

@@ -228,3 +228,22 @@ def test_incremental_reads_equal_cold_reads(header: bool, chunks: list[bytes]) -
             assert path.read_bytes() == data
         clear_session_cache(path)
         assert load_session_context(path) == _cold(data)
+
+
+def test_an_entry_older_entries_named_as_parent_reroutes_their_path(tmp_path: Path) -> None:
+    """Found by the property above: ``i0`` names ``i1`` as its parent before ``i1`` exists;
+    when ``i1`` arrives in a later append, the path through ``i0`` reaches it, so the cached
+    conversation must be rebuilt, not extended."""
+    path = tmp_path / "s.jsonl"
+
+    def entry(entry_id: str, parent: str | None) -> bytes:
+        return _line(_msg(entry_id, parent, entry_id))
+
+    first = _line(HEADER) + entry("i0", None) + entry("i0", "i1")
+    path.write_bytes(first)
+    assert len(load_session_messages(path)) == 1
+    second = entry("i1", None) + entry("i2", "i0")
+    with path.open("ab") as handle:
+        handle.write(second)
+    assert load_session_context(path) == _cold(first + second)
+    assert len(load_session_messages(path)) == 3

@@ -15,10 +15,19 @@ always 0; it only matters for exact repeats. ``ingest``/``ingest_batch`` deliver
 without their path; there the stored conversation stands in for it (``_store.deliver``), so
 they get the same ids.
 
-:class:`PathIndex` keeps, per session, the digests of the path it saw last time, keyed by the
-*objects* it was handed. The harness shares message dicts between turns (the transcript read
-cache), so a turn costs O(new messages) of hashing, not O(history); a runner that hands fresh
-copies every turn costs O(history) per turn (correct, slower).
+:class:`PathIndex` keeps, per session, the digests (and occurrence counts) of the path it saw
+last time, and never a message: holding them would keep a whole transcript's parsed graph
+alive, which every full garbage collection then traverses with the GIL held. A path changes
+by appending, branching or compacting, so an unchanged message at position ``p`` (same digest)
+stands for an unchanged prefix up to ``p``: a new path is checked at its first message and at
+the last one the index knows, and the point where it left the known path is found by
+bisection. A turn thus costs O(new messages) of hashing (plus O(log n) when the path
+changed), whether the runner shares message dicts between turns or hands fresh copies. The
+store's checkpoint rests on the same rule (``synced_len`` and the id there, below).
+:class:`PathScan` is the index's streaming form, for a bootstrap that reads a transcript in
+batches: the index's digests stand for the batches they cover once each batch's last covered
+message is checked, and a pass that finds the path changed after batches it took on trust
+says so, to be started over untrusted.
 
 *Size is an estimate of what the model reads.* :func:`model_text` is the text a model is
 shown for a message (text parts, tool-call names and canonical arguments, tool-result text,
@@ -40,6 +49,7 @@ from typing import Any, Final
 
 __all__ = [
     "PathIndex",
+    "PathScan",
     "TokenEstimator",
     "analyze",
     "canonical_json",
@@ -442,7 +452,7 @@ class PathScan:
     ``None`` and the caller starts over with ``trust=False`` (which hashes everything).
     """
 
-    __slots__ = ("_index", "known", "offset")
+    __slots__ = ("_index", "known", "offset", "vouched")
 
     def __init__(self, index: PathIndex, *, trust: bool = True) -> None:
         self._index = index
@@ -453,17 +463,28 @@ class PathScan:
             self.known = len(index)
         #: Messages fed so far (the position of the next batch's first message).
         self.offset = 0
+        #: Positions below this are synced in the store, as far as the index can tell (see
+        #: :meth:`vouch`); 0 once the pass disagreed with the index.
+        self.vouched = 0
 
-    def known_id(self, position: int) -> str:
-        """The id the index holds for ``position`` (below :attr:`known`; on trust)."""
+    def vouch(self, synced_len: int, anchor: str | None) -> int:
+        """Set and return :attr:`vouched`: ``synced_len`` when the index holds the store's
+        checkpoint (``anchor`` at ``synced_len - 1``, :meth:`PathIndex.plan`'s rule), else 0."""
         with self._index._lock:
-            return self._index._id(position)
+            known = 0 < synced_len <= self.known
+            if known and anchor is not None and self._index._id(synced_len - 1) == anchor:
+                self.vouched = synced_len
+            else:
+                self.vouched = 0
+        return self.vouched
 
     def feed(
         self, batch: Sequence[Mapping[str, Any]]
-    ) -> tuple[list[str], list[bytes | None]] | None:
-        """``(ids, stored forms)`` of the next ``batch`` of the path (a stored form is
-        ``None`` where the message was not hashed), or ``None``: start over untrusted."""
+    ) -> tuple[int, list[str], list[bytes | None]] | None:
+        """``(skipped, ids, stored forms)`` for the next ``batch`` of the path: the ids of
+        ``batch[skipped:]`` (the messages before are below :attr:`vouched`: no id is made for
+        them), a stored form ``None`` where the message was not hashed; or ``None``: start
+        over untrusted."""
         index = self._index
         start = self.offset
         with index._lock:
@@ -477,15 +498,21 @@ class PathScan:
                     if start > 0:
                         return None
                     index._truncate(0)  # nothing was taken on trust yet: just forget it
-                    self.known = trusted = 0
-            ids = [index._id(p) for p in range(start, start + trusted)]
-            stored: list[bytes | None] = [None] * trusted
-            for message in batch[trusted:]:
+                    self.known = self.vouched = trusted = 0
+            skipped = min(len(batch), max(0, self.vouched - start))
+            ids = [index._id(p) for p in range(start + skipped, start + trusted)]
+            stored: list[bytes | None] = [None] * len(ids)
+            for message in batch[trusted:]:  # (vouched <= known: skipped <= trusted)
                 value, text = encode(message)
                 ids.append(index._append(value))
                 stored.append(text)
         self.offset = start + len(batch)
-        return ids, stored
+        return skipped, ids, stored
+
+    def last_id(self) -> str | None:
+        """The id of the last message fed (``None`` before the first)."""
+        with self._index._lock:
+            return self._index._id(self.offset - 1) if self.offset else None
 
     def finish(self) -> None:
         """The pass reached the end of the path: a path shorter than the index's ends the

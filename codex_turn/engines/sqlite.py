@@ -19,7 +19,14 @@ identities, so a retried turn returns before touching the messages at all. A pat
 checkpointed (``synced_len`` and the identity at that point): an appended transcript costs
 O(new messages), a rewritten one is reconciled whole.
 Bootstrap also checkpoints the transcript file (path, device, inode, size, mtime): an
-unchanged file is not even read.
+unchanged file is not even read. A changed one is read in small batches
+(``iter_session_messages``: from the harness read cache when a turn read it first, else
+streamed, never cached nor held whole: a parsed 30 MB transcript is ~134k objects, and every
+full garbage collection would traverse them with the GIL held, blocking the event loop); each
+batch is identified at its offset (``PathScan``) and dropped once prepared, and the prepared
+rows go in ``sync_chunk`` at a time. What the store synced is skipped when the path index
+vouches for it, otherwise each batch is reconciled with what the store holds. The file
+checkpoint is set after the last batch, so a crash midway means a re-read.
 
 *Nothing blocks the event loop, nothing waits for a model in the foreground.* The
 constructor does no I/O: the store is opened (and migrated) on first use, in a worker
@@ -136,6 +143,10 @@ def _stat(path: str) -> Boot | None:
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+#: Messages per read of a streamed transcript (inserts still go ``sync_chunk`` at a time).
+_READ_BATCH: Final = 256
+
+
 class _PathChanged(Exception):
     """The transcript's path is not the one the index knew: start over untrusted."""
 
@@ -143,15 +154,16 @@ class _PathChanged(Exception):
 def _next_batch(
     batches: Iterator[list[AgentMessage]], scan: PathScan
 ) -> tuple[list[AgentMessage], list[str], list[bytes | None]] | None:
-    """The next non-empty batch of the path with its ids and stored forms, ``None`` at the
-    end (a worker thread: reading, stripping and hashing are all O(batch))."""
+    """The next non-empty batch of the path from its first message not vouched for, with
+    their ids and stored forms; ``None`` at the end."""
     for batch in batches:
-        kept = list(strip_runtime_context_messages(batch))
+        kept = strip_runtime_context_messages(batch)
         if kept:
             fed = scan.feed(kept)
             if fed is None:
                 raise _PathChanged
-            return kept, *fed
+            skipped, ids, stored = fed
+            return kept[skipped:], ids, stored
     return None
 
 
@@ -387,6 +399,7 @@ class SqliteContextEngine:
         index = self._path_index(key)
         imported, complete = await self._stream_path(conv, session_file, index, trust=True)
         if not complete:  # the path is not the one the index knew: every message hashed
+            conv = await self._conversation(key)  # the first pass may have moved its checkpoint
             more, complete = await self._stream_path(conv, session_file, index, trust=False)
             imported += more
             assert complete
@@ -405,55 +418,77 @@ class SqliteContextEngine:
         synced = (conv.synced_len, conv.synced_anchor)
         # What the store synced is skipped unread when the index vouches for its anchor (as
         # in _sync_path); otherwise every batch is reconciled with what the store holds.
-        skip = 0
-        if 0 < synced[0] <= scan.known and scan.known_id(synced[0] - 1) == synced[1]:
-            skip = synced[0]
+        await anyio.to_thread.run_sync(scan.vouch, *synced)
         imported = 0
-        last: str | None = None
-        chunk = self.settings.sync_chunk
-        batches = await anyio.to_thread.run_sync(iter_session_messages, session_file, chunk)
+        size = min(_READ_BATCH, self.settings.sync_chunk)
+        batches = await anyio.to_thread.run_sync(iter_session_messages, session_file, size)
         try:
             while True:
                 try:
-                    fed = await anyio.to_thread.run_sync(_next_batch, batches, scan)
+                    chunk = await self._db(self._read_chunk, batches, scan, conv)
                 except _PathChanged:
                     return imported, False
-                if fed is None:
+                if chunk is None:
                     break
-                batch, ids, stored = fed
-                end = scan.offset
-                if scan.known < skip:
-                    skip = 0  # the first batch disagreed with the index: nothing is vouched for
-                last = ids[-1]
-                if end <= skip:
-                    continue
-                first = max(0, skip - (end - len(batch)))
-                # The checkpoint only moves forward over what is synced; a shorter path (a
-                # rewrite) gets its checkpoint after the last batch.
-                moved = (end, last) if end >= synced[0] else None
-                imported += await self._db(
-                    self._insert_chunk,
-                    conv.id,
-                    ids[first:],
-                    batch[first:],
-                    stored[first:],
-                    moved,
-                )
+                end, last, prepared = chunk
+                # A chunk below the stored checkpoint leaves it (lowering it would only make
+                # the next sync re-check more); a shorter path gets its own after the loop.
+                moved = (end, last) if end >= synced[0] and end > scan.vouched else None
+                if prepared or moved:
+                    imported += await self._db(
+                        _store.insert_messages,
+                        self._require_pool(),
+                        conv.id,
+                        prepared,
+                        synced=moved,
+                    )
                 synced = moved or synced
-                del batch, ids, stored, fed  # nothing of a batch outlives it
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_close, batches)
         await anyio.to_thread.run_sync(scan.finish)
-        if scan.offset and synced != (scan.offset, last):
+        tail = scan.last_id()
+        if tail is not None and synced != (scan.offset, tail):
             await self._db(
                 _store.insert_messages,
                 self._require_pool(),
                 conv.id,
                 [],
-                synced=(scan.offset, last),
+                synced=(scan.offset, tail),
             )
         return imported, True
+
+    def _read_chunk(
+        self, batches: Iterator[list[AgentMessage]], scan: PathScan, conv: _store.Conversation
+    ) -> tuple[int, str, list[_store.Prepared]] | None:
+        """The next ``sync_chunk`` messages of the path (a worker thread): ``(end offset,
+        last id, the messages the store lacks, prepared)``, ``None`` at the end. Read in small
+        batches, each dropped once prepared: the messages of a batch are alive while it is
+        handled, and whatever survives a young collection counts towards the next full one.
+        An empty conversation (a first import) is not asked what it holds: the insert checks
+        again in its transaction anyway."""
+        pool = self._require_pool()
+        check = conv.next_seq > 0
+        prepared: list[_store.Prepared] = []
+        start = scan.offset
+        while scan.offset - start < self.settings.sync_chunk:
+            fed = _next_batch(batches, scan)
+            if fed is None:
+                break
+            batch, ids, stored = fed
+            if ids:
+                held = _store.held_ids(pool, conv.id, ids) if check else set()
+                fresh = [
+                    (s, m, t) for s, m, t in zip(ids, batch, stored, strict=True) if s not in held
+                ]
+                prepared += self._prepare(
+                    [s for s, _, _ in fresh], [m for _, m, _ in fresh], [t for _, _, t in fresh]
+                )
+            del batch, stored, fed  # nothing of a batch outlives it
+        last = scan.last_id()
+        if scan.offset == start or last is None:
+            return None
+        return scan.offset, last, prepared
 
     async def bootstrap(self, params: BootstrapParams) -> BootstrapResult:
         key = params.session_key or params.session_id

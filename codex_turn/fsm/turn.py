@@ -36,7 +36,8 @@ context engine is a plugin and must never be able to break a turn:
   returns to starting_thread. A step back made visible, never a loop inside a stage.
 * running_turn ends in exactly one of five outcomes; how Codex's own turn status maps to them
   is :data:`RUN_END_TRIGGERS`. Codex's in-turn compactions are internal transitions, counted
-  but not leaving the state.
+  but not leaving the state; so is each batch of messages steered into the running turn
+  (``steered``, one per ``turn/steer``, counted in ``steers``).
 * Once running_turn was reached, mirroring and finalizing always follow (an engine must see
   every turn that ran, OpenClaw bug #121515); a failed mirror finalizes from the fallback
   snapshot, and turns a completed outcome into ``unsaved`` (maintenance is not gated by it).
@@ -122,6 +123,8 @@ class TurnTrigger(enum.StrEnum):
     CANCELLED = "cancelled"
     NATIVE_COMPACTION_STARTED = "native_compaction_started"
     NATIVE_COMPACTION_COMPLETED = "native_compaction_completed"
+    #: Messages that arrived while the turn ran were delivered to it (one ``turn/steer``).
+    STEERED = "steered"
     TURN_COMPLETED = "turn_completed"
     TURN_FAILED = "turn_failed"
     TURN_ABORTED = "turn_aborted"
@@ -387,6 +390,8 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.TURN_ABORTED, S.MIRRORING),
         Edge(T.TURN_YIELD_ABORTED, S.MIRRORING),
         Edge(T.TURN_TIMED_OUT, S.MIRRORING),
+        # Messages that arrived meanwhile, delivered to the running turn (``turn/steer``).
+        Edge(T.STEERED, None),
     ),
     # State: mirroring (a failed mirror still finalizes, from history + snapshot)
     S.MIRRORING: (
@@ -454,6 +459,8 @@ class TurnModel(Model):
     outcome: TurnOutcome | None = attrs.field(init=False, default=None)
     skip_reason: SkipReason | None = attrs.field(init=False, default=None)
     native_compactions: int = attrs.field(init=False, default=0)
+    #: Batches of messages steered into the running Codex turn (one ``turn/steer`` each).
+    steers: int = attrs.field(init=False, default=0)
     #: Codex refused this turn's resume (the thread table then rotates).
     resume_failed: bool = attrs.field(init=False, default=False)
 
@@ -522,6 +529,8 @@ class TurnModel(Model):
             self.outcome = OUTCOME_OF_TRIGGER[trigger]
         elif trigger == TurnTrigger.NATIVE_COMPACTION_COMPLETED:
             self.native_compactions += 1
+        elif trigger == TurnTrigger.STEERED:
+            self.steers += 1
         elif trigger == TurnTrigger.FINALIZE_FAILED or (
             trigger == TurnTrigger.FINALIZED and self.state_name == "DONE"
         ):

@@ -1,34 +1,73 @@
-"""One gate per session file: turns and compactions of a session never overlap in-process.
+"""One hold per session file: turns and compactions of a session never overlap, in-process or
+across processes.
 
 A turn reads the binding, talks to Codex and writes the binding back; a compaction clears the
 binding's projection and sends ``thread/compact/start`` on the same thread. Interleaved, a turn
-could restore an epoch the compaction just cleared, and Codex would see a turn and a compaction
-on one thread at once. Both therefore hold the session's gate. Across processes the transcript
-lock (``session/_lock.py``) protects the file; the gate is for one process's tasks. Gates are
-keyed by :func:`codex_turn.harness._fs.session_path`, the key of that lock.
+could restore an epoch the compaction just cleared, Codex would see a turn and a compaction on
+one thread at once, and two turns would both start a thread (one orphaned, neither seeing the
+other's messages). Both therefore hold the session for their whole duration, in two layers
+taken in this order:
+
+1. the in-process *gate* (an :class:`anyio.Lock` per session), where this process's tasks
+   queue;
+2. the cross-process *lease* (:mod:`codex_turn.harness.session._lease`): OpenClaw's session
+   lock file, held for the whole turn and renewed, so another process (ours or OpenClaw's)
+   waits exactly as a second task does. The turn's own mirror writes under it without taking
+   the file again.
+
+Waiting is the same for both layers, one deadline for the two: ``reject`` raises
+:class:`SessionBusy` at once if either is held (a stale lock file is still taken over);
+``wait`` waits up to ``wait_timeout`` seconds in all, then raises :class:`SessionBusy`. A live
+holder is never dispossessed on a timeout. The lock file is polled from a worker thread with
+jittered backoff (:data:`_POLL_MIN` to :data:`_POLL_MAX`); the wait is cancellable. Gates and
+leases are keyed by :func:`codex_turn.harness._fs.session_path`, the key of the lock file.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
+import secrets
 import weakref
 from collections.abc import AsyncIterator
-from typing import Literal
+from typing import Final, Literal
 
 import anyio
 
+from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
-from codex_turn.harness._fs import session_path
+from codex_turn.harness._fs import NotRegularFileError, session_path
+from codex_turn.harness.session._lease import (
+    LeaseBusy,
+    SessionLease,
+    release_lease,
+    try_acquire_lease,
+)
 
 __all__ = ["SessionBusy", "hold_session", "session_lane_busy"]
 
+_log = get_logger(__name__)
+
+#: A lock file cannot be created here because nothing can be written here.
+_UNWRITABLE: Final = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
+)
+_POLL_MIN: Final = 0.005
+_POLL_MAX: Final = 0.25
+_POLL_GROWTH: Final = 1.5
+
 
 class SessionBusy(CodexTurnError):
-    """Another turn or compaction holds this session (``concurrency="reject"``, or the wait
-    for it timed out). Not an FSM re-entrancy (that is :class:`~codex_turn.fsm.TurnBusy`):
-    the turn that raised it never started."""
+    """Another turn or compaction holds this session, in this process or another
+    (``concurrency="reject"``, or the wait for it timed out). Not an FSM re-entrancy (that is
+    :class:`~codex_turn.fsm.TurnBusy`): the turn that raised it never started.
+    ``holder_pid``: the lock file's holder when another process has it, else ``None``."""
+
+    def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
 
 
 # Held by whoever waits for or holds a gate; dropped when nobody does.
@@ -52,6 +91,55 @@ def _gate_for(session_file: str | os.PathLike[str]) -> anyio.Lock:
     return gate
 
 
+def _held_by(busy: LeaseBusy) -> str:
+    if busy.holder_pid is None:
+        return "another holder"
+    if busy.holder_pid == os.getpid():
+        return "this process"
+    return f"pid {busy.holder_pid}"
+
+
+async def _take_lease(
+    session_file: str | os.PathLike[str],
+    *,
+    wait: Literal["wait", "reject"],
+    deadline: float,
+    create_directory: bool,
+) -> SessionLease | None:
+    """The session's lease, polling until ``deadline``; ``None`` when no lock file can be
+    created there at all (nothing can be written there either: the turn's preflight says
+    why). Raises :class:`SessionBusy` for a live holder at the deadline (at once: ``reject``)."""
+    pause = _POLL_MIN
+    while True:
+        outcome = await anyio.to_thread.run_sync(
+            lambda: try_acquire_lease(session_file, create_directory=create_directory)
+        )
+        if isinstance(outcome, SessionLease):
+            return outcome
+        if isinstance(outcome, OSError):
+            # Nothing can be written there (the preflight refuses the turn and says why), or
+            # a rare I/O fault: the turn goes on without a cross-process lease.
+            quiet = isinstance(outcome, NotRegularFileError) or outcome.errno in _UNWRITABLE
+            (_log.debug if quiet else _log.warning)(
+                "session lease unavailable", error=format_error(outcome)
+            )
+            return None
+        if wait == "reject":
+            raise SessionBusy(
+                f"another turn or compaction is running on this session ({_held_by(outcome)})",
+                holder_pid=outcome.holder_pid,
+            )
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            raise SessionBusy(
+                "timed out waiting for the previous turn or compaction on this session "
+                f"({_held_by(outcome)})",
+                holder_pid=outcome.holder_pid,
+            )
+        await anyio.sleep(min(left, pause * (0.5 + secrets.randbelow(100) / 200)))
+        pause = min(_POLL_MAX, pause * _POLL_GROWTH)
+
+
 @contextlib.asynccontextmanager
 async def hold_session(
     session_file: str | os.PathLike[str],
@@ -59,17 +147,32 @@ async def hold_session(
     lane: str | None = None,
     wait: Literal["wait", "reject"] = "wait",
     wait_timeout: float = 30.0,
+    create_directory: bool = True,
 ) -> AsyncIterator[None]:
-    """Hold the session's gate. ``reject``: raise :class:`SessionBusy` at once if it is held;
-    ``wait``: wait up to ``wait_timeout`` seconds, then raise :class:`SessionBusy`. ``lane``
-    (the session key, else the id) is reported busy meanwhile (:func:`session_lane_busy`)."""
+    """Hold the session: its in-process gate, then its cross-process lease (module docstring).
+
+    ``reject``: raise :class:`SessionBusy` at once if either is held; ``wait``: wait up to
+    ``wait_timeout`` seconds in all, then raise :class:`SessionBusy`. ``lane`` (the session
+    key, else the id) is reported busy meanwhile (:func:`session_lane_busy`).
+    ``create_directory``: create the session's directory for the lock file if missing (a turn
+    creates its transcript there anyway; a compaction of a session that does not exist
+    creates nothing, and holds no lease).
+    """
     gate = _gate_for(session_file)
     if wait == "reject" and gate.locked():
         raise SessionBusy("another turn or compaction is running on this session")
+    deadline = anyio.current_time() + wait_timeout
     with anyio.move_on_after(wait_timeout) as waiting:
         await gate.acquire()
     if waiting.cancelled_caught:
         raise SessionBusy("timed out waiting for the previous turn or compaction on this session")
+    try:
+        lease = await _take_lease(
+            session_file, wait=wait, deadline=deadline, create_directory=create_directory
+        )
+    except BaseException:
+        gate.release()
+        raise
     if lane is not None:
         _busy_lanes[lane] += 1
     try:
@@ -79,4 +182,9 @@ async def hold_session(
             _busy_lanes[lane] -= 1
             if not _busy_lanes[lane]:
                 del _busy_lanes[lane]
-        gate.release()
+        try:
+            if lease is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(release_lease, lease)
+        finally:
+            gate.release()

@@ -278,12 +278,14 @@ async def _compact_session(
     trigger: str,
 ) -> CompactionRun:
     owns = _engine_owns_compaction(engine)
-    # A turn of this session must not run meanwhile: it could restore a projection epoch the
-    # compaction clears, and Codex would see a turn and a compaction on one thread at once.
+    # A turn of this session must not run meanwhile, in this process or another (the same
+    # lease): it could restore a projection epoch the compaction clears, and Codex would see
+    # a turn and a compaction on one thread at once.
     async with hold_session(
         params.session_file,
         lane=params.session_key or params.session_id,
         wait_timeout=params.session_wait_timeout,
+        create_directory=False,
     ):
         binding = await anyio.to_thread.run_sync(
             lambda: read_binding(params.session_file, session_id=params.session_id)

@@ -29,6 +29,7 @@ import attrs
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.fsm import TraceEntry
+from codex_turn.harness.appserver.server_requests import ApprovalCallback, UserInputCallback
 from codex_turn.harness.engine import AgentMessage
 
 __all__ = [
@@ -89,6 +90,13 @@ class TurnHooks:
     after_compaction: Sequence[CompactionHook] = ()
     on_compaction_event: DiagnosticSink | None = None
     on_transition: TransitionObserver | None = None
+    #: The host's answer to Codex's approval requests (commands, file changes, MCP tools)
+    #: during the turn, bounded by ``TurnParams.approval_timeout``; ``None``, a timeout or a
+    #: failure: declined. See :mod:`codex_turn.harness.runtime_controls`.
+    on_approval: ApprovalCallback | None = None
+    #: The host's answers to the model's ``request_user_input`` questions, bounded by
+    #: ``TurnParams.user_input_timeout``; ``None``, a timeout or a failure: no answers.
+    on_user_input: UserInputCallback | None = None
 
 
 def join_sections(*sections: str | None) -> str | None:

@@ -32,9 +32,11 @@ The caller's cancellation is re-raised after the result is delivered to ``on_tur
 Each engine call is bounded by ``engine_timeout``: a hung engine takes its stage's failure
 edge instead of holding the session.
 
-Concurrency: a turn holds its session's gate (``_gates``, shared with compaction). A second turn
-on the same session file waits (``concurrency="wait"``, bounded by ``session_wait_timeout``) or
-is refused with :class:`~codex_turn.SessionBusy`; deferred maintenance waits too.
+Concurrency: a turn holds its session (``_gates``, shared with compaction) for its whole
+duration: the in-process gate and the cross-process lease, OpenClaw's session lock file. A
+second turn on the same session file, in this process or another, waits
+(``concurrency="wait"``, bounded by ``session_wait_timeout``) or is refused with
+:class:`~codex_turn.SessionBusy`; deferred maintenance waits too.
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ from codex_turn.harness.maintenance import (
     call_maintenance,
     defer_maintenance,
 )
+from codex_turn.harness.runtime_controls import turn_request_handlers, turn_start_overrides
 from codex_turn.harness.session import (
     SessionError,
     ensure_transcript_writable,
@@ -488,6 +489,8 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             prompt=params.prompt,
             images=params.images,
             model=params.model,
+            overrides=turn_start_overrides(params, thread.result),
+            handlers=turn_request_handlers(params, ctx.hooks),
         ) as handle:
             handle_box.append(handle)
             ctx.switch.live_handle = handle

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, Final, Literal, NoReturn, get_args
@@ -79,6 +80,19 @@ class TurnParams:
     sandbox: SandboxMode | None = None
     approvals_reviewer: ApprovalsReviewer | None = None
     service_tier: str | None = None
+    #: Per-turn settings, sent on every ``turn/start`` that has them (``None``: not sent, the
+    #: thread keeps what it holds; see :mod:`codex_turn.harness.runtime_controls`). The
+    #: reasoning effort is a value the model advertises (``"low"``, ``"medium"``,
+    #: ``"high"`` ...); the output schema, a JSON Schema object constraining this turn's final
+    #: assistant message (this turn only). ``approval_policy`` and ``sandbox`` above are
+    #: re-sent on ``turn/start`` too, so they take effect on a thread Codex already holds.
+    reasoning_effort: str | None = None
+    output_schema: Mapping[str, Any] | None = None
+    #: Bounds on the host's ``TurnHooks.on_approval`` / ``on_user_input`` callbacks (also kept
+    #: under ``idle_timeout``): a request not answered in time is declined / gets no answers,
+    #: and the turn continues.
+    approval_timeout: float = 60.0
+    user_input_timeout: float = 60.0
     #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
     runtime_attempt: Mapping[str, Any] = attrs.field(factory=dict)
     turn_timeout: float = 600.0
@@ -170,6 +184,28 @@ def _validate(p: TurnParams) -> None:
             _fail(f"{name} must be one of {sorted(allowed)}")
     if p.service_tier is not None and not isinstance(p.service_tier, str):
         _fail("service_tier must be a string or None")
+    _validate_runtime_controls(p)
+
+
+def _validate_runtime_controls(p: TurnParams) -> None:
+    """The per-turn settings and the host-callback bounds (runtime_controls.py)."""
+    effort = p.reasoning_effort
+    if effort is not None and (not isinstance(effort, str) or not effort.strip()):
+        _fail("reasoning_effort must be a non-blank string (e.g. 'low', 'high') or None")
+    if effort is not None and effort != effort.strip():
+        _fail("reasoning_effort must not have surrounding whitespace")
+    schema = p.output_schema
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            _fail("output_schema must be a JSON Schema object (a mapping) or None")
+        try:
+            json.dumps(schema, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            _fail(f"output_schema must be JSON-serialisable ({error})")
+    for name in ("approval_timeout", "user_input_timeout"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            _fail(f"{name} must be a positive number")
 
 
 @attrs.frozen(kw_only=True)

@@ -102,6 +102,7 @@ from codex_turn.harness.appserver import (
     TurnHandle,
     TurnProjector,
 )
+from codex_turn.harness.appserver.server_requests import TurnRequestHandlers
 from codex_turn.harness.appserver.threads import settings_key
 from codex_turn.harness.appserver.types import TextInput, ThreadInfo, UserInput
 
@@ -279,6 +280,7 @@ class FakeAppServer:
         self.cancel_caller: Callable[[], None] = _no_caller
         self.calls: list[FakeCall] = []
         self.tool_outputs: list[str] = []  # what each tool call answered the model, in order
+        self.turn_overrides: list[dict[str, Any]] = []  # each turn/start's per-turn overrides
         self.threads: dict[str, ToolRegistry] = {}
         self._active: dict[tuple[str, str], _ScriptedStream] = {}
         self._policies: dict[str, _Policy] = {}
@@ -481,7 +483,10 @@ class FakeAppServer:
         provider: str | None = None,
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
+        overrides: Mapping[str, Any] | None = None,
+        handlers: TurnRequestHandlers | None = None,
     ) -> AsyncIterator[TurnHandle]:
+        self.turn_overrides.append(dict(overrides or {}))
         await anyio.lowlevel.checkpoint()
         text = (
             input

@@ -58,7 +58,21 @@ from .native_compaction import CompactionResult
 from .port import AppServerPort, TurnHandlePort
 from .process import AppServerProcess, LineTransport
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector, Usage
-from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
+from .server_requests import (
+    ApprovalCallback,
+    ApprovalDecision,
+    ApprovalKind,
+    ApprovalPolicy,
+    ApprovalRequest,
+    TurnRequestHandlers,
+    UserInputAnswers,
+    UserInputCallback,
+    UserInputHandler,
+    UserInputOption,
+    UserInputQuestion,
+    UserInputRequest,
+    decline_all,
+)
 from .threads import LoadedThread, settings_key
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .turn import CodexTurnPhase, TurnHandle
@@ -89,7 +103,11 @@ __all__ = [
     "AppServerRpcError",
     "AppServerStartError",
     "AppServerTimeout",
+    "ApprovalCallback",
+    "ApprovalDecision",
+    "ApprovalKind",
     "ApprovalPolicy",
+    "ApprovalRequest",
     "ApprovalsReviewer",
     "AskForApproval",
     "CodexBinaryMissing",
@@ -116,9 +134,15 @@ __all__ = [
     "TurnHandle",
     "TurnHandlePort",
     "TurnProjector",
+    "TurnRequestHandlers",
     "Usage",
     "UserInput",
+    "UserInputAnswers",
+    "UserInputCallback",
     "UserInputHandler",
+    "UserInputOption",
+    "UserInputQuestion",
+    "UserInputRequest",
     "bundled_codex_path",
     "decline_all",
     "render_toml",

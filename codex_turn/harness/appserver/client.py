@@ -94,7 +94,13 @@ from .logsafe import capped
 from .native_compaction import CompactionResult, _CompactionMethods, _KeyedLocks
 from .process import AppServerProcess, LineTransport
 from .projector import Notification
-from .server_requests import ApprovalPolicy, UserInputHandler, decline_all, serve_request
+from .server_requests import (
+    ApprovalPolicy,
+    UserInputHandler,
+    _TurnBinding,
+    decline_all,
+    serve_request,
+)
 from .threads import LoadedThread, _ThreadMethods
 from .tools import ToolRegistry
 from .turn import CodexTurnPhase, TurnHandle
@@ -230,6 +236,7 @@ class _Connection:
         self._subs: dict[str, list[_Subscription]] = {}
         self._listeners: list[NotificationListener] = []
         self._tools: dict[str, ToolRegistry] = {}
+        self._turn_handlers: dict[str, _TurnBinding] = {}  # see server_requests.py
         self._loaded: dict[str, LoadedThread] = {}  # see threads.py
         self._compaction_locks = _KeyedLocks()
         self._closed_error: AppServerClosed | None = None

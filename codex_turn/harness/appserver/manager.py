@@ -60,7 +60,7 @@ from .native_compaction import CompactionResult, _KeyedLocks
 from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
-from .server_requests import ApprovalPolicy, UserInputHandler, decline_all
+from .server_requests import ApprovalPolicy, TurnRequestHandlers, UserInputHandler, decline_all
 from .threads import LoadedThread
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .turn import TurnHandle
@@ -378,6 +378,8 @@ class AppServer:
         provider: str | None = None,
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
+        overrides: Mapping[str, Any] | None = None,
+        handlers: TurnRequestHandlers | None = None,
     ) -> AsyncIterator[TurnHandle]:
         """A turn of ``thread_id`` (see :meth:`AppServerClient.turn`), after re-resuming the
         thread when the process was restarted since it was loaded."""
@@ -390,6 +392,8 @@ class AppServer:
             provider=provider,
             model=model,
             timeout=timeout,
+            overrides=overrides,
+            handlers=handlers,
         ) as handle:
             yield handle
 

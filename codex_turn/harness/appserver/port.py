@@ -15,13 +15,14 @@ The runtime policy keywords (``approval_policy``, ``sandbox``, ``approvals_revie
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .native_compaction import CompactionResult
 from .projector import CodexTurnResult, Notification, TurnProjector
+from .server_requests import TurnRequestHandlers
 from .threads import LoadedThread
 from .tools import DynamicTool
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
@@ -112,9 +113,13 @@ class AppServerPort(Protocol):
         prompt: str | None = None,
         images: Sequence[str] = (),
         model: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        handlers: TurnRequestHandlers | None = None,
     ) -> AbstractAsyncContextManager[TurnHandlePort]:
-        """``async with port.turn(...) as handle``: ``turn/start``; leaving the block before
-        ``turn/completed`` interrupts the turn and waits briefly for its end."""
+        """``async with port.turn(...) as handle``: ``turn/start`` (with the per-turn
+        ``overrides``, wire names), the host ``handlers`` answering the turn's approvals and
+        user-input requests; leaving the block before ``turn/completed`` interrupts the turn
+        and waits briefly for its end."""
         ...
 
     async def compact_thread(

@@ -30,6 +30,7 @@ from .defaults import INTERRUPT_GRACE_S
 from .errors import AppServerTimeout
 from .logsafe import capped
 from .projector import CodexTurnResult, Notification, TurnProjector
+from .server_requests import TurnRequestHandlers, bind_turn_handlers
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
     ImageInput,
@@ -76,8 +77,16 @@ class _TurnMethods(_Connection):
         provider: str | None = None,
         model: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
+        overrides: Mapping[str, Any] | None = None,
+        handlers: TurnRequestHandlers | None = None,
     ) -> AsyncIterator[TurnHandle]:
         """Start a turn; yield a :class:`TurnHandle` to iterate its notifications.
+
+        ``overrides``: more ``turn/start`` fields, wire names (``effort``, ``outputSchema``,
+        ``approvalPolicy``, ``sandboxPolicy`` ...; ``threadId`` and ``input`` are this
+        method's own). ``handlers``: the host callbacks for this turn's approvals and
+        user-input requests, bound to the thread while the turn runs (see
+        :mod:`.server_requests`).
 
         ``input`` is the text (or explicit input items); ``images`` are image URLs
         (``data:`` URLs included). ``prompt`` is the *raw* user prompt mirrored into the
@@ -95,9 +104,10 @@ class _TurnMethods(_Connection):
             items = list(input)
             text = "\n".join(i.text for i in items if isinstance(i, TextInput))
         items += [ImageInput(url) for url in images]
-        with self.subscribe(thread_id) as stream:
+        with self.subscribe(thread_id) as stream, bind_turn_handlers(self, thread_id, handlers):
             params = TurnStartParams(thread_id=thread_id, input=items)
-            raw = await self._start_turn(thread_id, unstructure(params), stream, timeout)
+            wire = {**(overrides or {}), **unstructure(params)}  # its own fields win
+            raw = await self._start_turn(thread_id, wire, stream, timeout)
             started = structure(raw, TurnStartResult)
             projector = TurnProjector(
                 thread_id=thread_id,

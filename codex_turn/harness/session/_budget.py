@@ -16,11 +16,11 @@ The ceiling is :data:`DEFAULT_LIMIT` (an eighth of the machine's physical memory
 256 MiB and at most 4 GiB: 3 GiB on a 24 GiB machine), or ``$CODEX_TURN_SESSION_CACHE_BYTES``
 read at import, or :func:`set_session_cache_limit`. A fixed 256 MiB held only about eleven
 sessions of 10k messages, and one 100k-message session (a 72 MB transcript) did not fit at
-all, so every other session was evicted on each of its turns. The total never exceeds it by more than the
-entry being charged (an entry larger than the ceiling stays until the next charge evicts it)
-and entries whose owner is busy (a read in progress holds its state; it is skipped, never
-waited for). An evicted session keeps nothing: its next read parses its file afresh, the
-cost it had before it was ever cached.
+all, so every other session was evicted on each of its turns. The total never exceeds it by
+more than the entry being charged (an entry larger than the ceiling stays until the next
+charge evicts it) and entries whose owner is busy (a read in progress holds its state; it is
+skipped, never waited for). An evicted session keeps nothing: its next read parses its file
+afresh, the cost it had before it was ever cached.
 
 Eviction callbacks run with the ledger lock held and may only *try* to take other locks, so
 no lock order can deadlock; what they detach is dropped after the lock is released.

@@ -352,7 +352,7 @@ def _context(view: _View) -> SessionContext:
             return SessionContext([])
         history = MessageHistory(ctx.messages, source_bytes=state.committed)
         return SessionContext(history, ctx.thinking, ctx.model)
-    if ctx is not None:
+    if ctx is not None and tentative.get("id") not in fold.missing_parents:
         ext = _extension(ctx, [tentative], fold.by_id)
         if ext is not None:
             added, thinking, model = ext
@@ -367,8 +367,10 @@ def _context(view: _View) -> SessionContext:
 def _extend_committed(state: _FileState, ctx: _Ctx) -> _Ctx | None:
     """Extend ``ctx`` in place over the entries folded since it was built, if it continues."""
     fold = state.fold
-    if fold.last_duplicate_at >= ctx.count:
-        return None  # a re-used id re-routes older paths: rebuild
+    if max(fold.last_duplicate_at, fold.last_late_parent_at) >= ctx.count:
+        # A re-used id, or an entry older entries already named as their parent: either
+        # re-routes older paths, so rebuild.
+        return None
     new = fold.entries[ctx.count :]
     new_ids = {e["id"] for e in new if isinstance(e.get("id"), str)}
     ext = _extension(ctx, new, _ExcludingView(fold.by_id, new_ids))

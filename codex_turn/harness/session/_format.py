@@ -271,6 +271,10 @@ class _Fold:
     last_linked_id: str | None = None  # the last parent-linked entry (OpenClaw's append leaf)
     last_linked_non_tool_id: str | None = None
     last_duplicate_at: int = -1  # index in `entries` of the last entry re-using an id
+    # Parent ids named before any entry had them; an entry that arrives with one of them
+    # re-routes the older paths that stopped there (index of the last such entry).
+    missing_parents: set[str] = attrs.Factory(set)
+    last_late_parent_at: int = -1
 
     @property
     def header(self) -> Entry | None:
@@ -309,11 +313,17 @@ class _Fold:
         if isinstance(entry_id, str):
             if entry_id in self.by_id:
                 self.last_duplicate_at = len(self.entries) - 1
+            if entry_id in self.missing_parents:
+                self.missing_parents.discard(entry_id)
+                self.last_late_parent_at = len(self.entries) - 1
             self.by_id[entry_id] = obj
             if entry_id and "parentId" in obj:
                 self.last_linked_id = entry_id
                 if not _is_tool_result(obj):
                     self.last_linked_non_tool_id = entry_id
+        parent = obj.get("parentId")
+        if isinstance(parent, str) and parent and parent not in self.by_id:
+            self.missing_parents.add(parent)
 
 
 def _feed_lines(fold: _Fold, data: bytes, *, at_start: bool) -> None:
