@@ -8,7 +8,10 @@ Codex: the engine sees the messages a turn would hand it, the thread table
 projection is the one Codex would receive. Two differences from a turn: the transcript's
 writability check is skipped (it may repair a torn header) and no hook runs. The engine does
 bootstrap and assemble, as the next turn would (its store may catch up with the transcript;
-the contract makes that idempotent).
+the contract makes that idempotent); the reference engine's store is used only when it
+exists, never created (``--engine sqlite`` without one inspects with no engine, and says so).
+Doctor checks the login as a turn does: ``account/read`` on a started app-server of the
+user's configuration (:func:`codex_turn.harness.appserver.account.check_login`).
 
 Traces are not persisted by the library: ``run --json`` prints a turn's trace, and ``inspect
 --trace FILE`` reads that output back and checks every step against the turn table.
@@ -19,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +29,7 @@ from codex_turn._cli_support import (
     EXIT_NOT_OK,
     EXIT_OK,
     REASONS,
+    InputInvalid,
     InputNotFound,
     UsageError,
     close_engine,
@@ -63,6 +66,18 @@ def inspect_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int
     return EXIT_OK
 
 
+def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None, str | None]:
+    """The engine an inspection uses, and a note when the one asked for is not used. The
+    reference engine's store is used only when it exists: inspect never creates one."""
+    from codex_turn.engines import SqliteContextEngine
+
+    if spec == "sqlite":
+        store = SqliteContextEngine.store_next_to(session_file)
+        if not os.path.exists(store):
+            return None, f"no engine store at {store} (inspect creates none; a turn does)"
+    return resolve_engine(spec, session_file, create=False), None
+
+
 class _NoCodex:
     """The app-server of an inspection: the stages stop before anything would reach it."""
 
@@ -81,7 +96,7 @@ async def _preview(args: argparse.Namespace) -> dict[str, Any]:
     session_file = os.fspath(args.session_file)
     header = session_header(session_file, must_exist=True)
     session_id, workspace = session_identity(session_file, header, args.session_id)
-    engine = resolve_engine(args.engine, session_file, create=False)
+    engine, engine_note = _inspect_engine(args.engine, session_file)
     params = TurnParams(
         session_id=session_id,
         session_key=args.session_key,
@@ -125,6 +140,7 @@ async def _preview(args: argparse.Namespace) -> dict[str, Any]:
         "sessionId": session_id,
         "workspace": workspace,
         "engine": engine_label(engine),
+        "engineNote": engine_note,
         "messages": list(ctx.messages),
         "binding": json.loads(binding_to_json(binding)) if binding is not None else None,
         "assembled": None
@@ -188,6 +204,8 @@ def _print_preview(report: dict[str, Any], out: IO[str], *, full: bool) -> None:
     p(f"session {report['sessionFile']} (id {report['sessionId']})")
     p(f"workspace: {report['workspace']}")
     p(f"engine: {report['engine']}")
+    if report.get("engineNote"):
+        p(f"  ({report['engineNote']})")
     messages = report["messages"]
     p(f"\nmessages the engine would see: {len(messages)}")
     for index, message in enumerate(messages, start=1):
@@ -235,19 +253,21 @@ def read_trace(path: str) -> list[dict[str, Any]]:
     except OSError as error:
         raise InputNotFound(f"cannot read trace file {path}: {error.strerror}") from None
     except UnicodeDecodeError:
-        raise UsageError(f"trace file {path} is not UTF-8 text") from None
+        raise InputInvalid(f"trace file {path} is not UTF-8 text") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         where = f"line {error.lineno}"
-        raise UsageError(f"trace file {path} is not JSON: {error.msg} ({where})") from None
+        raise InputInvalid(f"trace file {path} is not JSON: {error.msg} ({where})") from None
     entries = data.get("trace") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and {"state", "trigger", "dest"} <= e.keys() for e in entries
     ):
-        raise UsageError(
+        raise InputInvalid(
             f"trace file {path} has no trace (expected `codex-turn run --json` output)"
         )
+    if not entries:
+        raise InputInvalid(f"trace file {path} has an empty trace (a turn takes steps)")
     return entries
 
 
@@ -262,6 +282,32 @@ def trace_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         targets = {state if e.dest is None else e.dest.name for e in edges}
         steps.append({"state": state, "trigger": trigger, "dest": dest, "inTable": dest in targets})
     return steps
+
+
+def check_path(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each step with every problem it has (``problems``, empty when none): not an edge of
+    the turn table, not starting where the previous step ended, the first not starting at
+    the initial state, the last not ending in a final state, a step after a final state."""
+    from codex_turn.fsm.turn import TURN_MACHINE
+
+    initial, finals = str(TURN_MACHINE.initial), TURN_MACHINE.final_states
+    checked = []
+    for index, step in enumerate(steps):
+        problems = []
+        if not step["inTable"]:
+            problems.append("not an edge of the turn table")
+        if index == 0 and step["state"] != initial:
+            problems.append(f"the path does not start at {initial}")
+        if index > 0:
+            before = steps[index - 1]["dest"]
+            if step["state"] != before:
+                problems.append(f"starts at {step['state']}, the previous step ended at {before}")
+            elif before in finals:
+                problems.append(f"follows the final state {before}")
+        if index == len(steps) - 1 and step["dest"] not in finals:
+            problems.append(f"the path ends at {step['dest']}, not a final state")
+        checked.append({**step, "problems": problems})
+    return checked
 
 
 def path_mermaid(steps: list[dict[str, Any]]) -> str:
@@ -287,23 +333,28 @@ def path_mermaid(steps: list[dict[str, Any]]) -> str:
 
 
 def _inspect_trace(args: argparse.Namespace, out: IO[str]) -> int:
-    steps = trace_steps(read_trace(args.trace))
+    steps = check_path(trace_steps(read_trace(args.trace)))
     written = None
     if args.out is not None:
         directory = Path(args.out)
         directory.mkdir(parents=True, exist_ok=True)
         written = directory / "turn-path.mmd"
         written.write_text(path_mermaid(steps), encoding="utf-8")
-    legal = all(step["inTable"] for step in steps)
+    bad = sum(1 for step in steps if step["problems"])
+    legal = bad == 0
     if args.json:
         diagram = str(written) if written else None
         dump_json({"steps": steps, "legal": legal, "diagram": diagram}, out)
     else:
         for step in steps:
-            verdict = "" if step["inTable"] else "   <- NOT AN EDGE OF THE TURN TABLE"
+            verdict = f"   <- {'; '.join(step['problems']).upper()}" if step["problems"] else ""
             arrow = f"--{step['trigger']:<24}--> {step['dest']}"
             print(f"  {step['state']:<16} {arrow}{verdict}", file=out)
-        summary = "every step is an edge of the turn table" if legal else "ILLEGAL steps found"
+        summary = (
+            "a complete path of the turn table, every step an edge from where the last ended"
+            if legal
+            else f"ILLEGAL: {bad} bad steps"
+        )
         print(f"{len(steps)} steps; {summary}", file=out)
         if written is not None:
             print(f"diagram: {written}", file=out)
@@ -323,7 +374,7 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     binary: Path | None = None
     try:
-        binary = codex_binary()
+        binary = codex_binary(args.codex_bin)
     except Exception as error:  # reported, not raised
         check("codex binary", False, str(error))
     if binary is not None:
@@ -334,6 +385,7 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         home = offline_home_for(os.fspath(args.session_file)) / "codex-home"
     else:
         home = Path(args.codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        home = home.expanduser()
     config = home / "config.toml"
     check(
         "codex home",
@@ -348,13 +400,15 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     )
     if args.offline:
         check("codex login", None, "not needed: --offline runs the local stand-in model")
-    elif binary is not None:
-        ok, detail = _login_status(binary, home)
+    elif binary is not None and home.is_dir():
+        ok, detail = anyio.run(_login_status, binary, home)
         check("codex login", ok, detail)
+    elif binary is not None:
+        check("codex login", False, f"no Codex home at {home}: run `codex login`")
     if args.session_file is not None:
         session_file = os.fspath(args.session_file)
-        exists = os.path.isfile(session_file)
-        check("session file", exists, session_file if exists else f"no such file: {session_file}")
+        exists, detail = _session_file_report(session_file)
+        check("session file", exists, detail)
         store = anyio.run(_store_report, session_file, args.repair)
         checks.append(store)
         checks.append(_lock_report(session_file))
@@ -379,27 +433,42 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK if healthy else EXIT_NOT_OK
 
 
-def _login_status(binary: Path, home: Path) -> tuple[bool | None, str]:
-    """``codex login status`` against ``home`` (it reads the credentials, prints no secret)."""
-    if not home.is_dir():
-        return False, "not logged in (no Codex home): run `codex login`"
-    env = dict(os.environ, CODEX_HOME=str(home))
+async def _login_status(binary: Path, home: Path) -> tuple[bool | None, str]:
+    """The login check a turn makes (:func:`codex_turn.harness.appserver.account.
+    check_login`: ``account/read`` on a started app-server of the user's configuration),
+    so doctor and the runtime never disagree. Nothing is sent to a model."""
+    from codex_turn.harness.appserver import AppServer, AppServerConfig
+    from codex_turn.harness.appserver.account import check_login
+    from codex_turn.harness.appserver.errors import AppServerError, CodexLoginRequired
+
+    config = AppServerConfig.user(home, codex_bin=binary, login_check=False)
     try:
-        done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
-            [str(binary), "login", "status"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-            env=env,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return None, f"unknown ({type(error).__name__})"
-    lines = [line for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
-    said = next((line for line in lines if "logged in" in line.lower()), lines[-1] if lines else "")
-    if done.returncode == 0:
-        return True, said or "logged in"
-    return False, (said or "not logged in") + ": run `codex login`"
+        async with AppServer.start(config) as server:
+            state = await check_login(await server.client(), config)
+    except CodexLoginRequired:
+        return False, f"not logged in ({home} needs an OpenAI login): run `codex login`"
+    except (AppServerError, OSError) as error:
+        from codex_turn._log import format_error
+
+        return False, f"the app-server did not start: {format_error(error)}"
+    if state is None:
+        return None, "unknown (the binary does not answer account/read)"
+    if not state.requires_openai_auth:
+        return True, "not needed: the configured model provider needs no OpenAI login"
+    return True, f"logged in ({state.account_type})"
+
+
+def _session_file_report(session_file: str) -> tuple[bool, str]:
+    """Whether the session file exists and is a transcript the next turn accepts."""
+    from codex_turn.errors import CodexTurnError
+
+    if not os.path.isfile(session_file):
+        return False, f"no such file: {session_file}"
+    try:
+        session_header(session_file, must_exist=True)
+    except CodexTurnError as error:
+        return False, str(error)
+    return True, session_file
 
 
 async def _store_report(session_file: str, repair: bool) -> dict[str, Any]:

@@ -15,6 +15,7 @@ is printed after the turn. :class:`ObservedEngine` records the engine calls for 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import inspect
 import json
 import logging
@@ -41,6 +42,7 @@ __all__ = [
     "EXIT_CODES",
     "CliError",
     "EngineCall",
+    "InputInvalid",
     "InputNotFound",
     "ObservedEngine",
     "Progress",
@@ -68,18 +70,20 @@ EXIT_CODES: Final[dict[str, int]] = {
     # 2: the command line is wrong (a flag, a value, an engine spec, turn params).
     "UsageError": EXIT_USAGE,
     "InvalidTurnParams": EXIT_USAGE,
-    "EngineSpecError": EXIT_USAGE,
     "EngineLoadError": EXIT_USAGE,
     "EngineContractError": EXIT_USAGE,  # the engine given is not a context engine
     "CodexHomeNotPrivate": EXIT_USAGE,  # --offline --codex-home names a user's home
     # 3: an input is missing or unreadable (the session file, its binding, a trace file).
     "InputNotFound": EXIT_NOT_FOUND,
+    "InputInvalid": EXIT_NOT_FOUND,
     "SessionLockTimeout": EXIT_BUSY,
     "SessionError": EXIT_NOT_FOUND,
     "BindingError": EXIT_NOT_FOUND,
     # 4: Codex needs a login (``codex login``) for the configured provider.
     "CodexLoginRequired": EXIT_LOGIN,
-    # 5: Codex itself: the binary is missing or failed, the app-server closed or timed out.
+    # 5: Codex itself: the binary is missing or failed, the app-server closed or timed out
+    # (a configuration the caller got wrong is a usage error).
+    "InvalidAppServerConfig": EXIT_USAGE,
     "AppServerError": EXIT_CODEX,
     # 6: another turn or compaction holds the session.
     "SessionBusy": EXIT_BUSY,
@@ -101,6 +105,11 @@ class UsageError(CliError, ValueError):
 
 class InputNotFound(CliError, FileNotFoundError):
     """A file the command reads does not exist or cannot be read (exit 3)."""
+
+
+class InputInvalid(CliError, ValueError):
+    """A file the command reads exists but is not what it must be (a malformed trace file;
+    exit 3, as a missing one)."""
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -171,14 +180,45 @@ def configure_cli_logging(verbosity: int, log_format: str, stream: TextIO) -> No
 # --- the progress line ----------------------------------------------------------------------
 
 
+def stderr_note(
+    err: IO[str],
+    text: str,
+    *,
+    json_lines: bool,
+    event: str = "note",
+    level: str = "info",
+    **fields: Any,
+) -> None:
+    """One line of the command's own on stderr: the text, or with ``--log-format json`` a
+    JSON object shaped like the library's log lines (so stderr stays parseable line by line)."""
+    if json_lines:
+        line = {
+            "timestamp": datetime.datetime.now(datetime.UTC)
+            .isoformat(timespec="microseconds")
+            .replace("+00:00", "Z"),
+            "level": level,
+            "logger": "codex_turn.cli",
+            "event": event,
+            "message": text,
+            **fields,
+        }
+        err.write(json.dumps(line, ensure_ascii=False) + "\n")
+    else:
+        err.write(text + "\n")
+    err.flush()
+
+
 class Progress:
     """The state being executed, on stderr: one rewritten line on a terminal, plain lines
-    otherwise (a log a test or a pipe can read), nothing when quiet."""
+    otherwise (a log a test or a pipe can read), nothing when quiet. With ``json_lines``
+    (``--log-format json``) each state is a JSON line like the library's log lines, on a
+    terminal too, so stderr stays parseable line by line."""
 
-    def __init__(self, stream: IO[str], *, enabled: bool = True) -> None:
+    def __init__(self, stream: IO[str], *, enabled: bool = True, json_lines: bool = False) -> None:
         self._stream = stream
         self._enabled = enabled
-        self._tty = enabled and stream.isatty()
+        self._json = json_lines
+        self._tty = enabled and not json_lines and stream.isatty()
         self._label = ""
         self._shown = False
 
@@ -190,6 +230,12 @@ class Progress:
         if not self._enabled:
             return
         text = f"[{self._label}] {state}" + (f" ({detail})" if detail else "")
+        if self._json:
+            fields = {"label": self._label, "state": state}
+            if detail:
+                fields["detail"] = detail
+            stderr_note(self._stream, text, json_lines=True, event="progress", **fields)
+            return
         if self._tty:
             width = shutil.get_terminal_size((80, 24)).columns - 1
             self._stream.write("\r\x1b[K" + text[:width])
@@ -319,15 +365,52 @@ def engine_label(engine: object | None) -> str:
 # --- the Codex configuration ----------------------------------------------------------------
 
 
-def codex_binary() -> Path:
-    """The pinned Codex binary (``CodexBinaryMissing`` without the ``codex`` extra), checked
-    to be an executable file."""
+def codex_binary(codex_bin: str | os.PathLike[str] | None = None) -> Path:
+    """The Codex binary a command runs: ``--codex-bin`` when given, else the pinned one (the
+    ``codex`` extra), else ``codex`` on ``PATH``; checked to be an executable file. Missing:
+    one :class:`~codex_turn.harness.appserver.AppServerStartError` (exit 5) saying how to get
+    one."""
     from codex_turn.harness.appserver import AppServerStartError, bundled_codex_path
+    from codex_turn.harness.appserver.errors import CodexBinaryMissing
 
-    path = bundled_codex_path()
+    if codex_bin is not None:
+        path = Path(codex_bin).expanduser()
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise AppServerStartError(f"--codex-bin: not an executable file: {path}")
+        return path.absolute()
+    try:
+        path = bundled_codex_path()
+    except CodexBinaryMissing as missing:
+        found = shutil.which("codex")
+        if found is None:
+            raise AppServerStartError(
+                f"{missing}; or put `codex` on PATH, or give --codex-bin PATH"
+            ) from missing
+        return Path(found).absolute()
     if not path.is_file() or not os.access(path, os.X_OK):
         raise AppServerStartError(f"the Codex binary is missing or not executable: {path}")
     return path
+
+
+def add_codex_bin_option(parser: Any) -> None:
+    """``--codex-bin PATH``, on every command that starts Codex."""
+    parser.add_argument(
+        "--codex-bin",
+        metavar="PATH",
+        help="the Codex binary to run (default: the pinned one of the `codex` extra, else "
+        "`codex` on PATH)",
+    )
+
+
+def user_codex_home(codex_home: str | None) -> Path:
+    """The user's own Codex home: ``--codex-home`` (which must exist: a typo must not
+    become a new, empty home), else ``$CODEX_HOME``, else ``~/.codex``."""
+    if codex_home is not None:
+        home = Path(codex_home).expanduser()
+        if not home.is_dir():
+            raise InputNotFound(f"--codex-home: no such directory: {home}")
+        return home
+    return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
 
 
 def codex_version(binary: Path) -> str:
@@ -354,15 +437,17 @@ def codex_config(
     session_file: str,
     model: str | None,
     offline_delay: float = 0.0,
+    codex_bin: str | None = None,
 ) -> Iterator[tuple[AppServerConfig, OfflineModel | None]]:
-    """The app-server configuration of a command: the user's own Codex (``codex_home`` or
-    ``$CODEX_HOME`` or ``~/.codex``), or with ``offline`` a private home and the local
-    stand-in model (started here, closed on exit)."""
+    """The app-server configuration of a command: the user's own Codex (``codex_home``, which
+    must exist, or ``$CODEX_HOME`` or ``~/.codex``), or with ``offline`` a private home and the
+    local stand-in model (started here, closed on exit)."""
     from codex_turn.harness.appserver import AppServerConfig
 
-    codex_binary()  # a missing binary is one typed error before anything starts
+    binary = codex_binary(codex_bin)  # a missing binary: one typed error before anything
     if not offline:
-        yield AppServerConfig.user(codex_home, model=model), None
+        home = user_codex_home(codex_home)
+        yield AppServerConfig.user(home, model=model, codex_bin=binary), None
         return
     from codex_turn.testing import OfflineModel, Reply
 
@@ -376,6 +461,7 @@ def codex_config(
             env=stand_in.proxy_env(),
             home=home,
             model=model or "mock-model",
+            codex_bin=binary,
         )
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         yield config, stand_in
@@ -387,13 +473,19 @@ def codex_config(
 def session_header(session_file: str, *, must_exist: bool) -> dict[str, Any]:
     """The transcript's header (``{}`` for a session that does not exist yet)."""
     from codex_turn.harness.session import read_session
+    from codex_turn.harness.session._writable import check_session_format
 
     if not os.path.exists(session_file):
         if must_exist:
             raise InputNotFound(f"no such session file: {session_file}")
+        directory = os.path.dirname(os.path.abspath(session_file))
+        if not os.path.isdir(directory):
+            # A typo in the path must not become a new directory tree.
+            raise InputNotFound(f"no such directory: {directory} (for {session_file})")
         return {}
     if os.path.isdir(session_file):
         raise InputNotFound(f"not a session file (a directory): {session_file}")
+    check_session_format(session_file)  # what the turn's preflight refuses, refused here
     return dict(read_session(session_file).header or {})
 
 
@@ -427,6 +519,15 @@ REASONS: Final[dict[str, str]] = {
 }
 
 
+#: Why a turn whose thread wanted the context got none (the turn's trace says), in order.
+FAILED_CONTEXT: Final[tuple[tuple[str, str], ...]] = (
+    ("history_read_failed", "the transcript could not be read"),
+    ("assemble_failed", "the engine's assemble() failed (see the warning; --strict: exit 7)"),
+    ("projection_failed", "projecting the engine's context failed (see the warning)"),
+    ("bootstrap_failed", "the engine's bootstrap() failed (see the warning; --strict: exit 7)"),
+)
+
+
 def projection_note(result: TurnResult) -> str:
     decision = result.thread_decision
     if result.projected:
@@ -435,6 +536,10 @@ def projection_note(result: TurnResult) -> str:
         return "no"
     if not decision.project:
         return "no: the thread already carries the conversation"
+    triggers = {entry.trigger for entry in result.trace}
+    for trigger, why in FAILED_CONTEXT:
+        if trigger in triggers:
+            return f"no: {why}; Codex got the prompt alone"
     return "no: there was no earlier conversation to project"
 
 

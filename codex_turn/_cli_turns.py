@@ -32,16 +32,20 @@ from codex_turn._cli_support import (
     ObservedEngine,
     Progress,
     UsageError,
+    add_codex_bin_option,
     close_engine,
+    codex_binary,
     codex_config,
     dump_json,
     engine_label,
+    load_engine_spec,
     print_turn,
     progress_hooks,
-    resolve_engine,
     session_header,
     session_identity,
+    stderr_note,
     turn_to_json,
+    user_codex_home,
 )
 
 if TYPE_CHECKING:
@@ -73,8 +77,10 @@ def add_turn_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--codex-home",
         metavar="DIR",
-        help="your Codex home (default: $CODEX_HOME, else ~/.codex); used as it is",
+        help="your Codex home, an existing directory (default: $CODEX_HOME, else ~/.codex); "
+        "used as it is",
     )
+    add_codex_bin_option(parser)
     parser.add_argument(
         "--strict",
         action="store_true",
@@ -176,28 +182,67 @@ class _Turns:
         return True
 
 
-@asynccontextmanager
-async def _session(args: argparse.Namespace, progress: Progress) -> AsyncIterator[_Turns]:
+@attrs.frozen
+class _Prepared:
+    """A command's inputs, checked before anything is created or started."""
+
+    args: argparse.Namespace
+    session_file: str
+    session_id: str
+    workspace: str
+    #: A loaded ``module:attr`` engine; ``None`` with ``sqlite`` (created on start) or ``none``.
+    loaded_engine: object | None
+
+
+def _prepare(args: argparse.Namespace) -> _Prepared:
+    """Every check that needs no side effect: the session file and its directory, the
+    workspace, the flags, the engine spec, the Codex binary and home. Nothing is created."""
     session_file = os.fspath(args.session_file)
     header = session_header(session_file, must_exist=False)
     session_id, workspace = session_identity(session_file, header, args.session_id)
     workspace = args.workspace or workspace
-    if not await anyio.Path(workspace).is_dir():
+    if not os.path.isdir(workspace):
         raise UsageError(f"--workspace: not a directory: {workspace}")
     if args.offline_delay and not args.offline:
         raise UsageError("--offline-delay needs --offline")
+    loaded = None if args.engine in {"sqlite", "none"} else load_engine_spec(args.engine)
+    codex_binary(args.codex_bin)
+    if not args.offline:
+        user_codex_home(args.codex_home)
+    return _Prepared(args, session_file, session_id, workspace, loaded)
 
+
+def _engine_label(prepared: _Prepared) -> str:
+    """The engine's label before it exists (the reference engine's store is not created
+    until the first turn)."""
+    from codex_turn.engines import ENGINE_ID, SqliteContextEngine
+
+    if prepared.args.engine == "sqlite":
+        return f"{ENGINE_ID} (store {SqliteContextEngine.store_next_to(prepared.session_file)})"
+    return engine_label(prepared.loaded_engine)
+
+
+@asynccontextmanager
+async def _session(prepared: _Prepared, progress: Progress) -> AsyncIterator[_Turns]:
+    """The engine (the reference engine's store is created here) and the started Codex."""
+    from codex_turn.engines import SqliteContextEngine
     from codex_turn.harness.appserver import AppServer
 
-    engine = resolve_engine(args.engine, session_file, create=True)
+    args = prepared.args
+    engine = (
+        SqliteContextEngine.next_to(prepared.session_file)
+        if args.engine == "sqlite"
+        else prepared.loaded_engine
+    )
     observed = ObservedEngine(engine) if engine is not None else None
     try:
         with codex_config(
             offline=args.offline,
             codex_home=args.codex_home,
-            session_file=session_file,
+            session_file=prepared.session_file,
             model=args.model,
             offline_delay=args.offline_delay,
+            codex_bin=args.codex_bin,
         ) as (config, _model):
             progress.label("codex")
             progress.state("starting", "codex app-server")
@@ -205,9 +250,9 @@ async def _session(args: argparse.Namespace, progress: Progress) -> AsyncIterato
                 progress.clear()
                 yield _Turns(
                     args=args,
-                    session_file=session_file,
-                    session_id=session_id,
-                    workspace=workspace,
+                    session_file=prepared.session_file,
+                    session_id=prepared.session_id,
+                    workspace=prepared.workspace,
                     port=server,
                     engine=observed,
                     progress=progress,
@@ -227,14 +272,18 @@ async def _watch_interrupts(on_interrupt: Callable[[], None]) -> None:
 
 
 def run_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    """One turn; prints it (or its JSON with ``--json``). Exit 0 when completed."""
+    """One turn; prints it (or its JSON with ``--json``). Exit 0 when completed. A strict
+    turn whose engine broke the contract is still printed, then fails (exit 7)."""
     if not args.prompt.strip():
         raise UsageError("--prompt must not be empty")
-    progress = Progress(err, enabled=not args.quiet)
+    json_lines = args.log_format == "json"
+    prepared = _prepare(args)
+    progress = Progress(err, enabled=not args.quiet, json_lines=json_lines)
     outcome: dict[str, Any] = {}
 
     async def main() -> None:
-        async with _session(args, progress) as turns, anyio.create_task_group() as group:
+        async with _session(prepared, progress) as turns, anyio.create_task_group() as group:
+            outcome["turns"] = turns
 
             def interrupt() -> None:
                 if not turns.interrupt():
@@ -242,24 +291,62 @@ def run_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
             group.start_soon(_watch_interrupts, interrupt)
             result, interrupted = await turns.run(args.prompt)
-            outcome.update(result=result, interrupted=interrupted, turns=turns)
+            outcome.update(result=result, interrupted=interrupted)
             group.cancel_scope.cancel()
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except BaseException as error:
+        from codex_turn.harness.engine import EngineContractViolation
+
+        violation = _unwrap(error)
+        turns_: _Turns | None = outcome.get("turns")
+        if isinstance(violation, EngineContractViolation) and turns_ is not None:
+            if violation.result is not None:
+                _print_run(args, out, turns_, violation.result, violation)
+            raise violation from None
+        raise
     result = outcome.get("result")
     turns: _Turns | None = outcome.get("turns")
     if result is None or turns is None:
-        print("codex-turn run: interrupted before the turn began", file=err)
+        stderr_note(
+            err,
+            "codex-turn run: interrupted before the turn began",
+            json_lines=json_lines,
+            event="interrupted",
+        )
         return EXIT_INTERRUPTED
-    calls = turns.engine.take_calls() if turns.engine is not None else []
-    if args.json:
-        dump_json(turn_to_json(result, calls, session_file=turns.session_file), out)
-    else:
-        print(f"session {turns.session_file} (engine: {engine_label(turns.engine)})", file=out)
-        print_turn(out, "turn", result, calls)
+    _print_run(args, out, turns, result, None)
     if outcome.get("interrupted"):
         return EXIT_INTERRUPTED
     return EXIT_OK if result.outcome.value == "completed" else EXIT_NOT_OK
+
+
+def _print_run(
+    args: argparse.Namespace, out: IO[str], turns: _Turns, result: Any, violation: Any
+) -> None:
+    calls = turns.engine.take_calls() if turns.engine is not None else []
+    if args.json:
+        data = turn_to_json(result, calls, session_file=turns.session_file)
+        if violation is not None:
+            data["contractViolation"] = {
+                "engineId": violation.engine_id,
+                "method": violation.method,
+                "problem": violation.problem,
+                "later": violation.later,
+            }
+        dump_json(data, out)
+    else:
+        print(f"session {turns.session_file} (engine: {engine_label(turns.engine)})", file=out)
+        print_turn(out, "turn", result, calls)
+    out.flush()
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The one error inside task-group exception groups."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 # --- chat -----------------------------------------------------------------------------------
@@ -291,19 +378,47 @@ def _stdin_lines(token: anyio.lowlevel.EventLoopToken, send: Any) -> None:
         return
 
 
+async def _next_prompt(
+    receive: anyio.abc.ObjectReceiveStream[str], out: IO[str], *, interactive: bool
+) -> str | None:
+    """The next non-empty line of stdin; ``None`` at EOF or ``/quit``."""
+    while True:
+        if interactive:
+            print("you> ", end="", file=out, flush=True)
+        try:
+            line = await receive.receive()
+        except anyio.EndOfStream:
+            return None
+        prompt = line.strip()
+        if prompt in {"/quit", "/exit"}:
+            return None
+        if prompt:
+            return prompt
+
+
 def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    """Turns from stdin lines until EOF, ``/quit``, or Ctrl-C at the prompt (or twice)."""
-    progress = Progress(err, enabled=not args.quiet)
+    """Turns from stdin lines until EOF, ``/quit``, or Ctrl-C at the prompt (or twice).
+    Nothing is created (engine store, private Codex home) and Codex is not started until
+    the first prompt arrives: a chat that runs no turn leaves nothing behind."""
+    json_lines = args.log_format == "json"
+    prepared = _prepare(args)
+    progress = Progress(err, enabled=not args.quiet, json_lines=json_lines)
     interactive = sys.stdin.isatty()
-    state: dict[str, Any] = {"left": False, "failed": 0}
+    state: dict[str, Any] = {"left": False, "turns": None}
 
     async def main() -> None:
         send, receive = anyio.create_memory_object_stream[str](64)
-        async with _session(args, progress) as turns, anyio.create_task_group() as group:
+        async with anyio.create_task_group() as group:
 
             def interrupt() -> None:
-                if turns.interrupt():
-                    print("\n(interrupting the turn; Ctrl-C again to leave)", file=err, flush=True)
+                turns: _Turns | None = state["turns"]
+                if turns is not None and turns.interrupt():
+                    stderr_note(
+                        err,
+                        "\n(interrupting the turn; Ctrl-C again to leave)",
+                        json_lines=json_lines,
+                        event="interrupting",
+                    )
                     return
                 state["left"] = True
                 group.cancel_scope.cancel()
@@ -317,45 +432,39 @@ def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             )
             reader.start()
             print(
-                f"chat with {turns.session_file} (engine: {engine_label(turns.engine)}); "
+                f"chat with {prepared.session_file} (engine: {_engine_label(prepared)}); "
                 "empty line ignored, /quit or EOF leaves, Ctrl-C interrupts a turn",
                 file=out,
                 flush=True,
             )
             async with receive:
-                while True:
-                    if interactive:
-                        print("you> ", end="", file=out, flush=True)
-                    try:
-                        line = await receive.receive()
-                    except anyio.EndOfStream:
-                        break
-                    prompt = line.strip()
-                    if not prompt:
-                        continue
-                    if prompt in {"/quit", "/exit"}:
-                        break
-                    result, interrupted = await turns.run(prompt)
-                    calls = turns.engine.take_calls() if turns.engine is not None else []
-                    if result is not None:
-                        title = f"turn {turns.count}"
-                        print_turn(out, title, result, calls, timings=args.verbose > 0)
-                        if result.outcome.value != "completed":
-                            state["failed"] += 1
-                    if interrupted:
-                        print(
-                            f"(turn {turns.count} interrupted and saved; "
-                            "type the next prompt, or Ctrl-C to leave)",
-                            file=out,
-                            flush=True,
-                        )
-                    if turns.scope is None and state["left"]:
-                        break
-                    out.flush()
+                prompt = await _next_prompt(receive, out, interactive=interactive)
+                if prompt is not None:
+                    async with _session(prepared, progress) as turns:
+                        state["turns"] = turns
+                        while prompt is not None:
+                            await _chat_turn(turns, prompt, out)
+                            if turns.scope is None and state["left"]:
+                                break
+                            prompt = await _next_prompt(receive, out, interactive=interactive)
             group.cancel_scope.cancel()
 
     anyio.run(main)
     if state["left"]:
-        print("(left)", file=err)
+        stderr_note(err, "(left)", json_lines=json_lines, event="left")
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+async def _chat_turn(turns: _Turns, prompt: str, out: IO[str]) -> None:
+    result, interrupted = await turns.run(prompt)
+    calls = turns.engine.take_calls() if turns.engine is not None else []
+    if result is not None:
+        print_turn(out, f"turn {turns.count}", result, calls, timings=turns.args.verbose > 0)
+    if interrupted:
+        print(
+            f"(turn {turns.count} interrupted and saved; type the next prompt, or Ctrl-C to leave)",
+            file=out,
+            flush=True,
+        )
+    out.flush()

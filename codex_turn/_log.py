@@ -308,7 +308,10 @@ class ScrubbingLogger:
         """The bound fields, scrubbed once per set of sensitive values (not at bind time)."""
         cached = self._scrubbed
         if cached is None or cached[0] != values:
-            cached = self._scrubbed = (values, _scrub(self._context))
+            context = _scrub(self._context)
+            if "event" in context:  # a bound ``event`` never replaces the event's own name
+                context[_free_name("event", context)] = context.pop("event")
+            cached = self._scrubbed = (values, context)
         return cached[1]
 
     def is_enabled_for(self, level: int) -> bool:
@@ -389,13 +392,30 @@ class _LineFormatter(logging.Formatter):
         fields = msg if isinstance(msg, _Event) else {"event": record.getMessage()}
         when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
         level = record.levelname.lower()
-        event_dict = {
+        event_dict: dict[str, Any] = {
             "timestamp": when.isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "level": level,
             "logger": record.name,
-            **fields,
         }
+        for key, value in fields.items():
+            if key in _FORMATTER_KEYS:
+                key = _free_name(key, fields, event_dict)
+            event_dict[key] = value
         return str(self._render(None, level, event_dict))
+
+
+#: The keys the formatter writes itself (``event`` is the event's own, set by the logger).
+_FORMATTER_KEYS: Final = frozenset({"timestamp", "level", "logger"})
+#: What a field named like a reserved key is renamed with (``level`` -> ``field_level``).
+_CLASH_PREFIX: Final = "field_"
+
+
+def _free_name(key: str, *taken: dict[str, Any]) -> str:
+    """``key`` prefixed with :data:`_CLASH_PREFIX` until no dict in ``taken`` holds it."""
+    key = _CLASH_PREFIX + key
+    while any(key in names for names in taken):
+        key = _CLASH_PREFIX + key
+    return key
 
 
 def configure_logging(
@@ -406,10 +426,11 @@ def configure_logging(
     """Show codex-turn's logs: events at ``level`` and up, one line each, on ``stream``.
 
     ``format="json"``: one JSON object per line (``timestamp``, ``level``, ``logger``,
-    ``event`` and the event's structured fields); ``"console"``: structlog's human-readable
-    rendering (colours only on a terminal). ``level``: a name (``"DEBUG"``, ``"info"`` ...)
-    or a number (``logging.WARNING``). ``stream`` defaults to ``sys.stderr``, so a host's
-    stdout stays its own.
+    ``event`` and the event's structured fields; a field named like one of those four keeps
+    its value as ``field_<name>``, never replacing them); ``"console"``: structlog's
+    human-readable rendering (colours only on a terminal). ``level``: a name (``"DEBUG"``,
+    ``"info"`` ...) or a number (``logging.WARNING``). ``stream`` defaults to ``sys.stderr``,
+    so a host's stdout stays its own.
 
     It touches only the standard-library ``codex_turn`` logger (its level, and one handler,
     replaced by a second call): never structlog's global configuration nor the root logger.

@@ -32,6 +32,7 @@ from codex_turn._cli_support import (
     EXIT_SOFTWARE,
     EXIT_USAGE,
     UsageError,
+    add_codex_bin_option,
     close_engine,
     configure_cli_logging,
     exit_code_for,
@@ -41,6 +42,7 @@ from codex_turn._cli_support import (
     resolve_engine,
     session_header,
     session_identity,
+    stderr_note,
 )
 
 __all__ = ["main"]
@@ -49,7 +51,8 @@ Command = Callable[[argparse.Namespace, IO[str], IO[str]], int]
 
 EPILOG = """exit status: 0 ok; 1 the command ran but its result is not ok (a turn that did not
 complete, a compaction that failed, doctor problems); 2 usage (a flag, a value, an engine
-spec); 3 an input is missing or unreadable (session file, trace file); 4 Codex needs a login
+spec); 3 an input is missing, unreadable or malformed (a session file that is not a
+transcript, a trace file, the session's directory, --codex-home); 4 Codex needs a login
 (`codex login`); 5 Codex failed (binary missing, app-server start, crash, timeout); 6 the
 session is busy (another turn, compaction or lock holder); 7 the engine broke its contract
 (--strict); 70 an unexpected error (a defect; -v shows the traceback); 130 Ctrl-C."""
@@ -131,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: a new directory under the system's temp dir)",
     )
     demo.add_argument("--json", action="store_true", help="print the turns as JSON")
+    add_codex_bin_option(demo)
 
     run = sub(
         "run",
@@ -156,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         "what the next turn would see, decide and send (or a recorded trace's path)",
         "Without running a turn: the messages an engine would see, the thread binding, the "
         "thread decision the next turn would take and the projection Codex would receive. "
+        "The engine bootstraps and assembles as the next turn would (so the reference "
+        "engine's store may catch up with the transcript); its store is used only when it "
+        "exists: inspect never creates one. "
         "With --trace FILE (the output of `run --json`): the path that turn took through "
         "the turn machine, each step checked against the table.",
     )
@@ -163,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--engine",
         metavar="SPEC|sqlite|none",
-        help="default: the reference engine when its store is next to the session, else none",
+        help="default: the reference engine when its store is next to the session, else none "
+        "('sqlite' too uses only an existing store: inspect creates none)",
     )
     inspect.add_argument("--prompt", default="(your next prompt)", help="the next prompt")
     inspect.add_argument("--session-id")
@@ -185,9 +193,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--offline", action="store_true", help="check the private home `--offline` uses"
     )
     doctor.add_argument("--repair", action="store_true", help="repair the engine store")
+    add_codex_bin_option(doctor)
     doctor.add_argument("--json", action="store_true")
 
     _add_compact_parser(sub)
+
+    worker = sub(
+        "worker",
+        "run queued turns (codex_turn.scale, extra `scale`) until SIGTERM, then drain",
+        "Run the turns queued in the DBOS system database URL (sqlite:///FILE or "
+        "postgresql://...; codex_turn.scale.TurnQueue submits them), one app-server per "
+        "worker. SIGTERM or Ctrl-C: no new turn is taken, the turns in flight finish (at "
+        "most --drain-timeout s), exit 0; a second signal leaves at once.",
+    )
+    worker.add_argument("--db", required=True, metavar="URL", help="the DBOS system database")
+    worker.add_argument("--codex-home", help="default: $CODEX_HOME, else ~/.codex")
+    worker.add_argument(
+        "--offline", action="store_true", help="a private home next to the database, local model"
+    )
+    worker.add_argument("--offline-delay", type=non_negative_float, default=0.0, metavar="S")
+    worker.add_argument("--engine", metavar="SPEC|sqlite|none", help="default: sqlite")
+    worker.add_argument("--model", help="the Codex model (default: your config's)")
+    worker.add_argument("--executor-id", default="local", help="this worker's name in the db")
+    worker.add_argument("--drain-timeout", type=non_negative_float, default=60.0, metavar="S")
+    add_codex_bin_option(worker)
 
     diagrams = sub("diagrams", "render the state diagrams from the tables")
     diagrams.add_argument(
@@ -203,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Point at the help of the command the flag was given to, not the top level's.
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.verbose = getattr(args, "verbose", 0) or 0
     args.quiet = bool(getattr(args, "quiet", False))
     args.log_format = getattr(args, "log_format", "console")
@@ -213,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return command(args, out, err)
     except KeyboardInterrupt:
-        print(f"codex-turn {args.command}: interrupted", file=err)
+        stderr_note(
+            err,
+            f"codex-turn {args.command}: interrupted",
+            json_lines=args.log_format == "json",
+            event="interrupted",
+        )
         return EXIT_INTERRUPTED
     except BaseException as error:
         from codex_turn.errors import CodexTurnError
@@ -221,19 +258,43 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, SystemExit | GeneratorExit):
             raise
         error = _unwrap(error)
+        json_lines = args.log_format == "json"
         if isinstance(error, CodexTurnError):
-            print(f"codex-turn {args.command}: {_one_line(error)}", file=err)
+            code = exit_code_for(error)
+            stderr_note(
+                err,
+                f"codex-turn {args.command}: {_one_line(error)}",
+                json_lines=json_lines,
+                event="error",
+                level="error",
+                error=type(error).__name__,
+                exitCode=code,
+            )
             if args.verbose > 1:
                 traceback.print_exception(error, file=err)
-            return exit_code_for(error)
-        print(
+            return code
+        stderr_note(
+            err,
             f"codex-turn {args.command}: unexpected error: {type(error).__name__}: "
             f"{_one_line(error)}" + ("" if args.verbose else " (-v shows the traceback)"),
-            file=err,
+            json_lines=json_lines,
+            event="error",
+            level="error",
+            error=type(error).__name__,
+            exitCode=EXIT_SOFTWARE,
         )
         if args.verbose:
             traceback.print_exception(error, file=err)
         return EXIT_SOFTWARE
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            child = action.choices.get(command)
+            if isinstance(child, argparse.ArgumentParser):
+                return child
+    return parser
 
 
 def _unwrap(error: BaseException) -> BaseException:
@@ -259,6 +320,8 @@ def _demo(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         err=err,
         progress=not args.quiet,
         as_json=args.json,
+        codex_bin=args.codex_bin,
+        json_lines=args.log_format == "json",
     )
 
 
@@ -284,6 +347,14 @@ def _doctor(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from codex_turn._cli_inspect import doctor_command
 
     return doctor_command(args, out, err)
+
+
+def _worker(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    try:
+        from codex_turn.scale._cli import worker_command
+    except ImportError as error:
+        raise UsageError(str(error)) from error  # the `scale` extra is not installed
+    return worker_command(args, out, err)
 
 
 # --- diagrams -------------------------------------------------------------------------------
@@ -376,6 +447,10 @@ def _add_compact_parser(sub: Callable[..., argparse.ArgumentParser]) -> None:
         action="store_true",
         help="engine contract violations are errors (exit 7), not logged fallbacks",
     )
+    compact.add_argument(
+        "--json", action="store_true", help="print the result as JSON (always the case)"
+    )
+    add_codex_bin_option(compact)
 
 
 def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -384,8 +459,8 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     import anyio
 
-    from codex_turn._cli_support import codex_config, dump_json
-    from codex_turn.harness.appserver import AppServer, AppServerConfig
+    from codex_turn._cli_support import codex_binary, codex_config, dump_json, user_codex_home
+    from codex_turn.harness.appserver import AppServer, AppServerConfig, AppServerStartError
     from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
     from codex_turn.harness.engine import to_json
 
@@ -410,14 +485,28 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         model=args.model,
         strict=args.strict,
     )
+    if args.codex_home and not args.offline and not args.model_base_url:
+        user_codex_home(args.codex_home)  # a typo is refused before the engine compacts
     engine = resolve_engine(args.engine, session_file, create=False)
+    #: Codex could not be run when native compaction needed it (a missing binary): the
+    #: compaction reports it, and the command fails with it (exit 5) even when the engine's
+    #: part succeeded.
+    unavailable: list[BaseException] = []
 
     @contextlib.asynccontextmanager
     async def app_server(auth_profile_id: str | None) -> AsyncIterator[AppServer]:
         # Started only when native compaction really runs (a binding exists).
+        try:
+            binary = codex_binary(args.codex_bin)
+        except AppServerStartError as error:
+            unavailable.append(error)
+            raise
         if args.model_base_url:
             config = AppServerConfig.offline(
-                args.codex_home, args.model_base_url, model=args.model or "mock-model"
+                args.codex_home,
+                args.model_base_url,
+                model=args.model or "mock-model",
+                codex_bin=binary,
             )
             async with AppServer.start(config) as server:
                 yield server
@@ -427,6 +516,7 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             codex_home=args.codex_home,
             session_file=session_file,
             model=args.model,
+            codex_bin=args.codex_bin,
         ) as (config, _model):
             async with AppServer.start(config) as server:
                 yield server
@@ -441,6 +531,8 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     finally:
         close_engine(engine)
     dump_json(to_json(result), out)
+    if unavailable:
+        raise unavailable[0]
     return EXIT_OK if result.ok else EXIT_NOT_OK
 
 
@@ -452,6 +544,7 @@ COMMANDS: dict[str, Command] = {
     "doctor": _doctor,
     "compact": _compact,
     "diagrams": _diagrams,
+    "worker": _worker,
 }
 
 if __name__ == "__main__":

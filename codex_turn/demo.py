@@ -7,19 +7,27 @@ prints the count). The context engine is the embedded default, the reference
 :class:`~codex_turn.engines.SqliteContextEngine` with its store next to the transcript (with
 small budgets, so that a compaction of a short conversation has something to summarise).
 
-Three turns (the second calls a dynamic tool), then a compaction of the session (the engine
-compacts its memory, which starts a new context epoch; Codex compacts the thread natively),
-then a fourth turn: it rotates to a fresh thread that receives the compacted context
-(``context projected: True``). Per turn the demo prints the thread decision and why, whether
-context was projected, the engine calls, the time per state and the reply, with the state
-being executed live on stderr. It ends by printing where the transcript, the engine store and
-the rendered diagrams are (kept in ``--out DIR``, else a new temporary directory).
+Three turns, then a compaction of the session (the engine compacts its memory, which starts
+a new context epoch; Codex compacts the thread natively), then a fourth turn: it rotates to a
+fresh thread that receives the compacted context (``context projected: True``), and the demo
+prints an excerpt of what Codex sent the model on it: the engine's summary, framed before the
+prompt. The stand-in model's last answer is computed from that request (what it was sent),
+not scripted. Per turn the demo prints the thread decision and why, whether context was
+projected, the engine calls, the time per state and the reply, with the state being executed
+live on stderr. It ends by printing where the transcript, the engine store and the rendered
+diagrams are (kept in ``--out DIR``, else a new temporary directory).
+
+The demo's turns register no dynamic tools, as ``codex-turn run`` and ``chat`` register none:
+the conversation goes on from the command line (``codex-turn chat SESSION --offline``) on the
+same thread (Codex freezes a thread's dynamic tools, so a tool-less turn on a tooled thread
+would take a transient thread instead).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -39,7 +47,7 @@ from codex_turn._cli_support import (
     turn_to_json,
 )
 from codex_turn.engines import EngineSettings, SqliteContextEngine
-from codex_turn.harness.appserver import AppServer, AppServerConfig, DynamicTool
+from codex_turn.harness.appserver import AppServer, AppServerConfig
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 from codex_turn.harness.engine import to_json
 from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
@@ -48,24 +56,9 @@ from codex_turn.testing import OfflineModel, Reply
 __all__ = ["DEMO_SETTINGS", "PROMPTS", "run_demo"]
 
 
-async def _weather(arguments: dict[str, Any]) -> str:
-    return f"{arguments.get('city', 'somewhere')}: 21 C, clear"
-
-
-WEATHER = DynamicTool(
-    name="lookup_weather",
-    description="Current weather for a city.",
-    input_schema={
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-    fn=_weather,
-)
-
 PROMPTS: Sequence[str] = (
-    "Hi! Please remember that my favourite city is Lisbon, and that I travel there in May.",
-    "What is the weather in my favourite city?",
+    "Lisbon is my favourite city, and I travel there in May. Please remember that.",
+    "I would like to ride the old trams and see the castle there.",
     "Thanks. Summarise what we talked about.",
 )
 AFTER_COMPACTION = "Which city did I say was my favourite, and when do I travel?"
@@ -83,6 +76,10 @@ DEMO_SETTINGS = EngineSettings(
 COMPACTION_BUDGET = 120  # tokens
 
 
+FRAME_LINES = 18  # the excerpt of a projected turn input the demo prints
+LINE_CHARS = 96
+
+
 def _model_line(request: Any) -> str:
     return (
         f"  model was sent: {len(request.developer_parts)} developer parts, "
@@ -90,23 +87,64 @@ def _model_line(request: Any) -> str:
     )
 
 
+def _received_excerpt(request: Any) -> list[str]:
+    """The turn input Codex sent the model (its last user message: the engine's context
+    framed before the prompt), shortened for the terminal."""
+    lines = [line for line in request.last_user_text.splitlines() if line.strip()]
+    shown = [
+        "    | " + (line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "\u2026")
+        for line in lines[:FRAME_LINES]
+    ]
+    if len(lines) > FRAME_LINES:
+        shown.append(f"    | ... {len(lines) - FRAME_LINES} more lines")
+    return [
+        "  Codex received (the turn input it sent the model, an excerpt): the engine's "
+        "compacted context, framed before the prompt",
+        *shown,
+    ]
+
+
+def answer_from_request(request: Any) -> str:
+    """The stand-in model's answer to the last turn, computed from what it was sent: which
+    facts of turn 1 the engine's summaries in its request carry, and which the rest does."""
+    sent = request.last_user_text
+    summaries = re.findall(r"<summary\b.*?</summary>", sent, flags=re.DOTALL)
+    summarised = " ".join(summaries)
+    rest = re.sub(r"<summary\b.*?</summary>", "", sent, flags=re.DOTALL)
+    found = [
+        f"{word} (in {'the engine summary' if word in summarised else 'the recent messages'})"
+        for word in ("Lisbon", "May")
+        if word in summarised or word in rest
+    ]
+    if not found:
+        return "(stand-in model) my request carries neither the city nor the month."
+    held = f"{len(summaries)} engine summar{'y' if len(summaries) == 1 else 'ies'}"
+    return (
+        f"(stand-in model, answering from its request: {held}, {len(sent)} characters) "
+        + ", ".join(found)
+    )
+
+
 async def _main(
-    workdir: Path, out: IO[str], progress: Progress, as_json: bool
+    workdir: Path, out: IO[str], progress: Progress, as_json: bool, codex_bin: Path
 ) -> tuple[int, dict[str, Any]]:
     report: dict[str, Any] = {"directory": str(workdir), "turns": []}
     model = OfflineModel().start()
     try:
-        model.script(Reply.echo())
-        model.script(Reply.function_call("lookup_weather", {"city": "Lisbon"}), Reply.echo())
-        model.script(Reply.fixed("We talked about Lisbon, your May trip, and its weather."))
-        model.script(Reply.fixed("Lisbon; you travel there in May."))
+        model.script(Reply.echo(), Reply.echo())
+        model.script(Reply.fixed("We talked about Lisbon, your trip there in May, its trams."))
+        model.script(Reply.computed(answer_from_request))
         session_file = workdir / "session.jsonl"
         # The private Codex home `run --offline` and `chat --offline` use for this session:
         # the conversation can go on from the command line, on the same thread.
         home = offline_home_for(str(session_file))
         home.mkdir(mode=0o700, exist_ok=True)
         config = AppServerConfig.offline(
-            home / "codex-home", model.base_url, env=model.proxy_env(), home=home
+            home / "codex-home",
+            model.base_url,
+            env=model.proxy_env(),
+            home=home,
+            codex_bin=codex_bin,
         )
         workspace = workdir / "workspace"
         workspace.mkdir(exist_ok=True)
@@ -119,7 +157,6 @@ async def _main(
         def params(prompt: str) -> TurnParams:
             return TurnParams(
                 session_id="demo-session",
-                session_key="agent:demo:main",
                 session_file=session_file,
                 workspace_dir=workspace,
                 prompt=prompt,
@@ -134,20 +171,26 @@ async def _main(
                     params(prompt),
                     app_server=server,
                     engine=engine,
-                    tools=[WEATHER],
                     hooks=progress_hooks(progress),
                 )
             finally:
                 progress.clear()
             results.append(result)
             calls = engine.take_calls()
+            request = model.turn_requests()[-1]
             report["turns"].append(
-                {"prompt": prompt, **turn_to_json(result, calls, session_file=str(session_file))}
+                {
+                    "prompt": prompt,
+                    **turn_to_json(result, calls, session_file=str(session_file)),
+                    "modelReceived": request.last_user_text,
+                }
             )
             if not as_json:
                 print(f"\nyou: {prompt}", file=out)
                 print_turn(out, f"turn {index}", result, calls)
-                print(_model_line(model.turn_requests()[-1]), file=out, flush=True)
+                print(_model_line(request), file=out, flush=True)
+                if result.projected:
+                    print("\n".join(_received_excerpt(request)), file=out, flush=True)
 
         progress.label("codex")
         progress.state("starting", "codex app-server")
@@ -164,7 +207,6 @@ async def _main(
                         session_id="demo-session",
                         session_file=str(session_file),
                         workspace_dir=str(workspace),
-                        session_key="agent:demo:main",
                         token_budget=COMPACTION_BUDGET,
                     ),
                     app_server=server,
@@ -301,11 +343,13 @@ def run_demo(
     err: IO[str] | None = None,
     progress: bool = True,
     as_json: bool = False,
+    codex_bin: str | None = None,
+    json_lines: bool = False,
 ) -> int:
     """Run the demo in ``out_dir`` (default: a new temporary directory, kept)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    codex_binary()  # without the `codex` extra: one typed error, before anything starts
+    binary = codex_binary(codex_bin)  # no binary: one typed error, before anything starts
     if out_dir is None:
         workdir = Path(tempfile.mkdtemp(prefix="codex-turn-demo-"))
     else:
@@ -315,7 +359,8 @@ def run_demo(
 
             raise UsageError(f"--out {out_dir}: it already holds a demo (session.jsonl)")
         workdir.mkdir(parents=True, exist_ok=True)
-    code, report = anyio.run(_main, workdir, out, Progress(err, enabled=progress), as_json)
+    shown = Progress(err, enabled=progress, json_lines=json_lines)
+    code, report = anyio.run(_main, workdir, out, shown, as_json, binary)
     if as_json:
         dump_json(report, out)
     return code

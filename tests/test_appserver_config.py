@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -34,7 +35,12 @@ from codex_turn.harness.appserver.config import (
     render_toml,
     toml_value,
 )
-from codex_turn.harness.appserver.errors import AppServerStartError, CodexHomeNotPrivate
+from codex_turn.harness.appserver.errors import (
+    AppServerError,
+    AppServerStartError,
+    CodexHomeNotPrivate,
+    InvalidAppServerConfig,
+)
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SCALARS = st.one_of(st.text(), INT64, st.booleans(), st.floats(allow_nan=False))
@@ -354,3 +360,190 @@ def test_a_config_toml_appearing_during_the_write_is_not_clobbered(
         config.write()
         assert tomllib.loads((home / "config.toml").read_text())["model"] == "mine"
     assert [p.name for p in home.iterdir()] == ["config.toml"]  # no temporary file left
+
+
+# --- validation at construction ---------------------------------------------------------------
+
+SECRET_URL = "https://user:sk-secretsecretsecret@example.com/v1"
+BAD_APPSERVER_VALUES: list[tuple[str, Any]] = [
+    ("codex_home", None),
+    ("codex_home", ""),
+    ("write_config", "yes"),
+    ("provider", {"base_url": "http://127.0.0.1:1/v1"}),
+    ("model", ""),
+    ("model", 3),
+    ("approval_policy", "sometimes"),
+    ("sandbox_mode", "readonly"),
+    ("compact_prompt", 1),
+    ("auto_compact_token_limit", 0),
+    ("auto_compact_token_limit", True),
+    ("extra_config", [("x", 1)]),
+    ("config_overrides", None),
+    ("codex_bin", ""),
+    ("codex_bin", 1),
+    ("command", ()),
+    ("command", "codex app-server"),
+    ("command", ("codex", None)),
+    ("home", 1),
+    ("env", {"TOKEN": 1}),
+    ("env", {"A=B": "x"}),
+    ("env", ["TOKEN"]),
+    ("inherit_env", None),
+    ("rust_log", 1),
+    ("client_name", ""),
+    ("client_title", None),
+    ("client_version", " "),
+    ("experimental_api", 1),
+    ("request_timeout", -1),
+    ("request_timeout", 0),
+    ("request_timeout", float("inf")),
+    ("request_timeout", float("nan")),
+    ("request_timeout", "60"),
+    ("request_timeout", True),
+    ("initialize_timeout", 0),
+    ("shutdown_timeout", -5.0),
+    ("stderr_lines_per_second", 0),
+    ("stderr_burst", 0),
+    ("stderr_burst", 2.5),
+    ("log_stderr_text", "no"),
+    ("interrupt_grace", -1),
+    ("interrupt_grace", float("inf")),
+    ("liveness_timeout", 0),
+    ("umask", -1),
+    ("umask", 0o1000),
+    ("umask", "077"),
+    ("login_check", "auto"),
+]
+
+
+def appserver_config(**kwargs: Any) -> AppServerConfig:
+    return AppServerConfig(**{"codex_home": "/nonexistent/home", **kwargs})
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_APPSERVER_VALUES)
+def test_a_bad_appserver_config_field_is_refused_at_construction(field: str, value: Any) -> None:
+    with pytest.raises(InvalidAppServerConfig) as raised:
+        appserver_config(**{field: value})
+    error = raised.value
+    assert isinstance(error, ValueError)
+    assert isinstance(error, AppServerError)
+    assert isinstance(error, CodexTurnError)
+    assert len(error.problems) == 1
+    assert error.problems[0].startswith(f"AppServerConfig.{field}: "), error.problems
+
+
+def test_every_appserver_config_field_is_checked() -> None:
+    assert {field for field, _ in BAD_APPSERVER_VALUES} == set(attrs.fields_dict(AppServerConfig))
+    assert {field for field, _ in BAD_PROVIDER_VALUES} == set(
+        attrs.fields_dict(ModelProviderConfig)
+    )
+
+
+def test_a_negative_request_timeout_is_refused_by_every_constructor(tmp_path: Path) -> None:
+    makers: list[Callable[[], AppServerConfig]] = [
+        lambda: appserver_config(request_timeout=-1),
+        lambda: AppServerConfig.offline(tmp_path, "http://127.0.0.1:1/v1", request_timeout=-1),
+        lambda: AppServerConfig.user(tmp_path, request_timeout=-1),
+        lambda: attrs.evolve(appserver_config(), request_timeout=-1),
+    ]
+    for make in makers:
+        with pytest.raises(InvalidAppServerConfig, match=r"AppServerConfig\.request_timeout"):
+            make()
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_bad_field_has_one_message_and_no_value_is_echoed() -> None:
+    secret = "sk-" + "s3cret" * 6
+    with pytest.raises(InvalidAppServerConfig) as raised:
+        appserver_config(
+            request_timeout=-1,
+            interrupt_grace=-1,
+            env={"OPENAI_API_KEY": secret.encode()},
+            rust_log=object(),
+            client_name=secret[:0],
+        )
+    problems = raised.value.problems
+    assert [problem.split(":")[0] for problem in problems] == [
+        "AppServerConfig.env",
+        "AppServerConfig.rust_log",
+        "AppServerConfig.client_name",
+        "AppServerConfig.request_timeout",
+        "AppServerConfig.interrupt_grace",
+    ]
+    assert str(raised.value) == "; ".join(problems)
+    assert "s3cret" not in str(raised.value)
+    assert "-1" not in str(raised.value)
+
+
+BAD_PROVIDER_VALUES: list[tuple[str, Any]] = [
+    ("base_url", "not a url"),
+    ("base_url", "ftp://example.com/v1"),
+    ("base_url", "http://"),
+    ("base_url", "http://[::1/v1"),
+    ("base_url", "http://example.com:99999/v1"),
+    ("base_url", "http://exa mple.com/v1"),
+    ("base_url", None),
+    ("id", ""),
+    ("id", None),
+    ("name", 1),
+    ("wire_api", "chat"),
+    ("env_key", ""),
+    ("env_key", "A=B"),
+    ("request_max_retries", -1),
+    ("request_max_retries", 1.5),
+    ("stream_max_retries", -1),
+    ("stream_max_retries", False),
+    ("stream_idle_timeout_ms", 0),
+    ("stream_idle_timeout_ms", 1.5),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_PROVIDER_VALUES)
+def test_a_bad_model_provider_field_is_refused_at_construction(field: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {"base_url": "http://127.0.0.1:1/v1", field: value}
+    with pytest.raises(InvalidAppServerConfig) as raised:
+        ModelProviderConfig(**kwargs)
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.problems == (raised.value.problems[0],)
+    assert raised.value.problems[0].startswith(f"ModelProviderConfig.{field}: ")
+
+
+def test_a_base_url_with_credentials_is_never_echoed() -> None:
+    with pytest.raises(InvalidAppServerConfig) as raised:
+        ModelProviderConfig(base_url=SECRET_URL.replace("https", "gopher"))
+    assert "secret" not in str(raised.value)
+    assert "example.com" not in str(raised.value)
+    with pytest.raises(InvalidAppServerConfig, match="base_url"):
+        AppServerConfig.offline("/nonexistent/home", "not a url")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"request_timeout": 0.001, "initialize_timeout": 1, "shutdown_timeout": 0.5},
+        {"interrupt_grace": 0, "liveness_timeout": 0.3, "stderr_burst": 1},
+        {"umask": None, "login_check": True, "model": None, "command": ("python3", "-u")},
+        {"umask": 0, "codex_bin": "/usr/bin/codex", "home": Path("/h"), "env": {"A": ""}},
+        {"approval_policy": "on-request", "sandbox_mode": "workspace-write"},
+        {"auto_compact_token_limit": 1000, "rust_log": "debug", "compact_prompt": ""},
+    ],
+)
+def test_good_appserver_configs_are_accepted(kwargs: dict[str, Any]) -> None:
+    config = appserver_config(**kwargs)
+    for name, value in kwargs.items():
+        assert getattr(config, name) == value
+
+
+def test_good_model_providers_are_accepted() -> None:
+    for url in ("http://127.0.0.1:1/v1", "https://api.example.com", "HTTPS://[::1]:8080/v1"):
+        assert ModelProviderConfig(base_url=url).base_url == url
+    provider = ModelProviderConfig(
+        base_url="https://x.example/v1",
+        id=f"prov {EMOJI}",
+        env_key="MY_KEY",
+        request_max_retries=3,
+        stream_max_retries=0,
+        stream_idle_timeout_ms=1,
+    )
+    assert provider.table()["env_key"] == "MY_KEY"

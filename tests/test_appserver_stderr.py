@@ -71,7 +71,7 @@ async def _drained_stderr_records(tmp_path: Path, **config: Any) -> list[Mutable
 async def test_stderr_text_is_not_logged_by_default(tmp_path: Path) -> None:
     with capture_logs() as everything:
         records = await _drained_stderr_records(tmp_path)
-    assert [r["level"] for r in records] == EXPECTED_LEVELS
+    assert [r["codex_level"] for r in records] == EXPECTED_LEVELS
     assert [r["chars"] for r in records] == [len(line) for line in STDERR_LINES]
     assert {r["log_level"] for r in records} == {"debug"}
     assert all("line" not in r for r in records)
@@ -80,7 +80,7 @@ async def test_stderr_text_is_not_logged_by_default(tmp_path: Path) -> None:
 
 async def test_stderr_text_is_logged_redacted_on_opt_in(tmp_path: Path) -> None:
     records = await _drained_stderr_records(tmp_path, log_stderr_text=True)
-    assert [r["level"] for r in records] == EXPECTED_LEVELS
+    assert [r["codex_level"] for r in records] == EXPECTED_LEVELS
     assert [r["log_level"] for r in records] == ["warning", "info", "info", "warning", "info"]
     lines = [r["line"] for r in records]
     assert "PRIVATE_PROMPT_91" in lines[0]

@@ -23,7 +23,11 @@ ENTRY_POINT = Path(sys.executable).with_name("codex-turn")
 
 
 def run_cli(
-    *args: str, cwd: Path, entry_point: bool = False, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    entry_point: bool = False,
+    env: dict[str, str] | None = None,
+    input: str = "",
 ) -> subprocess.CompletedProcess[str]:
     command = [str(ENTRY_POINT)] if entry_point else [sys.executable, "-m", "codex_turn"]
     return subprocess.run(
@@ -34,7 +38,22 @@ def run_cli(
         timeout=120,
         check=False,
         env=env,
+        input=input,
     )
+
+
+def without_codex(tmp_path: Path) -> dict[str, str]:
+    """An environment with no Codex binary: the pinned package shadowed by one that fails to
+    import, and no `codex` on PATH."""
+    shadow = tmp_path / "shadow" / "codex_cli_bin"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('simulated: not installed')\n")
+    path = os.pathsep.join(
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not (Path(d) / "codex").exists()
+    )
+    return dict(os.environ, PYTHONPATH=str(shadow.parent), PATH=path)
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], code: int, needle: str) -> None:
@@ -70,6 +89,27 @@ def write_session(path: Path, *texts: str) -> Path:
     return path
 
 
+def remember_in_store(session: Path) -> None:
+    """One message in the reference engine's store next to ``session`` (creating it)."""
+    import anyio
+
+    from codex_turn.engines import SqliteContextEngine
+    from codex_turn.harness.engine import IngestParams
+
+    async def remember() -> None:
+        engine = SqliteContextEngine.next_to(session)
+        await engine.ingest(
+            IngestParams(
+                session_id=session.stem,
+                session_key=None,
+                message={"role": "user", "content": "hello", "timestamp": 1},
+            )
+        )
+        engine.close()
+
+    anyio.run(remember)
+
+
 ENGINE_MODULE = """
 from codex_turn.testing import RecordingEngine
 
@@ -82,6 +122,9 @@ class CloseFails(RecordingEngine):
 
 
 broken = CloseFails(engine_id="broken-close")
+
+# assemble() returns None: a contract violation (a logged fallback; --strict: exit 7).
+bad_assemble = RecordingEngine(engine_id="bad-assemble", responses={"assemble": lambda p: None})
 """
 
 
@@ -122,6 +165,24 @@ def test_version_and_help_list_every_command(
 def test_unknown_commands_and_missing_arguments_are_usage_errors(tmp_path: Path) -> None:
     one_line_error(run_cli("bogus", cwd=tmp_path), 2, "invalid choice: 'bogus'")
     one_line_error(run_cli("run", "s.jsonl", cwd=tmp_path), 2, "--prompt")
+
+
+def test_an_unknown_flag_points_to_the_help_of_its_command(tmp_path: Path) -> None:
+    # Review of issue 17: it pointed to `codex-turn --help`, which does not list the flag.
+    done = run_cli("run", "s.jsonl", "--prompt", "hi", "--bogus", cwd=tmp_path)
+    one_line_error(done, 2, "unrecognized arguments: --bogus (see codex-turn run --help)")
+    done = run_cli("inspect", "--trace", "t.json", "--nope", cwd=tmp_path)
+    one_line_error(done, 2, "(see codex-turn inspect --help)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_with_json_logs_the_commands_own_stderr_lines_are_json_too(tmp_path: Path) -> None:
+    done = run_cli("inspect", "missing.jsonl", "--log-format", "json", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (3, "")
+    (line,) = done.stderr.splitlines()
+    error = json.loads(line)
+    assert (error["event"], error["level"], error["exitCode"]) == ("error", "error", 3)
+    assert "no such session file" in error["message"]
 
 
 def test_the_exit_code_table_maps_library_errors_by_family() -> None:
@@ -218,15 +279,13 @@ def test_unexpected_errors_are_one_line_and_a_traceback_only_with_v(tmp_path: Pa
 
 def test_without_the_codex_extra_every_codex_command_is_one_typed_line(tmp_path: Path) -> None:
     # Issue 17: the demo printed a 60-line traceback and raised a bare FileNotFoundError.
-    shadow = tmp_path / "shadow" / "codex_cli_bin"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('simulated: not installed')\n")
-    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    env = without_codex(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
     for args in (("demo",), ("run", "s.jsonl", "--prompt", "hi", "--offline")):
         done = run_cli(*args, cwd=work, env=env)
         one_line_error(done, 5, "pip install 'codex-turn[codex]'")
+        assert "--codex-bin PATH" in done.stderr  # and how to use one's own binary
     doctor = run_cli("doctor", "--json", cwd=work, env=env)
     assert doctor.returncode == 1
     checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
@@ -244,9 +303,11 @@ def test_inspect_shows_what_the_next_turn_would_see_and_decide(tmp_path: Path) -
     assert "engine: none (plain Codex)" in text.stdout
     assert "next turn's thread decision: start (missing-thread-binding)" in text.stdout
     assert not (tmp_path / "context.sqlite").exists()
+    remember_in_store(session)  # the store a first turn would create
     done = run_cli("inspect", str(session), "--engine", "sqlite", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
+    assert report["engine"].startswith("codex-turn.sqlite")
     assert [m["role"] for m in report["messages"]] == ["user", "assistant"]
     assert report["binding"] is None
     assert report["threadDecision"]["action"] == "start"
@@ -256,27 +317,169 @@ def test_inspect_shows_what_the_next_turn_would_see_and_decide(tmp_path: Path) -
     assert report["path"][-1] == "STARTING_THREAD"  # stopped before anything reached Codex
 
 
-def test_inspect_trace_checks_each_step_against_the_turn_table(tmp_path: Path) -> None:
-    legal = [
-        {"state": "IDLE", "trigger": "started", "dest": "READING_HISTORY"},
-        {"state": "READING_HISTORY", "trigger": "history_read", "dest": "BOOTSTRAPPING"},
-    ]
-    (tmp_path / "legal.json").write_text(json.dumps({"trace": legal}))
-    done = run_cli("inspect", "--trace", "legal.json", "--out", "out", cwd=tmp_path)
+def test_inspect_with_engine_sqlite_never_creates_a_store(tmp_path: Path) -> None:
+    # Review of issue 17: `inspect --engine sqlite` created context.sqlite and loaded the
+    # transcript into it. It uses an existing store only, and says when there is none.
+    session = write_session(tmp_path / "s.jsonl", "remember Lisbon", "noted: Lisbon")
+    done = run_cli("inspect", str(session), "--engine", "sqlite", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "every step is an edge of the turn table" in done.stdout
+    assert "engine: none (plain Codex)" in done.stdout
+    assert f"(no engine store at {tmp_path / 'context.sqlite'} (inspect creates none" in (
+        done.stdout
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
+    usage = run_cli("inspect", "--help", cwd=tmp_path).stdout
+    assert "inspect never creates one" in " ".join(usage.split())
+
+
+#: A complete turn, as `run --json` records it: the happy path of the turn table.
+HAPPY_PATH = [
+    ("IDLE", "started", "READING_HISTORY"),
+    ("READING_HISTORY", "history_read", "BOOTSTRAPPING"),
+    ("BOOTSTRAPPING", "bootstrapped", "ASSEMBLING"),
+    ("ASSEMBLING", "assembled", "PROJECTING"),
+    ("PROJECTING", "projected", "BUILDING_PROMPT"),
+    ("BUILDING_PROMPT", "prompt_built", "STARTING_THREAD"),
+    ("STARTING_THREAD", "thread_started", "RUNNING_TURN"),
+    ("RUNNING_TURN", "turn_completed", "MIRRORING"),
+    ("MIRRORING", "mirrored", "FINALIZING"),
+    ("FINALIZING", "finalized", "MAINTAINING"),
+    ("MAINTAINING", "maintenance_ran", "DONE"),
+]
+
+
+def _trace(path: Path, steps: list[tuple[str, str, str]], *, wrap: bool = True) -> str:
+    entries = [{"state": a, "trigger": t, "dest": b} for a, t, b in steps]
+    path.write_text(json.dumps({"trace": entries} if wrap else entries))
+    return path.name
+
+
+def _bad_steps(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stdout.splitlines() if "   <- " in line]
+
+
+def test_inspect_trace_checks_each_step_against_the_turn_table(tmp_path: Path) -> None:
+    legal = _trace(tmp_path / "legal.json", HAPPY_PATH)
+    done = run_cli("inspect", "--trace", legal, "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "a complete path of the turn table" in done.stdout
+    assert _bad_steps(done) == []
     diagram = (tmp_path / "out" / "turn-path.mmd").read_text()
-    assert "class BOOTSTRAPPING current" in diagram
-    illegal = [{"state": "IDLE", "trigger": "turn_completed", "dest": "DONE"}]
-    (tmp_path / "illegal.json").write_text(json.dumps(illegal))
-    bad = run_cli("inspect", "--trace", "illegal.json", cwd=tmp_path)
+    assert "class DONE current" in diagram
+    illegal = _trace(tmp_path / "illegal.json", [("IDLE", "turn_completed", "DONE")], wrap=False)
+    bad = run_cli("inspect", "--trace", illegal, cwd=tmp_path)
     assert bad.returncode == 1
     assert "NOT AN EDGE OF THE TURN TABLE" in bad.stdout
     one_line_error(run_cli("inspect", "--trace", "nope.json", cwd=tmp_path), 3, "nope.json")
-    (tmp_path / "junk.json").write_text("{not json")
-    one_line_error(run_cli("inspect", "--trace", "junk.json", cwd=tmp_path), 2, "not JSON")
-    (tmp_path / "other.json").write_text('{"a": 1}')
-    one_line_error(run_cli("inspect", "--trace", "other.json", cwd=tmp_path), 2, "no trace")
+
+
+def test_inspect_trace_checks_the_whole_path_and_flags_every_bad_step(tmp_path: Path) -> None:
+    # Review of issue 17: steps were checked one at a time, so a path with a gap, one that
+    # did not start at idle or did not end, and an empty one passed.
+    cases = {
+        # the turn stopped half-way: the last step does not reach a final state
+        "partial": (HAPPY_PATH[:2], ["ends at BOOTSTRAPPING, not a final state"]),
+        # a step is missing: the next one does not start where the previous ended
+        "gap": (
+            HAPPY_PATH[:3] + HAPPY_PATH[4:],
+            ["starts at PROJECTING, the previous step ended at ASSEMBLING"],
+        ),
+        # not from the initial state
+        "headless": (HAPPY_PATH[1:], ["does not start at IDLE"]),
+        # two bad steps, both flagged: a gap and an illegal edge
+        "two": (
+            [
+                *HAPPY_PATH[:5],
+                ("MIRRORING", "mirrored", "FINALIZING"),
+                *HAPPY_PATH[9:],
+                ("DONE", "started", "READING_HISTORY"),
+            ],
+            ["the previous step ended at BUILDING_PROMPT", "NOT AN EDGE OF THE TURN TABLE"],
+        ),
+    }
+    for name, (steps, problems) in cases.items():
+        done = run_cli("inspect", "--trace", _trace(tmp_path / f"{name}.json", steps), cwd=tmp_path)
+        assert done.returncode == 1, (name, done.stdout)
+        flagged = _bad_steps(done)
+        assert len(flagged) == len(problems), (name, flagged)
+        for line, problem in zip(flagged, problems, strict=True):
+            assert problem.upper() in line, (name, line)
+        assert f"ILLEGAL: {len(problems)} bad steps" in done.stdout
+        report = json.loads(
+            run_cli("inspect", "--trace", f"{name}.json", "--json", cwd=tmp_path).stdout
+        )
+        assert report["legal"] is False
+        assert sum(1 for step in report["steps"] if step["problems"]) == len(problems)
+    # Malformed trace files are unreadable inputs: exit 3, as the help says.
+    for name, content, needle in (
+        ("empty.json", '{"trace": []}', "empty trace"),
+        ("empty-list.json", "[]", "empty trace"),
+        ("junk.json", "{not json", "not JSON"),
+        ("other.json", '{"a": 1}', "no trace"),
+    ):
+        (tmp_path / name).write_text(content)
+        one_line_error(run_cli("inspect", "--trace", name, cwd=tmp_path), 3, needle)
+
+
+def test_a_file_that_is_not_a_transcript_is_refused_alike_by_every_command(
+    tmp_path: Path,
+) -> None:
+    # Review of issue 17: inspect showed 0 messages, run said "empty", compact spoke of a
+    # binding. All refuse with the library's SessionFormatError and its reason, exit 3.
+    from codex_turn.harness.session import SessionFormatError, ensure_transcript_writable
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("garbage\n")
+    with pytest.raises(SessionFormatError) as refused:
+        ensure_transcript_writable(bad, session_id="s", cwd=str(tmp_path))
+    why = "no session header (no line of it is a JSON object)"
+    assert refused.value.why == why
+    needle = f"{bad} is not a session transcript: {why}"
+    for args in (
+        ("inspect", str(bad)),
+        ("run", str(bad), "--prompt", "hi", "--offline"),
+        ("chat", str(bad), "--offline"),
+        ("compact", str(bad)),
+    ):
+        one_line_error(run_cli(*args, cwd=tmp_path), 3, needle)
+    doctor = run_cli("doctor", str(bad), "--offline", "--json", cwd=tmp_path)
+    assert doctor.returncode == 1
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["session file"]["ok"] is False
+    assert needle in checks["session file"]["detail"]
+    assert bad.read_text() == "garbage\n"  # left alone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_typos_in_paths_create_nothing(tmp_path: Path) -> None:
+    # Review of issue 17: a session in a missing directory, a mistyped --codex-home, and a
+    # chat that ran no turn left directories, a store and a private home behind.
+    work = tmp_path / "work"
+    work.mkdir()
+    fake = tmp_path / "bin" / "codex"  # never started: every case stops before Codex
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    bin_ = ("--codex-bin", str(fake))
+    missing = work / "no-such-dir" / "s.jsonl"
+    for command in (("run", "--prompt", "hi"), ("chat",)):
+        for where in (("--offline",), ()):
+            done = run_cli(command[0], str(missing), *command[1:], *where, *bin_, cwd=work)
+            one_line_error(done, 3, f"no such directory: {missing.parent}")
+    typo = work / "typo-home"
+    for command in (("run", "--prompt", "hi"), ("chat",), ("compact",)):
+        session = write_session(work / "s.jsonl", "hello")
+        done = run_cli(
+            command[0], str(session), *command[1:], "--codex-home", str(typo), *bin_, cwd=work
+        )
+        one_line_error(done, 3, f"--codex-home: no such directory: {typo}")
+        session.unlink()
+    # A chat whose input ends before any prompt starts nothing and creates nothing.
+    for where in (("--offline",), ()):
+        done = run_cli("chat", "s.jsonl", *where, *bin_, cwd=work, input="\n/quit\n")
+        assert done.returncode == 0, done.stderr
+        assert "chat with s.jsonl" in done.stdout
+    assert list(work.iterdir()) == []
 
 
 # --- diagrams and compact -------------------------------------------------------------------
@@ -317,7 +520,7 @@ def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) ->
     base = ["compact", str(session), "--codex-home", str(home), "--model-base-url", "http://x/v1"]
     default = run_cli(*base, cwd=tmp_path)
     assert json.loads(default.stdout)["ok"] is True  # the engine answered (nothing to compact)
-    opted_out = run_cli(*base, "--engine", "none", cwd=tmp_path)
+    opted_out = run_cli(*base, "--engine", "none", "--json", cwd=tmp_path)  # --json: accepted
     assert opted_out.returncode == 1
     assert json.loads(opted_out.stdout)["reason"] == "no codex app-server thread binding"
     assert not home.exists()  # no session binding: Codex was never started
@@ -326,3 +529,22 @@ def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) ->
         2,
         "--model-base-url needs --codex-home",
     )
+
+
+def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path: Path) -> None:
+    # Review of issue 17: with the engine's part ok and no Codex binary for the native part,
+    # compact printed "ok": true and exited 0. The result is printed, and the command fails.
+    from codex_turn.harness.binding import ThreadBinding, write_binding
+
+    session = write_session(tmp_path / "s.jsonl", "hello")
+    remember_in_store(session)  # the reference engine owns compaction: its part succeeds
+    write_binding(str(session), ThreadBinding(thread_id="thread-1", session_id="s"))
+    done = run_cli("compact", str(session), "--json", cwd=tmp_path, env=without_codex(tmp_path))
+    assert done.returncode == 5, done.stderr
+    result = json.loads(done.stdout)
+    native = result["result"]["details"]["codexNativeCompaction"]
+    assert native["ok"] is False
+    assert "pip install 'codex-turn[codex]'" in native["reason"]
+    last = done.stderr.strip().splitlines()[-1]  # after the library's warning
+    assert last.startswith("codex-turn compact: the Codex binary is not installed")
+    assert "Traceback" not in done.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.transcripts import transcript_texts
-from test_cli import one_line_error, run_cli
+from test_cli import ENGINE_MODULE, one_line_error, run_cli, without_codex, write_session
 
 pytestmark = pytest.mark.codex
 
@@ -33,7 +33,6 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
     assert out.count("outcome=completed") == 4
     assert "thread decision: start (missing-thread-binding)" in out
     assert out.count("thread decision: resume (matching-thread-bootstrap-binding)") == 2
-    assert "TOOL RESULT: Lisbon: 21 C, clear" in out  # the dynamic tool ran
     # The compaction starts a new epoch: the next turn rotates and gets the context.
     assert "engine: ok=True compacted=True" in out
     assert "thread decision: rotate (thread-bootstrap-epoch-changed)" in out
@@ -67,6 +66,45 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # nothing in the cwd
     again = run_cli("demo", "--out", "demo", cwd=tmp_path)
     one_line_error(again, 2, "already holds a demo")
+
+
+def test_the_demo_shows_the_compacted_context_codex_received_and_chat_goes_on(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Review of issue 17: turn 4 said "context projected: True" without showing it, its
+    # reply was scripted, and the closing `chat ... --offline` hint took a transient thread
+    # (the demo's thread had a dynamic tool, chat has none).
+    done = run_cli("demo", "--out", "demo", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    turn_four = done.stdout[done.stdout.index("turn 4: outcome=") :]
+    excerpt = turn_four[turn_four.index("Codex received") : turn_four.index("model requests")]
+    assert "the engine's compacted context, framed before the prompt" in excerpt
+    assert "| <conversation_context>" in excerpt
+    assert '| <summary id="sum_' in excerpt  # the engine's summary, as Codex sent it
+    assert "| user: Lisbon is my favourite city" in excerpt  # in the summary
+    assert "| Which city did I say was my favourite, and when do I travel?" in excerpt
+    assert len(excerpt.splitlines()) <= 20  # short
+    # The last answer is computed from that request: the city is in the engine's summary.
+    assert "assistant: (stand-in model, answering from its request: 1 engine summary, " in turn_four
+    assert "Lisbon (in the engine summary)" in turn_four
+    # The same from --json: what the model received on turn 4 holds the summary.
+    report = json.loads(run_cli("demo", "--out", "again", "--json", "-q", cwd=tmp_path).stdout)
+    received = report["turns"][3]["modelReceived"]
+    assert "<summary id=" in received
+    assert "Lisbon is my favourite city" in received.split("<summary", 1)[1]
+    assert report["turns"][3]["assistantText"].endswith(
+        "Lisbon (in the engine summary), May (in the recent messages)"
+    )
+    # The closing hint, as printed, goes on with the same conversation on the same thread.
+    hint = next(line for line in done.stdout.splitlines() if "go on:" in line)
+    command = hint.split("go on:", 1)[1].split()
+    assert command[:2] == ["codex-turn", "chat"]
+    chat = run_cli(*command[1:], "-q", cwd=tmp_path, input="and one more\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "thread decision: resume (matching-thread-bootstrap-binding)" in chat.stdout
+    thread = turn_four.split("thread=", 1)[1].split()[0]
+    assert f"turn 1: outcome=completed thread={thread}" in chat.stdout  # turn 4's thread
+    assert "assistant: ECHO: and one more" in chat.stdout
 
 
 def test_run_inspect_doctor_and_compact_on_one_offline_session(
@@ -122,7 +160,7 @@ def test_run_against_a_codex_home_without_login_says_how_to_log_in(
     tmp_path: Path, codex_binary: Path
 ) -> None:
     home = tmp_path / "home"
-    home.mkdir()
+    (home / ".codex").mkdir(parents=True)
     # A user configuration that needs an OpenAI login, and none: refused at start (exit 4).
     # Any connection attempt goes to a closed local port, never to the internet.
     env = dict(os.environ, HOME=str(home), NO_PROXY="", no_proxy="")
@@ -206,3 +244,131 @@ def test_chat_ctrl_c_interrupts_the_turn_saves_it_and_a_second_one_leaves(
             reader.join(timeout=5)
     assert "(left)" in "".join(err)
     assert "Traceback" not in "".join(err)
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    """HOME in the test directory, every proxy at a closed local port: nothing leaves."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = dict(os.environ, HOME=str(home), NO_PROXY="", no_proxy="")
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = "http://127.0.0.1:9"
+    return env
+
+
+def test_doctor_checks_the_login_as_the_runtime_does(tmp_path: Path, codex_binary: Path) -> None:
+    # Review of issue 17: doctor ran `codex login status`, which says "Not logged in" for a
+    # home whose custom provider needs no login, while a turn starts fine there. Doctor now
+    # makes the runtime's own check (account/read on a started app-server).
+    env = _offline_env(tmp_path)
+    custom = tmp_path / "custom-home"
+    custom.mkdir()
+    (custom / "config.toml").write_text(
+        'model = "local-model"\nmodel_provider = "local"\n\n[model_providers.local]\n'
+        'name = "local"\nbase_url = "http://127.0.0.1:9/v1"\nwire_api = "responses"\n'
+    )
+    done = run_cli("doctor", "--codex-home", str(custom), "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout
+    login = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex login"]
+    assert login["ok"] is True
+    assert "needs no OpenAI login" in login["detail"]
+    empty = tmp_path / "empty-home"  # the OpenAI provider and no credentials
+    empty.mkdir()
+    done = run_cli("doctor", "--codex-home", str(empty), "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 1
+    login = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex login"]
+    assert login["ok"] is False
+    assert "run `codex login`" in login["detail"]
+    # ... and a turn there is refused the same way (exit 4).
+    one_line_error(
+        run_cli(
+            "run",
+            "s.jsonl",
+            "--prompt",
+            "hi",
+            "--codex-home",
+            str(empty),
+            "-q",
+            cwd=tmp_path,
+            env=env,
+        ),
+        4,
+        "codex login",
+    )
+
+
+def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    session = str(write_session(tmp_path / "s.jsonl", "remember Lisbon", "noted: Lisbon"))
+    engine = ("--engine", "myengine:bad_assemble", "--offline")
+    # Review of issue 17: the note said "no earlier conversation to project" when the engine's
+    # assemble() had failed (a contract violation, without --strict).
+    lenient = run_cli("run", session, "--prompt", "which city?", *engine, cwd=tmp_path)
+    assert lenient.returncode == 0, lenient.stderr
+    assert "thread decision: start (missing-thread-binding)" in lenient.stdout
+    assert (
+        "context projected: False (no: the engine's assemble() failed (see the warning; "
+        "--strict: exit 7); Codex got the prompt alone)"
+    ) in lenient.stdout
+    assert "no earlier conversation" not in lenient.stdout
+    # Review of issue 17: `run --strict --json` printed nothing when the engine broke the
+    # contract; the turn's JSON is printed, then the one-line error, exit 7.
+    strict = run_cli(
+        "run", session, "--prompt", "again", *engine, "--strict", "--json", "-q", cwd=tmp_path
+    )
+    assert strict.returncode == 7, strict.stderr
+    turn = json.loads(strict.stdout)
+    assert turn["outcome"] == "completed"
+    assert turn["contractViolation"]["method"] == "assemble"
+    assert turn["contractViolation"]["engineId"] == "bad-assemble"
+    assert turn["trace"][-1]["dest"] == "DONE"
+    (line,) = strict.stderr.strip().splitlines()
+    assert 'codex-turn run: context engine "bad-assemble" broke the contract in assemble()' in line
+
+
+def test_with_json_logs_stderr_is_json_lines_progress_included(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Review of issue 17: with --log-format json and stderr not a terminal, plain
+    # "progress: ..." lines were mixed into the JSON log lines.
+    session = str(tmp_path / "s.jsonl")
+    done = run_cli(
+        "run", session, "--prompt", "hi", "--offline", "--log-format", "json", "-v", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line parses
+    progress = [line for line in lines if line["event"] == "progress"]
+    assert [p["state"] for p in progress if p["label"] == "turn 1"][-1] == "done"
+    assert any(p["state"] == "running_turn" for p in progress)
+    assert any(line["logger"].startswith("codex_turn.harness") for line in lines)  # -v logs
+    assert "progress:" not in done.stderr
+
+
+def test_a_codex_binary_of_ones_own_is_used(tmp_path: Path, codex_binary: Path) -> None:
+    # Review of issue 17: without the pinned package a user's own binary could not be used.
+    env = without_codex(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    own = ("--codex-bin", str(codex_binary))
+    done = run_cli("run", "s.jsonl", "--prompt", "hi", "--offline", *own, cwd=work, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "assistant: ECHO: hi" in done.stdout
+    doctor = run_cli("doctor", "s.jsonl", "--offline", "--json", *own, cwd=work, env=env)
+    assert doctor.returncode == 0, doctor.stdout
+    binary = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex binary"]
+    assert binary["path"] == str(codex_binary)
+    compact = run_cli("compact", "s.jsonl", "--offline", *own, cwd=work, env=env)
+    assert compact.returncode == 0, compact.stderr
+    # `codex` on PATH, when the pinned package is missing.
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "codex").symlink_to(codex_binary)
+    env["PATH"] = f"{on_path}{os.pathsep}{env['PATH']}"
+    doctor = run_cli("doctor", "--json", cwd=work, env=env)
+    binary = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex binary"]
+    assert (binary["ok"], binary["path"]) == (True, str(on_path / "codex"))
+    assert "codex-cli 0.163.0" in binary["detail"]
+    bad = run_cli("run", "s.jsonl", "--prompt", "hi", "--offline", "--codex-bin", "nope", cwd=work)
+    one_line_error(bad, 5, "--codex-bin: not an executable file: nope")

@@ -5,6 +5,7 @@ from the other rows, and no state styled as the current one."""
 from __future__ import annotations
 
 import enum
+import inspect
 import os
 import re
 import subprocess
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from codex_turn import cli
+from codex_turn._cli_support import EXIT_USAGE
+from codex_turn.fsm import diagrams as diagrams_module
 from codex_turn.fsm.compaction import CompactionFacts, CompactionModel
 from codex_turn.fsm.diagrams import (
     DIAGRAMS,
@@ -27,6 +31,7 @@ from codex_turn.fsm.diagrams import (
     spine,
     write_diagrams,
 )
+from codex_turn.fsm.diagrams import main as diagrams_main
 from codex_turn.fsm.turn import TurnFacts, TurnModel, TurnOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +123,7 @@ def test_every_table_row_is_drawn_exactly_once_in_mermaid(name: str) -> None:
 def test_every_table_row_is_drawn_exactly_once_in_the_svg(name: str) -> None:
     drawn: Rows = Counter()
     for arrow_id, g in svg_arrows(svg_root(name)).items():
-        source, dest = arrow_id.split("->")
+        source, dest = arrow_id.split(":")[0].split("->")
         lines = [text.text or "" for text in g.iter(f"{SVG}text")]
         for state in members(name, source):
             drawn.update((state, dest, row_of(line)) for line in lines)
@@ -132,36 +137,72 @@ def test_the_svg_fits_the_readme(name: str) -> None:
     height_pt = float(root.attrib["height"].removesuffix("pt"))
     width_px, height_px = width_pt * 96 / 72, height_pt * 96 / 72
     assert width_px <= 1000, (width_px, height_px)
-    assert 0.4 <= width_px / height_px <= 1.6, (width_px, height_px)
+    assert 0.4 <= width_px / height_px <= 1.0, (width_px, height_px)  # portrait
 
 
 @pytest.mark.parametrize("name", sorted(DIAGRAMS))
 def test_the_spine_is_set_apart_from_the_other_rows(name: str) -> None:
-    kinds = {
-        (
-            arrow.source.name if isinstance(arrow.source, enum.Enum) else phase_id(arrow.source),
-            arrow.dest.name,
-        ): arrow.kind
-        for arrow in layout(name).arrows
-    }
+    arrows = layout(name).arrows
+    kinds = {arrow.key: arrow.kind for arrow in arrows}
+    assert len(kinds) == len(arrows), "every arrow has an id of its own"
     assert ArrowKind.SPINE in kinds.values()
     assert len(set(kinds.values())) > 1
-    # Mermaid: the spine is thick (==>), every other row dotted (-.->).
-    links = {(source, dest): link for source, link, dest, _ in mermaid_arrows(name)}
-    assert set(links) == set(kinds)
-    for key, link in links.items():
-        assert (link == "==>") == (kinds[key] is ArrowKind.SPINE), key
+    # Mermaid: the spine is thick (==>), every other row dotted (-.->); links in arrow order.
+    links = mermaid_arrows(name)
+    assert [(source, dest) for source, _, dest, _ in links] == [
+        (arrow.key.split("->")[0], arrow.dest.name) for arrow in arrows
+    ]
+    for arrow, (_, link, _, _) in zip(arrows, links, strict=True):
+        assert (link == "==>") == (arrow.kind is ArrowKind.SPINE), arrow.key
     # SVG: the spine is solid and heavier; every other row is dashed or dotted.
-    arrows = svg_arrows(svg_root(name))
-    assert {tuple(arrow_id.split("->")) for arrow_id in arrows} == set(kinds)
-    for arrow_id, g in arrows.items():
-        source, dest = arrow_id.split("->")
-        path = next(g.iter(f"{SVG}path"))
-        if kinds[(source, dest)] is ArrowKind.SPINE:
-            assert "stroke-dasharray" not in path.attrib, arrow_id
-            assert float(path.attrib["stroke-width"]) > 1.5, arrow_id
+    drawn = svg_arrows(svg_root(name))
+    assert set(drawn) == set(kinds)
+    for arrow_id, g in drawn.items():
+        if kinds[arrow_id] is ArrowKind.SPINE:
+            assert is_bold(g), arrow_id
         else:
-            assert "stroke-dasharray" in path.attrib, arrow_id
+            assert "stroke-dasharray" in next(g.iter(f"{SVG}path")).attrib, arrow_id
+
+
+def happy_rows(name: str) -> Rows:
+    """The spine's rows, (source, dest, row label): the run that goes well."""
+    return Counter(
+        (source.name, (edge.dest or source).name, row_label(edge))
+        for source, edge in spine(DIAGRAMS[name])
+    )
+
+
+def is_bold(g: ET.Element) -> bool:
+    path = next(g.iter(f"{SVG}path"))
+    return "stroke-dasharray" not in path.attrib and float(path.attrib["stroke-width"]) > 1.5
+
+
+@pytest.mark.parametrize("name", sorted(DIAGRAMS))
+def test_every_row_on_a_bold_arrow_is_a_happy_path_row(name: str) -> None:
+    """A bold arrow carries the spine's row and nothing else: a failure (``turn_failed``,
+    ``mirror_failed`` ...) between two spine states is an arrow of its own, dashed."""
+    happy = happy_rows(name)
+    assert sum(happy.values()) == len(spine(DIAGRAMS[name])) > 0
+    # The drawing.
+    bold: Rows = Counter()
+    for arrow in layout(name).arrows:
+        if arrow.kind is ArrowKind.SPINE:
+            assert isinstance(arrow.source, enum.Enum), arrow.key
+            bold.update((arrow.source.name, arrow.dest.name, row.label) for row in arrow.rows)
+    assert bold == happy
+    # Mermaid: every line of a thick link.
+    bold = Counter()
+    for source, link, dest, lines in mermaid_arrows(name):
+        if link == "==>":
+            bold.update((source, dest, row_of(line)) for line in lines)
+    assert bold == happy
+    # SVG: every line of a solid, heavy arrow.
+    bold = Counter()
+    for arrow_id, g in svg_arrows(svg_root(name)).items():
+        if is_bold(g):
+            source, dest = arrow_id.split(":")[0].split("->")
+            bold.update((source, dest, row_of(text.text or "")) for text in g.iter(f"{SVG}text"))
+    assert bold == happy
 
 
 @pytest.mark.parametrize("name", sorted(DIAGRAMS))
@@ -231,7 +272,7 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         out = tmp_path / seed
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run(
-            [sys.executable, "-m", "codex_turn.fsm.diagrams", str(out), "--no-svg"],
+            [sys.executable, "-m", "codex_turn.fsm.diagrams", "--out", str(out), "--no-svg"],
             check=True,
             env=env,
             capture_output=True,
@@ -249,3 +290,54 @@ def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
     assert b"running_turn" in data
     written = write_diagrams(tmp_path)
     assert {p.name for p in written} == {"turn.mmd", "turn.svg", "compaction.mmd", "compaction.svg"}
+
+
+def test_write_diagrams_takes_no_default_directory() -> None:
+    """A library call never writes into the current directory by default."""
+    parameter = inspect.signature(write_diagrams).parameters["directory"]
+    assert parameter.default is inspect.Parameter.empty
+
+
+def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m codex_turn.fsm.diagrams`` is ``codex-turn diagrams``: run from an installed
+    package (not a source checkout) in an empty directory, it asks for --out and writes
+    nothing there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "source_diagrams_dir", lambda: None)
+    assert diagrams_main([]) == EXIT_USAGE
+    assert "--out DIR is required" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "out"
+    assert diagrams_main(["--out", str(out), "--no-svg"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["compaction.mmd", "turn.mmd"]
+    assert capsys.readouterr().out.split() == [str(out / "turn.mmd"), str(out / "compaction.mmd")]
+
+
+def test_the_module_cli_defaults_to_the_checkout_like_codex_turn_diagrams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From a source checkout, both write the checkout's diagrams/ (one implementation)."""
+    assert cli.source_diagrams_dir() == ROOT / "diagrams"
+    seen: list[tuple[Path, bool]] = []
+
+    def fake_write(directory: Path, *, svg: bool = True) -> list[Path]:
+        seen.append((directory, svg))
+        return []
+
+    monkeypatch.setattr(diagrams_module, "write_diagrams", fake_write)
+    assert diagrams_main(["--no-svg"]) == 0
+    assert cli.main(["diagrams", "--no-svg"]) == 0
+    assert seen == [(ROOT / "diagrams", False)] * 2
+
+
+def test_the_module_cli_help_describes_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        diagrams_main(["--help"])
+    assert exit_.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--out DIR" in help_text
+    assert "source checkout" in help_text
+    assert "render the state diagrams from the tables" in help_text
+    assert "``" not in help_text  # not a docstring's markup

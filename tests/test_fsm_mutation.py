@@ -31,7 +31,9 @@ S = TurnState
 # know that the checks fail, not the smallest counterexample.
 _DETECT_ONLY = settings(
     derandomize=True,
-    max_examples=400,
+    # 400 found every mutant until the vocabulary grew by ``steered``; the fixed seed then
+    # missed ``resume_retries_forever`` (random seeds find it 7 times in 8 at 400).
+    max_examples=500,
     stateful_step_count=30,
     database=None,
     deadline=None,

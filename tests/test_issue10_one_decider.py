@@ -225,14 +225,23 @@ async def test_the_maintenance_skip_is_logged_with_the_spec_line(session_file: s
     assert [e["reason"] for e in skipped] == ["no_maintain"]
 
 
-async def test_resume_resends_and_records_the_runtime_policy(session_file: str) -> None:
+async def test_a_bound_thread_gets_and_records_the_runtime_policy(session_file: str) -> None:
+    """Issue 10 asked that a changed policy take effect on a bound thread without rotating
+    it. The service tier is re-sent on resume; the approval policy and sandbox are sent on
+    the turn's turn/start (issue 16: Codex ignores them on a resume of a loaded thread, and
+    sent there they became the thread's sticky default). All are recorded in the binding."""
     server = FakeAppServer()
     await run_codex_turn(params(session_file, "one"), app_server=server)
     policy = {"approval_policy": "never", "sandbox": "read-only", "service_tier": "flex"}
-    await run_codex_turn(params(session_file, "two", **policy), app_server=server)
+    second = await run_codex_turn(params(session_file, "two", **policy), app_server=server)
     (resume,) = server.calls_to("resume_thread")
-    for key, value in policy.items():
-        assert resume.args[key] == value
+    assert resume.args["service_tier"] == "flex"
+    assert len(server.calls_to("start_thread")) == 1  # the bound thread, not rotated
+    assert second.thread_decision is not None
+    assert second.thread_decision.action is ThreadAction.RESUME
+    overrides = server.turn_overrides[-1]
+    assert overrides["approvalPolicy"] == "never"
+    assert overrides["sandboxPolicy"]["type"] == "readOnly"
     binding = read_binding(session_file)
     assert binding is not None
     assert (binding.approval_policy, binding.sandbox, binding.service_tier) == (

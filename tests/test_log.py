@@ -438,3 +438,60 @@ def test_the_capture_sees_every_level_and_no_line_is_printed(
     assert records[0]["session_key"] == mask_session_key(RAW_SESSION_KEY)
     assert SECRET not in repr(records)
     assert capfd.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_an_event_field_never_overwrites_the_reserved_keys(
+    uncaptured: None, log_format: _log.LogFormat
+) -> None:
+    """A field (per call or bound) named like a key the formatter owns (timestamp, level,
+    logger, event) keeps its value under a prefixed name: the line's level is the record's."""
+    stream = io.StringIO()
+    configure_logging("DEBUG", log_format, stream=stream)
+    log = get_logger("codex_turn.harness.appserver.process").bind(event="bound", logger="mine")
+    log.debug("appserver.stderr", level="WARN", timestamp="yesterday", field_level="taken")
+    log.info("codex turn finished", level=None)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    if log_format == "console":
+        head, _, tail = lines[0].partition(" appserver.stderr ")
+        assert "[debug" in head
+        assert "warn" not in head.lower()
+        assert "[codex_turn.harness.appserver.process]" in tail
+        for field in ("field_field_level=WARN", "field_level=taken", "field_event=bound"):
+            assert field in tail.split(), field
+        return
+    first, second = (json.loads(line) for line in lines)
+    assert list(first)[:4] == ["timestamp", "level", "logger", "event"]
+    assert first["level"] == "debug"
+    assert first["event"] == "appserver.stderr"
+    assert first["logger"] == "codex_turn.harness.appserver.process"
+    assert first["timestamp"].endswith("Z")
+    # Every clashing value is kept, under a free prefixed name; nothing is overwritten.
+    assert first["field_timestamp"] == "yesterday"
+    assert first["field_event"] == "bound"
+    assert first["field_logger"] == "mine"
+    assert first["field_level"] == "taken"
+    assert first["field_field_level"] == "WARN"
+    assert second["level"] == "info"
+    assert second["field_level"] is None
+    assert second["event"] == "codex turn finished"
+
+
+def test_the_appserver_stderr_event_reports_codex_level_as_codex_level() -> None:
+    """Codex's own tracing level is a field of its own, never the record's ``level``."""
+    source = Path(_log.__file__).parent / "harness" / "appserver" / "process.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value == "appserver.stderr"
+    ]
+    assert calls
+    for call in calls:
+        names = {keyword.arg for keyword in call.keywords}
+        assert "codex_level" in names
+        assert not names & {"timestamp", "level", "logger", "event"}

@@ -140,14 +140,20 @@ async def test_changed_instructions_or_policy_resume_as_before(
             app_server=appserver,
         )
         policy = rpc_methods(appserver, mark)
+        policy_start = [
+            m["params"] for m in appserver.sent[mark:] if m.get("method") == "turn/start"
+        ]
     assert changed == ["thread/resume", "turn/start"]
     assert "NEW-MARKER-9d2e" in resume[0]["developerInstructions"]
     assert same == ["turn/start"]  # once re-sent, the new settings are what Codex holds
-    assert policy == ["thread/resume", "turn/start"]
+    # A runtime policy is this turn's: it goes on turn/start (a resume of a loaded thread
+    # would ignore it), so it needs no resume.
+    assert policy == ["turn/start"]
+    assert policy_start[0]["approvalPolicy"] == "never"
     assert resume_reasons(records) == [
         "thread-settings-changed",
         "thread-loaded-unchanged",
-        "thread-settings-changed",
+        "thread-loaded-unchanged",
     ]
     # Codex 0.163 builds a thread's developer message once (at its first turn, and again
     # only after a compaction): instructions re-sent on resume mid-thread do not reach the

@@ -127,7 +127,7 @@ def test_turn_start_overrides_carry_every_stated_setting() -> None:
     assert sandbox_policy("danger-full-access") == {"type": "dangerFullAccess"}
 
 
-def test_callback_waits_stay_under_the_idle_timeout() -> None:
+def test_callback_waits_are_bounded_by_their_own_timeouts() -> None:
     async def approve(request: ApprovalRequest) -> ApprovalDecision:
         return ApprovalDecision.APPROVE
 
@@ -137,8 +137,8 @@ def test_callback_waits_stay_under_the_idle_timeout() -> None:
     assert handlers is not None
     assert handlers.on_approval is approve
     assert handlers.on_user_input is None
-    assert handlers.approval_timeout == pytest.approx(8.0)
-    assert handlers.user_input_timeout == pytest.approx(8.0)
+    assert handlers.approval_timeout == pytest.approx(30.0)  # as given, never cut silently
+    assert handlers.user_input_timeout == pytest.approx(60.0)
     with pytest.raises(ValueError, match="approval_timeout"):
         TurnRequestHandlers(approval_timeout=0)
 
@@ -426,9 +426,9 @@ async def test_a_declined_command_does_not_run_and_the_turn_continues(
     ("overrides", "bound"),
     [
         ({"approval_timeout": 0.5}, 0.5),
-        # An approval_timeout above the idle timeout is cut to 80% of it: the request is
-        # declined and the turn goes on instead of timing out idle.
-        ({"approval_timeout": 600.0, "idle_timeout": 2.0}, 1.6),
+        # An approval_timeout above the idle timeout is kept (review 16: it was cut to 80% of
+        # it): the idle timer pauses while the host is asked; declined, the turn goes on.
+        ({"approval_timeout": 2.0, "idle_timeout": 1.0}, 2.0),
     ],
 )
 async def test_an_unanswered_approval_is_declined_in_time(
@@ -654,3 +654,107 @@ async def test_commands_questions_and_answers_never_reach_the_logs(
     assert result.outcome is TurnOutcome.COMPLETED
     assert "ultramarine-answer-77" in tool_output(offline_model, "call_q")
     # The autouse guard fails this test if any registered text reached a log record.
+
+
+@pytest.mark.codex
+async def test_a_turn_without_settings_runs_with_the_configured_defaults_even_after_overrides(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    workspace: Path,
+) -> None:
+    # Review 16: one turn's sandbox / approval policy leaked into later turns that stated
+    # none (Codex keeps turn/start's values on the thread), and an app-server restart kept
+    # the approval policy but lost the sandbox. None means the configured default, always.
+    from codex_turn.harness.appserver.process import AppServerProcess
+
+    def plain(n: int) -> Reply:
+        cmd = f"touch plain_{n} && echo ok"
+        return Reply.function_call(
+            "exec_command", {"cmd": cmd, "yield_time_ms": 2000}, call_id=f"p{n}"
+        )
+
+    approver = Approver(ApprovalDecision.DECLINE)
+    hooks = TurnHooks(on_approval=approver)
+    config = make_appserver_config(approval_policy="on-request")  # sandbox: read-only
+    async with AppServer.start(config, record_sent=True) as server:
+
+        async def turn(n: int, **settings: Any) -> TurnResult:
+            offline_model.clear_script()
+            offline_model.script(
+                plain(n), escalated(f"e{n}", f"touch escalated_{n}"), Reply.fixed("ok")
+            )
+            values: dict[str, Any] = {"approval_policy": None, "sandbox": None, **settings}
+            return await run_codex_turn(
+                params(prompt=f"turn {n}", **values), app_server=server, hooks=hooks
+            )
+
+        def asked(n: int) -> bool:
+            return f"e{n}" in [r.item_id for r in approver.requests]
+
+        first = await turn(1, sandbox="workspace-write", approval_policy="never")
+        assert (workspace / "plain_1").exists()
+        assert not asked(1)
+        second = await turn(2)
+        assert second.thread_id == first.thread_id
+        assert not (workspace / "plain_2").exists()  # read-only again
+        assert asked(2)  # the host is asked again
+        client = server.current
+        assert client is not None
+        process = client.transport
+        assert isinstance(process, AppServerProcess)
+        process.kill()
+        await anyio.sleep(0.3)
+        third = await turn(3)
+        assert third.thread_id == first.thread_id
+        assert not (workspace / "plain_3").exists()
+        assert asked(3)
+        for n in (2, 3):
+            assert not (workspace / f"escalated_{n}").exists()
+
+
+@pytest.mark.codex
+async def test_a_callback_that_ignores_cancellation_is_answered_at_the_deadline(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    workspace: Path,
+) -> None:
+    # Review 16: a callback sleeping in a shielded scope held the request (and the turn) past
+    # approval_timeout. The safe answer goes out at the deadline; the callback is abandoned.
+    finished = anyio.Event()
+
+    async def stubborn(request: ApprovalRequest) -> ApprovalDecision:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(4.0)
+        finished.set()
+        return ApprovalDecision.APPROVE
+
+    offline_model.script(escalated("call_1"), Reply.fixed("Moving on."))
+    started = time.monotonic()
+    result = await run_codex_turn(
+        params(approval_timeout=0.5), app_server=appserver, hooks=TurnHooks(on_approval=stubborn)
+    )
+    elapsed = time.monotonic() - started
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert elapsed < 3.5  # not held by the 4 s callback
+    assert not finished.is_set()
+    assert not (workspace / "approved_file").exists()
+    assert "rejected by user" in tool_output(offline_model, "call_1")
+
+
+async def test_a_non_text_user_input_answer_is_logged_invalid() -> None:
+    from structlog.testing import capture_logs
+
+    from codex_turn.harness.appserver.server_requests import _ask_host_input, _TurnBinding
+
+    async def answers(request: UserInputRequest) -> Any:
+        return {"color": 5}
+
+    binding = _TurnBinding(TurnRequestHandlers(on_user_input=answers))
+    params = {"threadId": "t", "questions": [{"id": "color", "question": "Which?"}]}
+    with capture_logs() as logs:
+        response = await _ask_host_input(binding, params)
+    assert response == {"answers": {}}
+    (answered,) = [r for r in logs if r["event"] == "appserver.user_input_answered"]
+    assert answered["source"] == "invalid"

@@ -1,4 +1,8 @@
-"""Render the state diagrams from the tables: ``python -m codex_turn.fsm.diagrams [DIR]``.
+"""Render the state diagrams from the tables: ``codex-turn diagrams [--out DIR]``.
+
+``python -m codex_turn.fsm.diagrams`` is the same command (:func:`main`). Without ``--out``
+it rewrites the ``diagrams/`` of the source checkout it runs from, and refuses to run
+anywhere else (an installed package writes only where it is told to).
 
 The diagrams are *generated*, never drawn by hand, from the very same tables as the runtime
 machines; the output is byte-stable (a test renders it under several hash seeds).
@@ -17,12 +21,15 @@ How a table becomes a drawing, all of it derived from the tables:
 * Every other row is an arrow of its own kind: a **branch** (dashed, grey) goes to another
   state of the run; a **failure** (dashed, red) ends in a final state that is not the spine's
   end (the turn's ``failed``); an **internal** row (no state change) is a dotted self-loop.
-  Rows between the same two states share one arrow, one row per label line; a row that goes
-  where the spine goes rides on the spine's arrow; a row every state of a phase has (the
-  turn's ``cancelled`` before Codex) is one arrow from the phase's box.
+  Rows between the same two states share one arrow, one row per label line, except the
+  spine's: a spine arrow carries the spine's row alone, and the other rows between those two
+  states (``turn_failed``, ``mirror_failed`` ...) are a dashed arrow beside it; a row every
+  state of a phase has (the turn's ``cancelled`` before Codex) is one arrow from the phase's
+  box.
 * Layout (SVG): a detour (reprojecting) sits level with the spine state it returns to, a
   failure end (failed) level with the spine state before the last one that can fail, so no
-  arrow crosses the page; a drawing wider than 750 pt (1000 px) is scaled down to fit.
+  arrow crosses the page; the ranks are spread until the drawing is no wider than tall, and a
+  drawing wider than 750 pt (1000 px) is scaled down to fit.
 * States are grouped by **phase** (:data:`PHASES`, the one hand-written part: a reader's
   grouping, not a decision), each phase a box. No state is styled as current: a diagram
   shows the machine, not a run.
@@ -32,7 +39,6 @@ How a table becomes a drawing, all of it derived from the tables:
 
 from __future__ import annotations
 
-import argparse
 import enum
 import html
 import sys
@@ -90,8 +96,6 @@ PHASES: dict[str, tuple[tuple[str, tuple[enum.Enum, ...]], ...]] = {
     ),
 }
 
-DEFAULT_DIR = Path("diagrams")
-
 
 class ArrowKind(enum.Enum):
     SPINE = "spine"  # the run that goes well
@@ -117,12 +121,16 @@ class Row:
 
 @attrs.frozen
 class Arrow:
-    """One drawn arrow: every table row from ``source`` to ``dest``, one label line each."""
+    """One drawn arrow: table rows from ``source`` to ``dest``, one label line each.
+
+    ``key`` (``SOURCE->DEST``, the arrow's id in the SVG) names it; the other rows between two
+    states of the spine, drawn beside the spine's arrow, have ``SOURCE->DEST:other``."""
 
     source: enum.Enum | str  # a state, or a phase's title: every state in it has the rows
     dest: enum.Enum  # ``source`` for internal rows
     kind: ArrowKind
     rows: tuple[Row, ...]
+    key: str
 
     def lines(self) -> tuple[str, ...]:
         return tuple(row.line() for row in self.rows)
@@ -213,13 +221,16 @@ def _arrows(
     phases: Sequence[tuple[str, tuple[enum.Enum, ...]]],
     remarks: Remarks,
 ) -> tuple[Arrow, ...]:
-    spine_pairs = {(source, edge.dest) for source, edge in steps}
+    """The arrows: the spine's rows each on a bold arrow of their own, every other row grouped
+    by (source, destination) on a dashed or dotted one (beside the spine's arrow when it joins
+    the same two states: a failure never rides on the run that goes well)."""
     spine_rows = {id(edge) for _, edge in steps}
     end = steps[-1][1].dest if steps else machine.initial_state_enum()
     final = {machine.state_enum[name] for name in machine.final_states}
     lifted = _lifted(machine, spine_rows, phases, remarks)
     drawn: set[tuple[str, Edge]] = set()
-    grouped: dict[tuple[enum.Enum | str, enum.Enum], tuple[ArrowKind, list[Row]]] = {}
+    # (origin, dest, on the spine) -> the arrow's kind and rows
+    grouped: dict[tuple[enum.Enum | str, enum.Enum, bool], tuple[ArrowKind, list[Row]]] = {}
     for source, edges in machine.table.items():
         for edge in edges:
             dest = source if edge.dest is None else edge.dest
@@ -230,24 +241,31 @@ def _arrows(
                 if (origin, edge) in drawn:
                     continue  # drawn once, from the phase's box
                 drawn.add((origin, edge))
-            if edge.dest is None:
-                kind = ArrowKind.INTERNAL
-            elif (origin, dest) in spine_pairs:
+            on_spine = id(edge) in spine_rows
+            if on_spine:
                 kind = ArrowKind.SPINE
+            elif edge.dest is None:
+                kind = ArrowKind.INTERNAL
             elif dest in final and dest != end:
                 kind = ArrowKind.FAILURE
             else:
                 kind = ArrowKind.BRANCH
-            rows = grouped.setdefault((origin, dest), (kind, []))[1]
             row = Row(row_label(edge), remarks.get((source, edge.trigger), ()))
-            # The spine's own row heads its arrow's label.
-            rows.insert(0 if id(edge) in spine_rows else len(rows), row)
+            grouped.setdefault((origin, dest, on_spine), (kind, []))[1].append(row)
     # The spine first, top to bottom, then the rest in table order.
-    order: list[tuple[enum.Enum | str, enum.Enum]] = [
-        (source, edge.dest) for source, edge in steps if edge.dest is not None
+    order: list[tuple[enum.Enum | str, enum.Enum, bool]] = [
+        (source, edge.dest, True) for source, edge in steps if edge.dest is not None
     ]
-    order += [pair for pair in grouped if pair not in spine_pairs]
-    return tuple(Arrow(o, d, grouped[(o, d)][0], tuple(grouped[(o, d)][1])) for o, d in order)
+    order += [group for group in grouped if not group[2]]
+    spine_pairs = {(origin, dest) for origin, dest, _ in order[: len(steps)]}
+    arrows = []
+    for origin, dest, on_spine in order:
+        kind, rows = grouped[(origin, dest, on_spine)]
+        key = f"{_key(origin)}->{dest.name}"
+        if not on_spine and (origin, dest) in spine_pairs:
+            key += ":other"
+        arrows.append(Arrow(origin, dest, kind, tuple(rows), key))
+    return tuple(arrows)
 
 
 def _turn_remarks() -> Remarks:
@@ -465,7 +483,7 @@ def render_dot(name: str) -> Any:
         nodesep="0.15",
         # Never wider than 750 pt (1000 px): a wider drawing is scaled down to fit.
         size=f"{_MAX_WIDTH_PT / 72:.2f},100",
-        ranksep="0.34",
+        ranksep=_RANKSEP_STEPS[0],  # spread further when too wide (_make_portrait)
         pad="0.2",
     )
     graph.node_attr.update(
@@ -529,12 +547,29 @@ def render_dot(name: str) -> Any:
         graph.add_edge(
             tail.name,
             arrow.dest.name,
-            id=f"{_key(arrow.source)}->{arrow.dest.name}",
+            id=arrow.key,
             label="\\l".join(arrow.lines()) + "\\l",
             **_EDGE_STYLE[arrow.kind],
             **extra,
         )
+    _make_portrait(graph)
     return graph
+
+
+_RANKSEP_STEPS = ("0.34", "0.5", "0.65", "0.8", "1.0", "1.2")
+
+
+def _make_portrait(graph: Any) -> None:
+    """Spread the ranks (``ranksep``, in steps) until the drawing is no wider than tall: the
+    labels of arrows that skip states sit side by side, and more room between the ranks lets
+    them stack instead of widening the page."""
+    for ranksep in _RANKSEP_STEPS:
+        graph.graph_attr["ranksep"] = ranksep
+        # The "plain" output starts ``graph SCALE WIDTH HEIGHT``, as the SVG will be drawn.
+        plain: bytes = graph.draw(format="plain", prog="dot")
+        _, _, width, height = plain.split(b"\n", 1)[0].split()[:4]
+        if float(width) <= float(height):
+            return
 
 
 def render_svg(name: str) -> bytes | None:
@@ -547,8 +582,11 @@ def render_svg(name: str) -> bytes | None:
     return data
 
 
-def write_diagrams(directory: Path = DEFAULT_DIR, *, svg: bool = True) -> list[Path]:
-    """Write every diagram into ``directory``; return the paths written."""
+def write_diagrams(directory: Path, *, svg: bool = True) -> list[Path]:
+    """Write every diagram into ``directory`` (created if needed); return the paths written.
+
+    There is no default directory: a library call never writes into the current one. The
+    command (``codex-turn diagrams``) defaults to the source checkout's ``diagrams/``."""
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name in DIAGRAMS:
@@ -563,15 +601,13 @@ def write_diagrams(directory: Path = DEFAULT_DIR, *, svg: bool = True) -> list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="codex-turn diagrams", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("directory", nargs="?", type=Path, default=DEFAULT_DIR)
-    parser.add_argument("--no-svg", action="store_true", help="write only the Mermaid sources")
-    args = parser.parse_args(argv)
-    for path in write_diagrams(args.directory, svg=not args.no_svg):
-        print(path)
-    return 0
+    """``python -m codex_turn.fsm.diagrams [--out DIR] [--no-svg]``: the ``codex-turn
+    diagrams`` command itself (one implementation, in :mod:`codex_turn.cli`): ``--out`` is
+    required unless this package runs from a source checkout, whose ``diagrams/`` it then
+    rewrites."""
+    from codex_turn.cli import main as cli_main
+
+    return cli_main(["diagrams", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

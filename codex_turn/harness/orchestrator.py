@@ -63,6 +63,8 @@ from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.stages import Stage, TurnContext
+from codex_turn.harness.steering import LiveTurn
+from codex_turn.harness.streaming import TurnEventStream
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
     InvalidTurnParams,
@@ -207,6 +209,8 @@ async def run_codex_turn(
     hooks: TurnHooks | None = None,
     maintenance_scheduler: BackgroundMaintenance | None = None,
     on_turn_end: Callable[[TurnResult], Awaitable[None]] | None = None,
+    idempotency_key: str | None = None,
+    events: TurnEventStream | None = None,
 ) -> TurnResult:
     """Run one turn of a Codex session through the turn machine (see the module docstring).
 
@@ -221,26 +225,42 @@ async def run_codex_turn(
     first contract violation is raised as :class:`~codex_turn.EngineContractViolation` after
     the turn ended and ``on_turn_end`` saw its result. A cancellation of the caller
     propagates after the shielded cleanup; ``on_turn_end`` sees the result in that case too.
+
+    ``idempotency_key`` is the host's stable id of this turn (at most 128 characters of
+    ``[A-Za-z0-9._-]``): a re-run of the same turn after a crash (a durable queue retrying it)
+    passes the same key, and its prompt, already made durable by the first run on the same
+    thread, is not written again. ``None``: a run-unique identity.
+
+    ``events``: a :class:`~codex_turn.harness.streaming.TurnEventStream` the runner iterates
+    meanwhile (state changes, deltas, tool calls, plans, compactions, steered messages, saved
+    files); it never slows the turn, and ends with it. While the turn runs, messages for its
+    session go to :func:`~codex_turn.harness.steering.steer_codex_turn`
+    (``params.steering``).
     """
-    engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
     session_file = os.fspath(params.session_file)
-    with watch_contract(strict=params.strict) as contract:
+    live = LiveTurn(mode=params.steering, quiet_interval=params.steer_quiet_interval, events=events)
+    # live.ending() closes the event stream however the call ends, a refusal included.
+    with watch_contract(strict=params.strict) as contract, live.ending():
+        prompt_identity = turn_context.prompt_identity_for(idempotency_key)  # before any I/O
+        engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
         async with hold_session(
             session_file,
             lane=params.session_key or params.session_id,
             wait=params.concurrency,
             wait_timeout=params.session_wait_timeout,
         ):
-            with sensitive(params.prompt):
+            with sensitive(params.prompt), live.serving(session_file):
                 ctx, turn = await _prepare(
                     params,
                     session_file=session_file,
                     app_server=app_server,
                     engine=engine,
                     tools=tools,
-                    hooks=hooks or TurnHooks(),
+                    hooks=live.observe(hooks or TurnHooks()),
                     scheduler=maintenance_scheduler,
                 )
+                ctx.prompt_identity = prompt_identity
+                ctx.live = live
                 result = await _drive(ctx, turn, on_turn_end)
         contract.raise_first(result)  # strict: the typed error, once the turn is delivered
         return result
@@ -395,6 +415,8 @@ def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:
         native_compactions=turn.native_compactions,
         trace=tuple(turn.trace),
         mirror_error=ctx.mirror.error if ctx.mirror is not None else None,
+        files=tuple(ctx.live.files) if ctx.live is not None else (),
+        steered=tuple(m.text for m in ctx.live.steered) if ctx.live is not None else (),
     )
 
 

@@ -3,39 +3,42 @@ approval and user-input requests while it runs.
 
 **Per-turn settings** (:class:`~codex_turn.harness.turn_api.TurnParams`): ``reasoning_effort``
 (``effort``), ``output_schema`` (``outputSchema``), ``approval_policy`` (``approvalPolicy``)
-and ``sandbox`` (``sandboxPolicy``) go on *every* ``turn/start`` that has them
-(:func:`turn_start_overrides`). Codex 0.163 applies ``turn/start``'s effort, approval policy
-and sandbox "for this turn and subsequent turns" (they stick to the thread), the output schema
-to this turn only. Re-sending on every turn is the choice made here, rather than tracking what
-each earlier turn left on the thread in the resume ledger
-(:class:`~codex_turn.harness.appserver.LoadedThread`), because only ``turn/start`` can change
-these on a thread the process already holds: ``thread/resume`` of a loaded thread ignores a
-new approval policy or sandbox (verified against the binary). So:
+and ``sandbox`` (``sandboxPolicy``) go on the ``turn/start`` of a turn that states them
+(:func:`turn_start_overrides`); only ``turn/start`` can change them on a thread the process
+already holds (``thread/resume`` of a loaded thread ignores a new approval policy or sandbox,
+verified against the binary). ``None`` means **Codex's configured default**, for every turn:
 
-* a turn that states a setting gets it, whatever earlier turns set, whether the thread was
-  started, resumed or reused without a resume (the ledger's ``settings`` key keeps describing
-  what start/resume sent, and a matching key still skips the resume: the turn re-sends the
-  setting itself);
-* ``None`` sends nothing: the thread keeps what it holds (Codex's configured default, or the
-  value an earlier turn of this thread stated). To go back to a default, state it.
+* Codex 0.163 keeps ``turn/start``'s effort, approval policy and sandbox "for this turn and
+  subsequent turns". So the client records, in the thread's ledger
+  (:class:`~codex_turn.harness.appserver.LoadedThread`), the effective values Codex reported
+  when the thread was first loaded (its defaults: ``approvalPolicy``, ``sandbox``,
+  ``reasoningEffort`` of the start/resume response) and which of them a turn changed; the next
+  turn that states none sends the recorded default explicitly on its ``turn/start``.
+* The approval policy and sandbox are not sent on ``thread/start``/``thread/resume``: sent
+  there they would become the thread's defaults and an auto-resume would re-send them. A
+  thread Codex loads again (it unloads idle threads; an app-server restart) comes back with
+  what its rollout holds, an earlier turn's override included: the pool keeps the defaults
+  of the thread's first load and its next turn without values sends them.
+* The reasoning effort resets only when Codex reports a configured one (``reasoningEffort``
+  is ``null`` when none is configured: nothing to send back, so an earlier turn's effort stays
+  on the thread until a turn states one). A thread first loaded by a new host process (no
+  memory of its first load) takes what Codex reports then as its defaults.
 
-The approval policy and sandbox are still sent on ``thread/start`` and ``thread/resume`` too
-(the binding records them, and an auto-resume after a crash re-sends them). The sandbox mode
-becomes the policy object ``turn/start`` takes: the effective policy Codex reported for the
-thread when it is of that mode (so ``[sandbox_workspace_write]`` settings from config.toml are
-kept), else the mode's plain policy (``{"type": "workspaceWrite"}`` ...).
+The sandbox mode becomes the policy object ``turn/start`` takes: the effective policy Codex
+reported for the thread when it is of that mode (so ``[sandbox_workspace_write]`` settings from
+config.toml are kept), else the mode's plain policy (``{"type": "workspaceWrite"}`` ...).
 
 **Host callbacks** (:class:`~codex_turn.harness.hooks.TurnHooks`): ``on_approval`` and
 ``on_user_input`` are bound to the turn's thread while it runs
 (:func:`turn_request_handlers`; the bridge itself is
 :mod:`codex_turn.harness.appserver.server_requests`). Each wait is bounded by
-``TurnParams.approval_timeout`` / ``user_input_timeout`` and, so that an unanswered request
-is declined and the turn goes on rather than the turn timing out idle (Codex says nothing
-while it waits), by :data:`IDLE_SHARE` of ``idle_timeout``. Without a callback every approval
-is declined and every question gets no answer, as before. Neither changes the turn's course
-by itself, so neither has an edge in the turn machine; a ``CANCEL`` answer makes Codex
-interrupt the turn, which then ends as any interrupted turn does: ``turn_aborted`` in the
-trace, outcome ``aborted`` (mirrored, finalized, no maintenance).
+``TurnParams.approval_timeout`` / ``user_input_timeout``, as given: Codex says nothing while
+it waits, so the turn's idle timer does not run while a callback is pending (an unanswered
+request is declined and the turn goes on; ``turn_timeout`` still bounds the whole turn).
+Without a callback every approval is declined and every question gets no answer, as before.
+Neither changes the turn's course by itself, so neither has an edge in the turn machine; a
+``CANCEL`` answer makes Codex interrupt the turn, which then ends as any interrupted turn
+does: ``turn_aborted`` in the trace, outcome ``aborted`` (mirrored, finalized, no maintenance).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ __all__ = [
     "turn_start_overrides",
 ]
 
-#: A host callback's wait never exceeds this share of the turn's ``idle_timeout``.
+#: Formerly the share of ``idle_timeout`` a host callback's wait was cut to; no longer applied
+#: (the idle timer pauses while a callback is pending). Kept for compatibility.
 IDLE_SHARE: Final = 0.8
 
 _POLICY_TYPES: Final[dict[str, str]] = {
@@ -111,10 +115,9 @@ def turn_request_handlers(params: TurnParams, hooks: TurnHooks) -> TurnRequestHa
     """The host callbacks this turn binds to its thread, or ``None`` when it has none."""
     if hooks.on_approval is None and hooks.on_user_input is None:
         return None
-    ceiling = IDLE_SHARE * params.idle_timeout
     return TurnRequestHandlers(
         on_approval=hooks.on_approval,
-        approval_timeout=min(params.approval_timeout, ceiling),
+        approval_timeout=params.approval_timeout,
         on_user_input=hooks.on_user_input,
-        user_input_timeout=min(params.user_input_timeout, ceiling),
+        user_input_timeout=params.user_input_timeout,
     )

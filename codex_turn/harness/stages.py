@@ -32,7 +32,9 @@ I/O from its neighbours' for no reader's benefit.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 import anyio
@@ -363,8 +365,8 @@ def _thread_settings(ctx: TurnContext) -> dict[str, Any]:
         "cwd": os.fspath(params.workspace_dir),
         "model": params.model,
         "tools": ctx.tools,
-        "approval_policy": params.approval_policy,
-        "sandbox": params.sandbox,
+        # The approval policy and sandbox are this turn's (turn/start): sent here they would
+        # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
         "approvals_reviewer": params.approvals_reviewer,
         "service_tier": params.service_tier,
     }
@@ -509,9 +511,11 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             async def on_event(note: Notification) -> None:
                 await on_codex_event(ctx, note)
 
-            codex = await handle.collect(
-                on_event=on_event, idle_timeout=params.idle_timeout, timeout=params.turn_timeout
-            )
+            # Messages for this session that arrive meanwhile are steered into it (steering).
+            async with _delivering(ctx, handle):
+                codex = await handle.collect(
+                    on_event=on_event, idle_timeout=params.idle_timeout, timeout=params.turn_timeout
+                )
             end = RunEnd(codex.outcome.value)
     except cancelled as error:
         ctx.cancellation = error
@@ -534,7 +538,8 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.switch.live_handle = None
         if plan.decision.action is ThreadAction.TRANSIENT:
             ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
-    ctx.ran = CodexRan(codex)
+    # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
+    ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
@@ -543,7 +548,7 @@ def _mirror_prompt(ctx: TurnContext, thread_id: str) -> None:
     prompt = partial_result(ctx, [], CodexTurnStatus.INTERRUPTED, None).messages_snapshot[0]
     mirror_prompt(
         ctx.session_file,
-        prompt,
+        _with_prompt_key(ctx, [prompt])[0],
         scope=f"codex-app-server:{thread_id}",
         identity=ctx.prompt_identity,
         session_id=ctx.params.session_id,
@@ -551,7 +556,29 @@ def _mirror_prompt(ctx: TurnContext, thread_id: str) -> None:
     )
 
 
+#: The scope of a prompt keyed by the host's stable turn id (``idempotency_key``): not the
+#: thread's, so the turn re-run on another thread (another worker's Codex home, a dropped
+#: binding) finds the prompt it made durable and appends it once.
+_STABLE_PROMPT_SCOPE: Final = "codex-turn"
+
+
+def _with_prompt_key(ctx: TurnContext, messages: list[AgentMessage]) -> list[AgentMessage]:
+    """``messages`` (the prompt first) with a thread-independent key on the prompt when its
+    identity is the host's turn id; unchanged (thread-scoped) for a run-unique identity."""
+    if not messages or not ctx.prompt_identity.startswith("turn-"):
+        return messages
+    key = f"{_STABLE_PROMPT_SCOPE}:{ctx.prompt_identity}"
+    return [{**messages[0], "idempotencyKey": key}, *messages[1:]]
+
+
+def _delivering(ctx: TurnContext, handle: TurnHandlePort) -> AbstractAsyncContextManager[None]:
+    live = ctx.live
+    return live.delivering(ctx, handle) if live is not None else contextlib.nullcontext()
+
+
 async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
+    if ctx.live is not None:
+        ctx.live.on_notification(note)  # the runner's event stream, the files Codex saved
     phase = note.compaction_phase
     if phase is None:
         return
@@ -625,7 +652,7 @@ async def mirror(ctx: TurnContext) -> TurnTrigger:
         await anyio.to_thread.run_sync(
             lambda: mirror_turn(
                 ctx.session_file,
-                codex.messages_snapshot,
+                _with_prompt_key(ctx, codex.messages_snapshot),
                 scope=codex.idempotency_scope,
                 # The prompt under the identity it was made durable with before the turn.
                 identities=[ctx.prompt_identity, *codex.mirror_identities[1:]],

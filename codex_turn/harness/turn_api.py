@@ -17,6 +17,7 @@ from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
+from codex_turn.harness.streaming import TurnFile
 from codex_turn.harness.usage import Usage
 
 __all__ = [
@@ -73,24 +74,26 @@ class TurnParams:
     base_developer_instructions: str | None = None
     extra_developer_instructions: str | None = None
     auth_profile_id: str | None = None
-    #: The runtime policy, sent on thread/start *and* thread/resume (and recorded in the
-    #: binding), so a change takes effect on a bound thread without rotating it. ``None``:
-    #: Codex's configured default.
+    #: This turn's approval policy and sandbox, sent on its ``turn/start`` (so they take
+    #: effect on a thread Codex already holds). ``None``: Codex's configured default, also
+    #: after an earlier turn of the thread stated another value, and after an app-server
+    #: restart (see :mod:`codex_turn.harness.runtime_controls`).
     approval_policy: Literal["untrusted", "on-request", "never"] | None = None
     sandbox: SandboxMode | None = None
+    #: Thread settings, sent on thread/start and thread/resume. ``None``: not sent.
     approvals_reviewer: ApprovalsReviewer | None = None
     service_tier: str | None = None
-    #: Per-turn settings, sent on every ``turn/start`` that has them (``None``: not sent, the
-    #: thread keeps what it holds; see :mod:`codex_turn.harness.runtime_controls`). The
-    #: reasoning effort is a value the model advertises (``"low"``, ``"medium"``,
-    #: ``"high"`` ...); the output schema, a JSON Schema object constraining this turn's final
-    #: assistant message (this turn only). ``approval_policy`` and ``sandbox`` above are
-    #: re-sent on ``turn/start`` too, so they take effect on a thread Codex already holds.
+    #: Per-turn settings, sent on ``turn/start`` when stated. The reasoning effort is a value
+    #: the model advertises (``"low"``, ``"medium"``, ``"high"`` ...); ``None``: the configured
+    #: default (Codex reports it only when one is configured, ``model_reasoning_effort``;
+    #: without one an earlier turn's effort stays on the thread until a turn states one). The
+    #: output schema, a JSON Schema object constraining this turn's final assistant message
+    #: (this turn only).
     reasoning_effort: str | None = None
     output_schema: Mapping[str, Any] | None = None
-    #: Bounds on the host's ``TurnHooks.on_approval`` / ``on_user_input`` callbacks (also kept
-    #: under ``idle_timeout``): a request not answered in time is declined / gets no answers,
-    #: and the turn continues.
+    #: Bounds on the host's ``TurnHooks.on_approval`` / ``on_user_input`` callbacks: a request
+    #: not answered in time is declined / gets no answers, and the turn continues. The turn's
+    #: idle timer does not run while one is pending (``turn_timeout`` still bounds the turn).
     approval_timeout: float = 60.0
     user_input_timeout: float = 60.0
     #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
@@ -106,6 +109,13 @@ class TurnParams:
     session_wait_timeout: float = 30.0
     #: Offer the ``sessions_yield`` tool: the model may end the run early (yield-aborted).
     yield_tool: bool = False
+    #: What a message for this session that arrives while this turn runs becomes
+    #: (:func:`~codex_turn.harness.steering.steer_codex_turn`): ``"steer"``, delivered to the
+    #: running Codex turn (one ``turn/steer`` per batch; a batch closes once
+    #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"``, run as the
+    #: next turn; ``"reject"``, refused.
+    steering: Literal["steer", "queue", "reject"] = "steer"
+    steer_quiet_interval: float = 0.25
     #: Raise the engine's first contract violation (an assembly of ``None``, a malformed
     #: result, an exception escaping an engine method ...) as
     #: :class:`~codex_turn.harness.engine.EngineContractViolation` once the turn ended on its
@@ -185,6 +195,11 @@ def _validate(p: TurnParams) -> None:
     if p.service_tier is not None and not isinstance(p.service_tier, str):
         _fail("service_tier must be a string or None")
     _validate_runtime_controls(p)
+    if p.steering not in ("steer", "queue", "reject"):
+        _fail("steering must be 'steer', 'queue' or 'reject'")
+    quiet = p.steer_quiet_interval
+    if isinstance(quiet, bool) or not isinstance(quiet, int | float) or not 0 <= quiet <= 60:
+        _fail("steer_quiet_interval must be a number of seconds from 0 to 60")
 
 
 def _validate_runtime_controls(p: TurnParams) -> None:
@@ -237,6 +252,11 @@ class TurnResult:
     #: Why this turn could not be written to the transcript (outcome ``unsaved`` when Codex
     #: completed it); ``None`` when it was written or never ran.
     mirror_error: str | None = None
+    #: Files Codex saved during the turn (generated images), even without assistant text.
+    files: tuple[TurnFile, ...] = ()
+    #: Messages steered into this turn while it ran, in arrival order (mirrored after the
+    #: prompt; this turn's reply answers them too).
+    steered: tuple[str, ...] = ()
 
     @property
     def durations_ms(self) -> dict[str, float]:

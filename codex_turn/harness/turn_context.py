@@ -11,9 +11,10 @@ trigger or decides a branch: the thread facts are gathered here and the thread t
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import attrs
@@ -51,8 +52,16 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
-from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport, TurnParams
+from codex_turn.harness.turn_api import (
+    TURN_START_TEXT_MAX_CHARS,
+    InvalidTurnParams,
+    MaintenanceReport,
+    TurnParams,
+)
 from codex_turn.harness.usage import Usage
+
+if TYPE_CHECKING:
+    from codex_turn.harness.steering import LiveTurn
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
@@ -151,6 +160,21 @@ class Mirrored:
     error: str | None = None
 
 
+_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def prompt_identity_for(idempotency_key: str | None) -> str:
+    """The prompt's mirror identity: stable for a host's turn id (a re-run of the turn after
+    a crash mirrors its prompt once), else run-unique. Refuses a malformed key."""
+    if idempotency_key is None:
+        return f"run-{uuid.uuid4().hex}:prompt"
+    if not isinstance(idempotency_key, str) or not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+        raise InvalidTurnParams(
+            "idempotency_key must be 1-128 characters of [A-Za-z0-9._-] (or None)"
+        )
+    return f"turn-{idempotency_key}:prompt"
+
+
 @attrs.define(eq=False)
 class YieldSwitch:
     """The ``sessions_yield`` tool's link into the running turn (an event from Codex, so it
@@ -202,6 +226,9 @@ class TurnContext:
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
     cleanup_deadline: float | None = None
+    #: The turn's link to the runner while it runs: messages steered into it, its event
+    #: stream, the files Codex saved (:mod:`codex_turn.harness.steering`); ``None``: none.
+    live: LiveTurn | None = None
     _tools_fingerprint: str | None = attrs.field(default=None, init=False)
 
     @property

@@ -50,7 +50,7 @@ __all__ = [
     "running_model",
 ]
 
-ReplyKind = Literal["echo", "text", "reasoning", "function_call", "http_error"]
+ReplyKind = Literal["echo", "text", "computed", "reasoning", "function_call", "http_error"]
 RequestKind = Literal["turn", "compaction"]
 
 DEFAULT_USAGE: Mapping[str, int] = {"input": 100, "cached": 0, "output": 10}
@@ -77,6 +77,7 @@ class Reply:
     delay: float = 0.0
     usage: Mapping[str, int] | None = None
     partial_text: str = ""
+    compute: Callable[[RecordedRequest], str] | None = None
 
     @classmethod
     def echo(cls, *, delay: float = 0.0, usage: Mapping[str, int] | None = None) -> Reply:
@@ -95,6 +96,18 @@ class Reply:
         """A fixed assistant message. ``partial_text`` is streamed as a delta *before* the
         delay, so an interrupt during the delay leaves a dangling, partial agent message."""
         return cls("text", text=text, delay=delay, usage=usage, partial_text=partial_text)
+
+    @classmethod
+    def computed(
+        cls,
+        answer: Callable[[RecordedRequest], str],
+        *,
+        delay: float = 0.0,
+        usage: Mapping[str, int] | None = None,
+    ) -> Reply:
+        """An assistant message computed from the request Codex sent (``answer(request)``,
+        called on the server's thread), so a reply can show what the model received."""
+        return cls("computed", compute=answer, delay=delay, usage=usage)
 
     @classmethod
     def with_reasoning(
@@ -547,6 +560,8 @@ def _reply_events(
                 text = "TOOL RESULT: " + _output_text(request.function_call_outputs[-1]["output"])
             else:
                 text = "ECHO: " + request.last_user_text
+        elif reply.kind == "computed" and reply.compute is not None:
+            text = reply.compute(request)
         else:
             text = reply.text
         if not reply.partial_text:

@@ -51,6 +51,7 @@ from .errors import (
     CodexBinaryMissing,
     CodexHomeNotPrivate,
     CodexLoginRequired,
+    InvalidAppServerConfig,
     ThreadNotFound,
 )
 from .manager import AppServer
@@ -120,6 +121,7 @@ __all__ = [
     "DynamicTool",
     "DynamicToolSpec",
     "ImageInput",
+    "InvalidAppServerConfig",
     "LineTransport",
     "LoadedThread",
     "LocalImageInput",

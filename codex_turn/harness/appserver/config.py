@@ -51,19 +51,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import re
 import stat
 import tempfile
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, get_args
 
 import attrs
 import tomli_w
 
 from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
-from .errors import CodexBinaryMissing, CodexHomeNotPrivate
+from .errors import CodexBinaryMissing, CodexHomeNotPrivate, InvalidAppServerConfig
+from .types import AskForApproval, SandboxMode
 
 __all__ = [
     "AppServerConfig",
@@ -105,9 +108,189 @@ def bundled_path_dirs() -> list[Path]:
     return [d for d in (path_dir, path_dir.parent / "codex-resources") if d.is_dir()]
 
 
+# --- validation (at construction) ------------------------------------------------------------
+#
+# Every field of both configs is checked when the config is built (``attrs.evolve`` included),
+# each by one check below that returns what the value must be, or ``None``. All bad fields are
+# reported at once, each as ``Class.field: must ...``, never quoting the value: a URL can carry
+# credentials, an environment value a key. What only TOML can tell (the content of
+# ``extra_config`` and ``config_overrides``) is still checked when the config is written.
+
+Check = Callable[[Any], str | None]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_seconds(value: Any) -> str | None:
+    if _number(value) and math.isfinite(value) and value > 0:
+        return None
+    return "must be a positive, finite number of seconds"
+
+
+def _grace_seconds(value: Any) -> str | None:
+    if _number(value) and math.isfinite(value) and value >= 0:
+        return None
+    return "must be a non-negative, finite number of seconds"
+
+
+def _positive_rate(value: Any) -> str | None:
+    if _number(value) and math.isfinite(value) and value > 0:
+        return None
+    return "must be a positive, finite number"
+
+
+def _at_least(minimum: int, *, optional: bool = False) -> Check:
+    what = f"must be an int >= {minimum}" + (" or None" if optional else "")
+
+    def check(value: Any) -> str | None:
+        if (value is None and optional) or (_integer(value) and value >= minimum):
+            return None
+        return what
+
+    return check
+
+
+def _flag(*, optional: bool = False) -> Check:
+    what = "must be True or False" + (" (or None)" if optional else "")
+
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, bool) or (value is None and optional) else what
+
+    return check
+
+
+def _text(*, optional: bool = False, blank: bool = False) -> Check:
+    what = "must be a string" if blank else "must be a non-blank string"
+    what += " or None" if optional else ""
+
+    def check(value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, str) and (blank or value.strip()):
+            return None
+        return what
+
+    return check
+
+
+def _one_of(allowed: tuple[str, ...]) -> Check:
+    what = f"must be one of {', '.join(repr(v) for v in allowed)}"
+
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, str) and value in allowed else what
+
+    return check
+
+
+def _path_like(*, optional: bool = False) -> Check:
+    what = "must be a non-empty path" + (" or None" if optional else "")
+
+    def check(value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, str | os.PathLike) and os.fspath(value):
+            return None
+        return what
+
+    return check
+
+
+def _mapping(value: Any) -> str | None:
+    return None if isinstance(value, Mapping) else "must be a mapping"
+
+
+def _command(value: Any) -> str | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, tuple | list)
+        and value
+        and all(isinstance(arg, str | os.PathLike) for arg in value)
+        and os.fspath(value[0])
+    ):
+        return None
+    return "must be None or a non-empty tuple of arguments (strings or paths)"
+
+
+def _env_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(name) and "=" not in name and "\x00" not in name
+
+
+def _env(value: Any) -> str | None:
+    if isinstance(value, Mapping) and all(
+        _env_name(name) and isinstance(text, str) and "\x00" not in text
+        for name, text in value.items()
+    ):
+        return None
+    return "must map variable names (non-empty, without '=' or NUL) to strings (without NUL)"
+
+
+def _umask(value: Any) -> str | None:
+    if value is None or (_integer(value) and 0 <= value <= 0o777):
+        return None
+    return "must be None or an int from 0 to 0o777"
+
+
+def _provider(value: Any) -> str | None:
+    return (
+        None
+        if value is None or isinstance(value, ModelProviderConfig)
+        else "must be a ModelProviderConfig or None"
+    )
+
+
+def _http_url(value: Any) -> str | None:
+    what = "must be an http:// or https:// URL with a host (and a valid port, no whitespace)"
+    if not isinstance(value, str) or not value.isprintable() or any(c.isspace() for c in value):
+        return what
+    try:
+        url = urllib.parse.urlsplit(value)
+        _ = url.port  # a ValueError when out of range or not a number
+    except ValueError:
+        return what
+    if url.scheme.lower() not in ("http", "https") or not url.hostname:
+        return what
+    return None
+
+
+def _env_key(value: Any) -> str | None:
+    if value is None or _env_name(value):
+        return None
+    return "must be None or an environment variable name (non-empty, without '=' or NUL)"
+
+
+def _validate(instance: Any, checks: Mapping[str, Check]) -> None:
+    """Raise :class:`InvalidAppServerConfig` naming every field of ``instance`` that fails its
+    check (in field order), one message each."""
+    owner = type(instance).__name__
+    problems = [
+        f"{owner}.{field.name}: {problem}"
+        for field in attrs.fields(type(instance))
+        if (problem := checks[field.name](getattr(instance, field.name))) is not None
+    ]
+    if problems:
+        raise InvalidAppServerConfig(problems)
+
+
+#: What Codex 0.163 accepts (its generated schema; ``wire_api = "chat"`` is refused).
+_APPROVAL_POLICIES: Final = tuple(get_args(get_args(AskForApproval)[0]))
+_SANDBOX_MODES: Final = tuple(get_args(SandboxMode))
+_WIRE_APIS: Final = ("responses",)
+
+
 @attrs.frozen
 class ModelProviderConfig:
-    """A ``[model_providers.<id>]`` table. No ``env_key`` means no Authorization header."""
+    """A ``[model_providers.<id>]`` table. No ``env_key`` means no Authorization header.
+
+    Checked when built (:class:`~.errors.InvalidAppServerConfig`): ``base_url`` an http(s)
+    URL, ``wire_api`` ``"responses"`` (the only one Codex 0.163 accepts), ``env_key`` a
+    variable name, retries ``>= 0``, ``stream_idle_timeout_ms`` ``> 0``."""
 
     base_url: str
     id: str = OFFLINE_PROVIDER_ID
@@ -132,9 +315,27 @@ class ModelProviderConfig:
             table["stream_idle_timeout_ms"] = self.stream_idle_timeout_ms
         return table
 
+    def __attrs_post_init__(self) -> None:
+        _validate(self, _PROVIDER_CHECKS)
+
+
+_PROVIDER_CHECKS: Final[dict[str, Check]] = {
+    "base_url": _http_url,
+    "id": _text(),
+    "name": _text(),
+    "wire_api": _one_of(_WIRE_APIS),
+    "env_key": _env_key,
+    "request_max_retries": _at_least(0),
+    "stream_max_retries": _at_least(0),
+    "stream_idle_timeout_ms": _at_least(1, optional=True),
+}
+
 
 def _path(value: str | os.PathLike[str]) -> Path:
-    return Path(value)
+    # Anything else (None, an empty string) is left for the check to report, by name.
+    if isinstance(value, str | os.PathLike) and os.fspath(value):
+        return Path(value)
+    return value  # type: ignore[return-value]
 
 
 @attrs.frozen(kw_only=True)
@@ -149,7 +350,7 @@ class AppServerConfig:
     missed a deadline has to show a sign of life before it is declared dead and replaced
     (see :mod:`.client`). ``umask``: the child's umask (``None``: the parent's; see the module
     header). ``log_stderr_text``: Codex's stderr is logged
-    as counts and levels only (``appserver.stderr`` at debug, with ``level`` and ``chars``);
+    as counts and levels only (``appserver.stderr`` at debug, with ``codex_level`` and ``chars``);
     set this to also log each line's (secret-scrubbed, truncated) text. Off by default: with
     ``RUST_LOG`` set, Codex traces request and tool content there, outside any turn's
     redaction context.
@@ -161,6 +362,12 @@ class AppServerConfig:
 
     ``config_overrides`` become ``-c key=value`` arguments (:func:`override_args`);
     ``extra_config`` is merged into a private home's config.toml.
+
+    Every field is checked when the config is built, :meth:`offline`, :meth:`user` and
+    ``attrs.evolve`` included: a wrong type or value raises
+    :class:`~.errors.InvalidAppServerConfig` (a ``ValueError``) naming each bad field, never
+    its value. Timeouts are positive and finite, ``interrupt_grace`` non-negative and finite,
+    ``umask`` ``0..0o777``, ``approval_policy`` and ``sandbox_mode`` values Codex accepts.
     """
 
     codex_home: Path = attrs.field(converter=_path)
@@ -193,6 +400,9 @@ class AppServerConfig:
     liveness_timeout: float = LIVENESS_TIMEOUT_S
     umask: int | None = PRIVATE_UMASK
     login_check: bool | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _validate(self, _APPSERVER_CHECKS)
 
     @classmethod
     def offline(
@@ -366,6 +576,40 @@ class AppServerConfig:
             env["RUST_LOG"] = self.rust_log
         env.update(self.env)
         return env
+
+
+_APPSERVER_CHECKS: Final[dict[str, Check]] = {
+    "codex_home": _path_like(),
+    "write_config": _flag(),
+    "provider": _provider,
+    "model": _text(optional=True),
+    "approval_policy": _one_of(_APPROVAL_POLICIES),
+    "sandbox_mode": _one_of(_SANDBOX_MODES),
+    "compact_prompt": _text(optional=True, blank=True),
+    "auto_compact_token_limit": _at_least(1, optional=True),
+    "extra_config": _mapping,
+    "config_overrides": _mapping,
+    "codex_bin": _path_like(optional=True),
+    "command": _command,
+    "home": _path_like(optional=True),
+    "env": _env,
+    "inherit_env": _flag(),
+    "rust_log": _text(optional=True, blank=True),
+    "client_name": _text(),
+    "client_title": _text(),
+    "client_version": _text(),
+    "experimental_api": _flag(),
+    "request_timeout": _positive_seconds,
+    "initialize_timeout": _positive_seconds,
+    "shutdown_timeout": _positive_seconds,
+    "stderr_lines_per_second": _positive_rate,
+    "stderr_burst": _at_least(1),
+    "log_stderr_text": _flag(),
+    "interrupt_grace": _grace_seconds,
+    "liveness_timeout": _positive_seconds,
+    "umask": _umask,
+    "login_check": _flag(optional=True),
+}
 
 
 def _deep_merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:

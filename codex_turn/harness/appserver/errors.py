@@ -13,6 +13,8 @@ error dict. The tree is small on purpose::
         │                         dead after missing its deadlines); every pending request
         │                         fails with it, nothing hangs
         ├── AppServerTimeout      a request (or a turn, a compaction) missed its deadline
+        ├── InvalidAppServerConfig  an AppServerConfig / ModelProviderConfig field is wrong
+        │                         (raised when it is built; a ValueError and TypeError too)
         └── AppServerStartError   the binary could not be spawned or initialised
             ├── CodexHomeNotPrivate   a private home (``offline()``) would have to overwrite
             │                         or write into a user's Codex configuration: refused
@@ -35,6 +37,7 @@ Messages are short and never carry prompts or model text; they are safe for
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -51,6 +54,7 @@ __all__ = [
     "AppServerTimeout",
     "CodexHomeNotPrivate",
     "CodexLoginRequired",
+    "InvalidAppServerConfig",
     "ThreadNotFound",
 ]
 
@@ -122,6 +126,18 @@ class AppServerTimeout(AppServerError):
         super().__init__(message)
         self.method = method
         self.seconds = seconds
+
+
+class InvalidAppServerConfig(AppServerError, ValueError, TypeError):
+    """An :class:`~.config.AppServerConfig` or :class:`~.config.ModelProviderConfig` field has
+    a wrong type or value, refused when the config is built (before anything is written or
+    spawned). ``problems``: one message per bad field, ``Class.field: what it must be``; never
+    the value itself (a URL or an environment value can hold a secret). A ``ValueError`` and a
+    ``TypeError`` too."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
 
 
 class AppServerStartError(AppServerError):

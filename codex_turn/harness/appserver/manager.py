@@ -93,6 +93,10 @@ class _ThreadMemo:
     tools: ToolRegistry | None
     generation: int
     policy: _RuntimePolicy = _RuntimePolicy()
+    #: The sticky turn settings Codex reported when this pool first loaded the thread (see
+    #: :attr:`~.threads.LoadedThread.defaults`): an auto-resume restores them, never a
+    #: per-turn override Codex kept in the rollout.
+    defaults: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 class AppServer:
@@ -283,9 +287,25 @@ class AppServer:
         )
         self._remember(
             result.thread_id,
-            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation, policy),
+            _ThreadMemo(
+                developer_instructions,
+                cwd,
+                model,
+                registry,
+                self.generation,
+                policy,
+                self._defaults_of(client, result.thread_id),
+            ),
         )
         return result
+
+    def _defaults_of(self, client: AppServerClient, thread_id: str) -> Mapping[str, Any]:
+        """The thread's defaults: those of its first load in this pool, kept across restarts."""
+        memo = self._threads.get(thread_id)
+        if memo is not None and memo.defaults:
+            return memo.defaults
+        loaded = client.loaded_thread(thread_id)
+        return dict(loaded.defaults) if loaded is not None else {}
 
     async def resume_thread(
         self,
@@ -322,9 +342,18 @@ class AppServer:
             **policy.kwargs(),
             **kwargs,
         )
+        known = self._threads.get(thread_id)
+        if known is not None and known.defaults:
+            # Codex loads the thread from its rollout with the per-turn settings its last turn
+            # left (it unloads idle threads; a restart loses them all): the next turn without
+            # its own sends the defaults recorded at the first load back.
+            client.adopt_defaults(thread_id, known.defaults)
+        defaults = self._defaults_of(client, thread_id)
         self._remember(
             thread_id,
-            _ThreadMemo(developer_instructions, cwd, model, registry, self.generation, policy),
+            _ThreadMemo(
+                developer_instructions, cwd, model, registry, self.generation, policy, defaults
+            ),
         )
         return result
 

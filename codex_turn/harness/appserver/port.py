@@ -48,6 +48,16 @@ class TurnHandlePort(Protocol):
         """Send ``turn/interrupt`` once, after the turn's ``turn/started``."""
         ...
 
+    async def steer(
+        self,
+        input: Sequence[UserInput],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
+        """``turn/steer``: more user input for this running turn (after its
+        ``turn/started``); Codex's turn id. Raises ``AppServerError`` when refused."""
+        ...
+
     async def collect(
         self,
         *,

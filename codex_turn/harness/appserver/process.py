@@ -16,13 +16,13 @@ background job (draining stderr). Everything OS-level is mapped here, once:
 stderr is a pipe too, and a full pipe would block the server, so it is drained continuously.
 Its text is *not* logged by default: with ``RUST_LOG`` set, Codex traces request and tool
 content there, and the drain runs outside any turn's redaction context. Each line becomes an
-``appserver.stderr`` debug event with the line's tracing ``level`` (``ERROR``, ``WARN``, ...,
-parsed from the line; ``None`` when it has none) and its length in ``chars``; the text itself
-is logged (secret-scrubbed, truncated) only when
-:attr:`~.config.AppServerConfig.log_stderr_text` opts in. Either way at a bounded rate (a
-token bucket); excess lines are counted and reported as one summary line. The last few lines
-are kept in memory for diagnostics but never put into exception messages (they may quote
-content).
+``appserver.stderr`` debug event with the line's tracing level as ``codex_level`` (``ERROR``,
+``WARN``, ..., parsed from the line; ``None`` when it has none; not ``level``, which is the
+record's own) and its length in ``chars``; the text itself is logged (secret-scrubbed,
+truncated) only when :attr:`~.config.AppServerConfig.log_stderr_text` opts in. Either way at
+a bounded rate (a token bucket); excess lines are counted and reported as one summary line.
+The last few lines are kept in memory for diagnostics but never put into exception messages
+(they may quote content).
 
 The child starts with :attr:`~.config.AppServerConfig.umask` (``0o077`` for a private home:
 what Codex writes there is owner-only).
@@ -229,13 +229,13 @@ class AppServerProcess:
         level = stderr_level(line)
         if not self._config.log_stderr_text:
             # Facts only: the text can quote prompts, tool arguments and model output.
-            log.debug("appserver.stderr", pid=self.pid, level=level, chars=len(line))
+            log.debug("appserver.stderr", pid=self.pid, codex_level=level, chars=len(line))
             return
         emit = log.warning if level == "ERROR" else log.info
         emit(
             "appserver.stderr",
             pid=self.pid,
-            level=level,
+            codex_level=level,
             chars=len(line),
             line=line[:_LOGGED_STDERR_CHARS],
         )

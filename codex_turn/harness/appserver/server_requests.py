@@ -34,7 +34,11 @@ long as it runs (:func:`bind_turn_handlers`, done by ``turn(..., handlers=...)``
   (``{"answers": {}}``: the model is told nothing was answered and goes on).
 
 When the turn ends (completed, interrupted, timed out, cancelled), a callback still pending is
-cancelled and its request answered with the safe default at once: nothing outlives its turn.
+cancelled and its request answered with the safe default at once. Each callback runs in a task
+of its own (the connection's): at its deadline or the turn's end the safe answer goes out at
+once and the callback is cancelled and abandoned; one that ignores cancellation (a shielded
+scope) finishes in the background, holding neither the request nor the turn (its late result
+is dropped; a late failure is logged by type only).
 
 **Privacy.** Commands, reasons, working directories, MCP messages, questions, options and
 answers are never logged: the log says which method, which kind, how many questions, which
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import time
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -235,16 +240,79 @@ class TurnRequestHandlers:
 class _TurnBinding:
     """The handlers bound to one thread while its turn runs, and the waits in flight."""
 
-    def __init__(self, handlers: TurnRequestHandlers) -> None:
+    def __init__(
+        self,
+        handlers: TurnRequestHandlers,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+    ) -> None:
         self.handlers = handlers
         self.closed = False
+        self._spawn = spawn
         self._waits: set[anyio.CancelScope] = set()
+        #: Host callbacks being waited for: Codex is silent meanwhile, so the turn's idle
+        #: timer does not run (:meth:`~.turn.TurnHandle.collect`).
+        self.pending = 0
+        #: When the last callback was answered (the idle timer restarts from there).
+        self.answered_at = -math.inf
 
     async def bounded(self, call: Callable[[], Awaitable[T]], seconds: float) -> tuple[T, str]:
         """``(result, "host")``; raises ``TimeoutError`` when the wait ran out, or the turn
-        ended meanwhile (the caller answers the safe default)."""
+        ended meanwhile (the caller answers the safe default).
+
+        The callback runs in a task of its own (the connection's): at the deadline it is
+        asked to stop (cancelled) and abandoned, so one that ignores cancellation (a shielded
+        scope) finishes in the background and never holds the answer or the turn's end."""
         if self.closed:
             raise TimeoutError("the turn has ended")
+        self.pending += 1
+        try:
+            if self._spawn is None:
+                return await self._inline(call, seconds)
+            return await self._in_task(call, seconds)
+        finally:
+            self.pending -= 1
+            self.answered_at = anyio.current_time()
+
+    async def _in_task(self, call: Callable[[], Awaitable[T]], seconds: float) -> tuple[T, str]:
+        done = anyio.Event()
+        outcome: list[tuple[bool, Any]] = []
+        callback_scope = anyio.CancelScope()
+        abandoned = False
+
+        async def run() -> None:
+            with callback_scope:
+                try:
+                    outcome.append((True, await call()))
+                except Exception as exc:
+                    outcome.append((False, exc))
+                    if abandoned:
+                        # The type only: a host's message may quote private text.
+                        log.info(
+                            "appserver.abandoned_callback_failed", error_type=type(exc).__name__
+                        )
+                finally:
+                    done.set()
+            if abandoned:
+                log.info("appserver.abandoned_callback_finished")
+
+        assert self._spawn is not None
+        self._spawn(run)
+        with anyio.move_on_after(seconds) as waiting:
+            self._waits.add(waiting)
+            try:
+                await done.wait()
+            finally:
+                self._waits.discard(waiting)
+        if not outcome:
+            abandoned = True
+            callback_scope.cancel()
+            raise TimeoutError("turn ended" if self.closed else "timed out")
+        ok, value = outcome[0]
+        if ok:
+            return value, "host"
+        raise value
+
+    async def _inline(self, call: Callable[[], Awaitable[T]], seconds: float) -> tuple[T, str]:
         with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
             self._waits.add(scope)
             try:
@@ -268,7 +336,8 @@ def bind_turn_handlers(
     if handlers is None:
         yield
         return
-    binding = _TurnBinding(handlers)
+    group = getattr(client, "_tg", None)
+    binding = _TurnBinding(handlers, group.start_soon if group is not None else None)
     client._turn_handlers[thread_id] = binding
     try:
         yield
@@ -457,8 +526,11 @@ async def _ask_host_input(binding: _TurnBinding, params: Mapping[str, Any]) -> d
             source = "cancelled"
         else:
             response = user_input_response(request, answers)
-            if not isinstance(answers, Mapping):
-                source = "invalid"
+            if not isinstance(answers, Mapping) or any(
+                question.id in answers and question.id not in response["answers"]
+                for question in request.questions
+            ):
+                source = "invalid"  # not a mapping, or an answer that is not text (dropped)
     except TimeoutError:
         source = "turn_ended" if binding.closed else "timeout"
     except Exception as exc:

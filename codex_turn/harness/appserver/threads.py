@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -54,9 +54,13 @@ if TYPE_CHECKING:
 else:
     _Connection = object
 
-__all__ = ["LoadedThread", "settings_key"]
+__all__ = ["STICKY_TURN_FIELDS", "LoadedThread", "loaded_defaults", "settings_key"]
 
 log = get_logger(__name__)
+
+
+#: ``turn/start`` fields Codex keeps on the thread "for this turn and subsequent turns".
+STICKY_TURN_FIELDS: Final = ("effort", "approvalPolicy", "sandboxPolicy")
 
 
 @attrs.frozen
@@ -66,6 +70,24 @@ class LoadedThread:
     result: ThreadResult  # the answer of the last thread/start or thread/resume
     settings: str  # settings_key() of what was sent with it
     compacted: bool = False  # Codex compacted the thread since (instructions may be gone)
+    #: The effective values Codex reported when the thread was loaded, as ``turn/start``
+    #: fields (:data:`STICKY_TURN_FIELDS`; a value Codex reported as ``null`` is absent): what
+    #: a turn that states none of its own runs with. A resume of a thread already loaded
+    #: keeps them (Codex ignores its settings).
+    defaults: Mapping[str, Any] = attrs.field(factory=dict)
+    #: The sticky fields a ``turn/start`` of this process set on the thread to something
+    #: else than the default: the next turn without its own value sends the default back.
+    overridden: frozenset[str] = frozenset()
+
+
+def loaded_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The sticky ``turn/start`` fields of a thread/start or thread/resume response."""
+    reported = {
+        "effort": raw.get("reasoningEffort"),
+        "approvalPolicy": raw.get("approvalPolicy"),
+        "sandboxPolicy": raw.get("sandbox"),
+    }
+    return {field: value for field, value in reported.items() if value is not None}
 
 
 def settings_key(
@@ -119,6 +141,17 @@ class _ThreadMethods(_Connection):
         """What Codex holds for ``thread_id`` as far as this process knows, or ``None`` when
         this process has not loaded it (or Codex unloaded it since)."""
         return self._loaded.get(thread_id)
+
+    def adopt_defaults(self, thread_id: str, defaults: Mapping[str, Any]) -> None:
+        """``thread_id`` was loaded again (a new process) with what Codex restored from its
+        rollout, which may be an earlier turn's effort, approval policy or sandbox: its
+        defaults are ``defaults`` (recorded at its first load), and its next turn without its
+        own values sends them explicitly."""
+        loaded = self._loaded.get(thread_id)
+        if loaded is not None:
+            self._loaded[thread_id] = attrs.evolve(
+                loaded, defaults=dict(defaults), overridden=frozenset(STICKY_TURN_FIELDS)
+            )
 
     def forget_thread(self, thread_id: str) -> None:
         """Drop this client's local state for ``thread_id``: its tool registry (and whatever
@@ -187,6 +220,7 @@ class _ThreadMethods(_Connection):
                 model_provider=model_provider,
                 personality=personality,
             ),
+            defaults=loaded_defaults(raw),
         )
         log.info(
             "appserver.thread_started",
@@ -252,6 +286,8 @@ class _ThreadMethods(_Connection):
         registry = as_registry(tools)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
+        # A thread already loaded keeps what it holds (Codex ignores the resume's settings).
+        held = self._loaded.get(result.thread_id)
         self._loaded[result.thread_id] = LoadedThread(
             result,
             settings_key(
@@ -267,6 +303,8 @@ class _ThreadMethods(_Connection):
                 model_provider=model_provider,
                 personality=personality,
             ),
+            defaults=held.defaults if held is not None else loaded_defaults(raw),
+            overridden=held.overridden if held is not None else frozenset(),
         )
         log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result

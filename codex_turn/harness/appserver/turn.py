@@ -36,8 +36,8 @@ import collections
 import contextlib
 import enum
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, Protocol, Self
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Protocol, Self
 
 import anyio
 
@@ -47,6 +47,7 @@ from .defaults import INTERRUPT_GRACE_S
 from .errors import AppServerClosed, AppServerError, AppServerRpcError
 from .logsafe import capped
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
+from .types import TurnSteerParams, UserInput, unstructure
 
 __all__ = ["CodexTurnPhase", "TurnHandle"]
 
@@ -178,6 +179,10 @@ class TurnHandle:
         self._stream = stream
         self._phase = phase
         self._replay: collections.deque[Notification] = collections.deque()
+        #: Set once the turn is active (``turn/started``) or over: ``turn/steer`` waits for it.
+        self._active = anyio.Event()
+        if phase is not CodexTurnPhase.STARTING:
+            self._active.set()
 
     def __repr__(self) -> str:
         return (
@@ -228,6 +233,8 @@ class TurnHandle:
             self._fire(_TurnInput.STARTED)
         if self.projector.done:
             self._fire(_TurnInput.COMPLETED)
+        if self._phase is not CodexTurnPhase.STARTING:
+            self._active.set()
         return True
 
     async def _await_active(self, seconds: float) -> None:
@@ -270,6 +277,37 @@ class TurnHandle:
             # "no active turn": it ended on its own meanwhile; its turn/completed is coming.
             log.info("appserver.interrupt_refused", code=exc.code)
 
+    async def steer(
+        self,
+        input: Sequence[UserInput],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
+        """``turn/steer``: deliver more user input to this running turn; Codex's turn id.
+
+        Codex refuses a steer before the turn is active (like an interrupt), so this first
+        waits for the turn's ``turn/started`` (at most the interrupt grace; the iteration reads
+        it). Codex 0.163 answers at once and ends the model's current response early, then
+        samples again with the new input in the same turn. Raises
+        :class:`~.errors.AppServerRpcError` when Codex refuses (``-32600``: "no active turn to
+        steer" once the turn ended; an ``expectedTurnId`` that is not the active turn), and
+        :class:`~.errors.AppServerError` when the turn is over or given up on, or when the
+        client cannot send requests.
+        """
+        with anyio.move_on_after(self.interrupt_grace):
+            await self._active.wait()
+        if self._phase is not CodexTurnPhase.RUNNING:
+            raise AppServerError(f"cannot steer a turn that is {self._phase.value}")
+        request: Any = getattr(self.client, "request", None)
+        if not callable(request):
+            raise AppServerError("this app-server client cannot steer a turn")
+        params = TurnSteerParams(
+            thread_id=self.thread_id, expected_turn_id=self.turn_id, input=list(input)
+        )
+        raw = await request("turn/steer", unstructure(params), timeout=timeout)
+        turn_id = raw.get("turnId") if isinstance(raw, Mapping) else None
+        return turn_id if isinstance(turn_id, str) and turn_id else self.turn_id
+
     async def _drain(self, seconds: float) -> bool:
         with anyio.move_on_after(seconds):
             async for _ in self:
@@ -303,6 +341,16 @@ class TurnHandle:
         with anyio.CancelScope(shield=True):
             await self._abandon()
 
+    def _host_answering(self, idle_timeout: float) -> bool:
+        """A host callback (approval, user input) of this turn's thread is pending, or was
+        answered less than ``idle_timeout`` ago (Codex goes on from there)."""
+        bindings = getattr(self.client, "_turn_handlers", None)
+        binding = bindings.get(self.thread_id) if isinstance(bindings, dict) else None
+        if binding is None:
+            return False
+        recent = anyio.current_time() - binding.answered_at < idle_timeout
+        return bool(binding.pending > 0 or recent)
+
     async def collect(
         self,
         *,
@@ -315,7 +363,10 @@ class TurnHandle:
         Only *receiving* is bounded by ``idle_timeout`` and ``timeout``: ``on_event`` runs
         outside those scopes, so a slow callback (a compaction hook, say) is neither cancelled
         nor counted as Codex being idle (the next wait starts after it returns; the overall
-        deadline still bounds the waits). On a timeout the turn is interrupted (once) and
+        deadline still bounds the waits). Neither is a host callback answering an approval or
+        a user-input request of this thread (Codex is silent while it waits): the idle
+        timeout does not fire while one is pending, which its own timeout bounds (its window
+        restarts once the host answered). On a timeout the turn is interrupted (once) and
         given the interrupt grace to end; the result is ``TIMED_OUT`` even when that
         interrupt itself fails (times out, or the process died meanwhile).
         """
@@ -335,6 +386,8 @@ class TurnHandle:
             if n is None:
                 if anyio.current_time() >= deadline:
                     timed_out = f"codex app-server turn timed out after {timeout:g}s"
+                elif self._host_answering(idle_timeout or math.inf):
+                    continue  # Codex waits for the host's answer: not idle
                 else:
                     timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
                 break

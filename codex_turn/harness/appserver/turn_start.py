@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from codex_turn._log import get_logger
@@ -31,6 +32,7 @@ from .errors import AppServerTimeout
 from .logsafe import capped
 from .projector import CodexTurnResult, Notification, TurnProjector
 from .server_requests import TurnRequestHandlers, bind_turn_handlers
+from .threads import STICKY_TURN_FIELDS
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
     ImageInput,
@@ -106,9 +108,11 @@ class _TurnMethods(_Connection):
         items += [ImageInput(url) for url in images]
         with self.subscribe(thread_id) as stream, bind_turn_handlers(self, thread_id, handlers):
             params = TurnStartParams(thread_id=thread_id, input=items)
-            wire = {**(overrides or {}), **unstructure(params)}  # its own fields win
+            sticky = self._sticky_defaults(thread_id, overrides or {})
+            wire = {**sticky, **(overrides or {}), **unstructure(params)}  # its own fields win
             raw = await self._start_turn(thread_id, wire, stream, timeout)
             started = structure(raw, TurnStartResult)
+            self._note_sticky(thread_id, wire)
             projector = TurnProjector(
                 thread_id=thread_id,
                 prompt=text if prompt is None else prompt,
@@ -133,6 +137,33 @@ class _TurnMethods(_Connection):
                 yield handle
             finally:
                 await handle.aclose()
+
+    def _sticky_defaults(self, thread_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The defaults to send back: Codex keeps a turn's effort, approval policy and sandbox
+        for the thread's later turns, so a turn that states none of its own after a turn that
+        did runs with the defaults recorded when the thread was loaded (sent explicitly)."""
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
+            return {}
+        return {
+            field: loaded.defaults[field]
+            for field in loaded.overridden
+            if field not in overrides and field in loaded.defaults
+        }
+
+    def _note_sticky(self, thread_id: str, wire: Mapping[str, Any]) -> None:
+        """Record which sticky fields the thread now holds other than its defaults."""
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
+            return
+        overridden = frozenset(
+            field
+            for field in STICKY_TURN_FIELDS
+            if (field in wire and wire[field] != loaded.defaults.get(field))
+            or (field not in wire and field in loaded.overridden)
+        )
+        if overridden != loaded.overridden:
+            self._loaded[thread_id] = attrs.evolve(loaded, overridden=overridden)
 
     async def _start_turn(
         self,

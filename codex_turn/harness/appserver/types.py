@@ -46,6 +46,7 @@ __all__ = [
     "TurnInterruptParams",
     "TurnStartParams",
     "TurnStartResult",
+    "TurnSteerParams",
     "UserInput",
     "converter",
     "structure",
@@ -271,6 +272,16 @@ class TurnStartResult:
 class TurnInterruptParams:
     thread_id: str
     turn_id: str
+
+
+@attrs.frozen(kw_only=True)
+class TurnSteerParams:
+    """``turn/steer``: more user input for the thread's active turn, which must be
+    ``expected_turn_id`` (Codex refuses it otherwise, and when no turn is active)."""
+
+    thread_id: str
+    expected_turn_id: str
+    input: list[UserInput]
 
 
 @attrs.frozen(kw_only=True)

@@ -63,7 +63,7 @@ from codex_turn.harness.session._format import (
 )
 from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
 
-__all__ = ["ensure_transcript_writable"]
+__all__ = ["check_session_format", "ensure_transcript_writable"]
 
 _log = get_logger(__name__)
 
@@ -120,7 +120,7 @@ def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
     if problem is None:
         return view
     if not _holds_nothing(view):
-        raise SessionFormatError(target, problem)
+        raise SessionFormatError(target, _refusal(problem))
     state = view.state
     current = os.stat(target)
     if (current.st_dev, current.st_ino, current.st_size) != (state.dev, state.ino, view.size):
@@ -133,6 +133,35 @@ def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
         bytes=view.size,
     )
     return _refresh(state)
+
+
+def _refusal(problem: str) -> str:
+    """Why a non-empty file that does not hold nothing is refused: the read cache's
+    ``"empty"`` (no JSON object at all) is, for a file with content, a missing header."""
+    if problem == "empty":
+        return "no session header (no line of it is a JSON object)"
+    return problem
+
+
+def check_session_format(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`SessionFormatError` when ``path`` exists and is not a session transcript
+    the preflight would accept (with the same reason); read-only: nothing is repaired, and
+    a file that holds nothing (empty, whitespace, a torn header) passes. A missing path
+    passes; one that cannot be read is :class:`TranscriptUnwritable`."""
+    target = session_path(path)
+    try:
+        state = _state_for(target)
+        with state.lock:
+            view = _refresh(state)
+            if not view.exists or view.size == 0:
+                return
+            problem = _header_problem(view)
+            if problem is None or _holds_nothing(view):
+                return
+    except OSError as error:
+        why = _unwritable_reason(error) or os.strerror(error.errno or errno.EIO)
+        raise TranscriptUnwritable(target, why) from error
+    raise SessionFormatError(target, _refusal(problem))
 
 
 def _nearest_existing(directory: str) -> str:

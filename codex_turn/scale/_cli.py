@@ -1,0 +1,154 @@
+"""``codex-turn worker --db URL``: run queued turns until SIGTERM (or Ctrl-C), then drain.
+
+One app-server per worker process (the user's Codex home, ``--codex-home``, or with
+``--offline`` a private home per executor id next to the SQLite database and the local
+stand-in model). The
+engine of a turn: ``--engine sqlite`` (the default) is the reference engine whose store sits
+next to the turn's session, one per directory, kept open while the worker runs; ``none`` runs
+plain Codex; ``module:attr`` one engine for every turn.
+
+On SIGTERM or SIGINT the worker stops taking turns, lets the ones in flight finish (at most
+``--drain-timeout`` seconds; a turn still running then is recovered by a live worker's
+watchdog, or when a worker with the same ``--executor-id`` starts) and exits 0. A second
+signal leaves at once. Each live worker needs its own ``--executor-id``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import IO
+
+import anyio
+
+from codex_turn._cli_support import EXIT_OK, UsageError, close_engine, codex_config
+from codex_turn.harness.turn_api import TurnParams
+from codex_turn.scale._worker import TurnWorker
+
+__all__ = ["worker_command"]
+
+
+class _Engines:
+    """The engine of each turn, by the worker's ``--engine``."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self._by_store: dict[str, object | None] = {}
+        self._single: object | None = None
+        if spec not in ("sqlite", "none"):
+            from codex_turn._cli_support import load_engine_spec
+
+            self._single = load_engine_spec(spec)
+
+    def __call__(self, params: TurnParams) -> object | None:
+        if self.spec == "none":
+            return None
+        if self.spec != "sqlite":
+            return self._single
+        from codex_turn.engines import SqliteContextEngine
+
+        store = SqliteContextEngine.store_next_to(params.session_file)
+        if store not in self._by_store:
+            self._by_store[store] = SqliteContextEngine.next_to(params.session_file)
+        return self._by_store[store]
+
+    def close(self) -> None:
+        for engine in [*self._by_store.values(), self._single]:
+            close_engine(engine)
+
+
+def _offline_anchor(database_url: str, executor_id: str) -> str:
+    """``--offline`` keeps a private home per executor id next to the SQLite database (else
+    in the cwd): each worker has a Codex home of its own, as workers on many machines do."""
+    if database_url.startswith("sqlite:///"):
+        base = os.path.dirname(os.path.abspath(database_url.removeprefix("sqlite:///")))
+    else:
+        base = os.getcwd()
+    name = "codex-turn-worker-" + urllib.parse.quote(executor_id, safe="")
+    return os.path.join(base, name, "anchor")
+
+
+async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
+    from codex_turn.harness.appserver import AppServer
+
+    engines = _Engines(args.engine or "sqlite")
+    try:
+        with codex_config(
+            offline=args.offline,
+            codex_home=args.codex_home,
+            session_file=_offline_anchor(args.db, args.executor_id),
+            model=args.model,
+            offline_delay=args.offline_delay,
+            codex_bin=args.codex_bin,
+        ) as (config, _model):
+            async with AppServer.start(config) as server:
+                worker = TurnWorker(
+                    args.db,
+                    app_server=server,
+                    engine=engines,
+                    executor_id=args.executor_id,
+                    drain_timeout=args.drain_timeout,
+                )
+                async with worker:
+                    print(
+                        f"codex-turn worker: executor {args.executor_id} on {args.db}",
+                        file=err,
+                        flush=True,
+                    )
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            print(
+                                f"codex-turn worker: {signal.Signals(signum).name}, draining "
+                                f"({worker.in_flight} in flight)",
+                                file=err,
+                                flush=True,
+                            )
+                            break
+                    drained = await _drain_or_leave(worker)
+                print(
+                    "codex-turn worker: "
+                    + ("drained" if drained else "left turns running (recovered on restart)"),
+                    file=err,
+                    flush=True,
+                )
+    finally:
+        engines.close()
+    return EXIT_OK
+
+
+async def _drain_or_leave(worker: TurnWorker) -> bool:
+    """Drain; a second signal stops waiting for the turns in flight."""
+    worker.stop_taking_turns()
+    async with anyio.create_task_group() as group:
+
+        async def wait_idle() -> None:
+            await worker.wait_idle(worker.drain_timeout)
+            group.cancel_scope.cancel()
+
+        async def second_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    group.cancel_scope.cancel()
+                    return
+
+        group.start_soon(second_signal)
+        group.start_soon(wait_idle)
+    return await worker.shutdown()
+
+
+def worker_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if args.offline and args.codex_home:
+        raise UsageError("give --offline or --codex-home, not both")
+    if args.offline_delay and not args.offline:
+        raise UsageError("--offline-delay needs --offline")
+    if args.offline:
+        Path(_offline_anchor(args.db, args.executor_id)).parent.mkdir(parents=True, exist_ok=True)
+    # DBOS runs its async workflows on asyncio's loop: the worker runs on asyncio.
+    code: int = asyncio.run(_serve(args, err))
+    sys.stdout.flush()
+    return code
