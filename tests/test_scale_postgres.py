@@ -1,23 +1,21 @@
 """codex_turn.scale on Postgres with many worker processes.
 
-The fixture starts a private Postgres cluster (the Debian ``postgresql`` binaries, no Docker)
-on a free port for this module and gives each test a database of its own. The binaries must
-be there: a machine without them fails these tests loudly rather than skipping them.
+The fixture starts a private Postgres cluster for this module (``pgserver``, Postgres built
+for PyPI: no Docker, no system package) and gives each test a database of its own.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_scale import _messages, _params, _start_worker, _texts, _wait_log
@@ -26,75 +24,35 @@ from codex_turn.scale import TurnQueue, TurnRecord
 
 pytestmark = pytest.mark.codex
 
-_PG_BIN_DIRS = ("/usr/local/bin", "/usr/lib/postgresql/15/bin")
-
-
-def _pg_binary(name: str) -> str:
-    for directory in _PG_BIN_DIRS:
-        path = os.path.join(directory, name)
-        if os.access(path, os.X_OK):
-            return path
-    found = shutil.which(name)
-    if found is None:
-        raise RuntimeError(f"Postgres binary {name!r} not found in {_PG_BIN_DIRS} or PATH")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _as_postgres_user(command: list[str]) -> list[str]:
-    """Postgres refuses to run as root: as root, run it as the ``postgres`` user."""
-    if os.geteuid() != 0:
-        return command
-    return ["runuser", "-u", "postgres", "--", *command]
-
 
 @pytest.fixture(scope="module")
-def postgres_cluster() -> Iterator[str]:
-    """A running cluster for this module: its base URL (no database name)."""
-    initdb, pg_ctl = _pg_binary("initdb"), _pg_binary("pg_ctl")
+def postgres_cluster() -> Iterator[Any]:
+    """A running cluster for this module (``pgserver``: Postgres from PyPI, so a machine
+    with only Python runs these tests; as root it runs the server as its own user)."""
+    import pgserver
+
     root = tempfile.mkdtemp(prefix="codex-turn-pg-")
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    data, port = os.path.join(root, "data"), _free_port()
-    subprocess.run(
-        _as_postgres_user([initdb, "-D", data, "-U", "postgres", "-A", "trust", "--no-sync"]),
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        _as_postgres_user(
-            [pg_ctl, "-D", data, "-l", os.path.join(root, "log"), "-o", options, "-w", "start"]
-        ),
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}"
-    finally:
-        subprocess.run(
-            _as_postgres_user([pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"]),
-            check=False,
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+    with pytest.MonkeyPatch.context() as patch:
+        # pgserver asks platformdirs for a runtime directory; without one it warns.
+        patch.setenv("XDG_RUNTIME_DIR", root)
+        server = pgserver.get_server(root, cleanup_mode="stop")
+        try:
+            yield server
+        finally:
+            server.cleanup()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
-def pg_url(postgres_cluster: str) -> str:
+def pg_url(postgres_cluster: Any) -> str:
     """A new database of the cluster, for one test."""
     import psycopg
 
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(f"{postgres_cluster}/postgres", autocommit=True) as connection:
+    with psycopg.connect(postgres_cluster.get_uri("postgres"), autocommit=True) as connection:
         connection.execute(f"CREATE DATABASE {name}")
-    return f"{postgres_cluster}/{name}"
+    url: str = postgres_cluster.get_uri(name)
+    return url
 
 
 def _wait(predicate: object, timeout: float) -> None:
