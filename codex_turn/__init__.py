@@ -87,6 +87,7 @@ from codex_turn.harness.hooks import (
     PromptBuildResult,
     TurnHooks,
 )
+from codex_turn.harness.idempotency import TurnAlreadyCompleted
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.orchestrator import (
     InvalidTurnParams,
@@ -214,6 +215,7 @@ __all__ = [
     "ToolResult",
     "TraceEntry",
     "TranscriptUnwritable",
+    "TurnAlreadyCompleted",
     "TurnBusy",
     "TurnEvent",
     "TurnEventStream",

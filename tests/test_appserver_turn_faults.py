@@ -63,9 +63,9 @@ Message = dict[str, Any]
 class FakeCodex:
     """A :class:`~codex_turn.harness.appserver.LineTransport` playing Codex in-process.
 
-    It answers ``initialize``, ``thread/start`` and ``thread/resume`` itself; any other request
-    goes to ``handlers[method]`` when there is one and is otherwise left unanswered, for the
-    test to answer (:meth:`reply`, :meth:`notify`) or to ignore."""
+    It answers ``initialize``, ``config/read``, ``thread/start`` and ``thread/resume`` itself;
+    any other request goes to ``handlers[method]`` when there is one and is otherwise left
+    unanswered, for the test to answer (:meth:`reply`, :meth:`notify`) or to ignore."""
 
     def __init__(self) -> None:
         self._out, self._in = anyio.create_memory_object_stream[bytes](math.inf)
@@ -92,6 +92,8 @@ class FakeCodex:
             self.reply(message, {"thread": {"id": f"thread-{next(self._threads)}"}})
         elif method == "thread/resume":
             self.reply(message, {"thread": {"id": message["params"]["threadId"]}})
+        elif method == "config/read":  # the thread's configured turn defaults: none
+            self.reply(message, {"config": {}, "origins": {}})
         elif method in self.handlers:
             self.handlers[method](message)
         elif method == "thread/loaded/list":  # the client's liveness probe

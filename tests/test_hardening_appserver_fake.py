@@ -82,6 +82,8 @@ class StoppableCodex:
             self.handlers[method](message)
         elif method == "initialize":
             self.reply(message, {"userAgent": "fake/1"})
+        elif method == "config/read":  # the thread's configured turn defaults: none
+            self.reply(message, {"config": {}, "origins": {}})
         elif method == "thread/start":
             self.reply(message, {"thread": {"id": "thread-1"}})
         elif method == "thread/resume":

@@ -190,6 +190,8 @@ async def test_a_turn_already_in_the_transcript_is_not_run_again(
             record = await (await queue.submit_async(params, turn_id="t-9")).result_async()
     assert record.source == "already_mirrored"
     assert record.assistant_text == "done once"
+    assert record.thread_id is not None
+    assert record.codex_turn_id is not None
     assert session.read_bytes() == before
     assert len(offline_model.requests) == 1
 
@@ -344,3 +346,37 @@ def test_one_live_worker_per_executor_id(tmp_path: Path, db_url: str) -> None:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
     assert f"pid {worker.pid}" in done.stdout.decode(), done.stderr.decode()
+
+
+@pytest.mark.anyio
+async def test_a_drain_that_times_out_keeps_the_executor_lock_until_the_turn_ends(
+    tmp_path: Path,
+    db_url: str,
+    queue: TurnQueue,
+    offline_model: OfflineModel,
+    make_appserver_config: Callable[..., AppServerConfig],
+) -> None:
+    """DBOS's shutdown does not cancel a turn: released then, a peer would re-run it."""
+    from codex_turn.scale._watchdog import executor_locks_for
+
+    offline_model.script(Reply.fixed("late reply", delay=3.0))
+    await queue.submit_async(_params(tmp_path, "s1", "long one"), turn_id="t-1")
+    peer = executor_locks_for(db_url)
+    async with AppServer.start(make_appserver_config()) as server:
+        worker = TurnWorker(db_url, app_server=server, executor_id="w1", watchdog_interval=None)
+        await worker.__aenter__()
+        while worker.in_flight == 0:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+        assert not await worker.drain(grace=0.5)  # the turn is still running
+        assert worker.in_flight == 1
+        with peer.claim("w1") as dead:
+            assert not dead  # the lock is kept: no peer may recover the running turn
+        assert not worker.lock_released.is_set()
+        with anyio.fail_after(30):
+            while not worker.lock_released.is_set():  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert worker.in_flight == 0
+    with peer.claim("w1") as dead:
+        assert dead  # released once the turn ended
+    assert _texts(tmp_path / "s1.jsonl", "assistant") == ["late reply"]
+    assert len(offline_model.requests) == 1

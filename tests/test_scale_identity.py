@@ -1,6 +1,8 @@
 """A turn's stable identity: ``run_codex_turn(..., idempotency_key=...)`` (what a durable
 queue passes when it re-runs a turn after a crash) makes the prompt's mirror key stable, so a
-re-run writes the prompt once. Against the real binary and the offline model."""
+re-run of an attempt that died mid-turn writes the prompt once, and a re-run of a completed
+turn is refused (:class:`TurnAlreadyCompleted`). Against the real binary and the offline
+model."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from codex_turn import (
     reset_session,
     run_codex_turn,
 )
+from codex_turn.harness.idempotency import TurnAlreadyCompleted
+from codex_turn.harness.session import clear_session_cache
 from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = pytest.mark.codex
@@ -35,6 +39,15 @@ def _user_entries(session_file: Path) -> list[dict[str, object]]:
         for line in lines
         if line.get("type") == "message" and line["message"].get("role") == "user"
     ]
+
+
+def _drop_reply(session_file: Path) -> None:
+    """Keep the transcript up to its last prompt: what an attempt that died mid-turn left."""
+    lines = session_file.read_text().splitlines(keepends=True)
+    while lines and '"role":"assistant"' in lines[-1].replace(" ", ""):
+        lines.pop()
+    session_file.write_text("".join(lines))
+    clear_session_cache(session_file)
 
 
 def _params(tmp_path: Path, prompt: str) -> TurnParams:
@@ -55,11 +68,23 @@ async def test_two_runs_with_one_idempotency_key_mirror_the_prompt_once(
     offline_model.script(Reply.fixed("first"), Reply.fixed("second"), Reply.fixed("third"))
     session = tmp_path / "s.jsonl"
     async with AppServer.start(make_appserver_config()) as server:
-        for _ in range(2):  # the same turn, run twice (a queue's retry after a crash)
-            result = await run_codex_turn(
+        result = await run_codex_turn(
+            _params(tmp_path, "ship it"), app_server=server, idempotency_key="turn-42"
+        )
+        assert result.outcome.value == "completed"
+        # The same turn again (a queue's retry after a crash): its reply is there, so it is
+        # refused under the session hold, nothing written, Codex not asked.
+        with pytest.raises(TurnAlreadyCompleted) as done:
+            await run_codex_turn(
                 _params(tmp_path, "ship it"), app_server=server, idempotency_key="turn-42"
             )
-            assert result.outcome.value == "completed"
+        assert done.value.assistant_text == "first"
+        assert len(offline_model.requests) == 1
+        _drop_reply(session)  # the attempt died after making its prompt durable: runs again
+        result = await run_codex_turn(
+            _params(tmp_path, "ship it"), app_server=server, idempotency_key="turn-42"
+        )
+        assert result.outcome.value == "completed"
         users = _user_entries(session)
         assert len(users) == 1, users
         assert str(users[0]["idempotencyKey"]).endswith(":turn-turn-42:prompt")
@@ -82,6 +107,7 @@ async def test_a_run_retried_on_another_thread_mirrors_the_prompt_once(
     params = _params(tmp_path, "ship it")
     async with AppServer.start(make_appserver_config()) as server:
         first = await run_codex_turn(params, app_server=server, idempotency_key="turn-7")
+        _drop_reply(session)  # the attempt died before its reply was mirrored
         if elsewhere == "binding-cleared":
             assert reset_session(session)
             second = await run_codex_turn(params, app_server=server, idempotency_key="turn-7")

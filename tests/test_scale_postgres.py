@@ -138,3 +138,49 @@ def test_a_live_peer_on_postgres_recovers_a_sigkilled_workers_turn(
     assert (record.outcome, record.executor_id) == ("completed", "w1")
     assert _texts(session, "user") == ["turn one"]
     assert len(_texts(session, "assistant")) == 1
+
+
+def test_a_worker_that_loses_its_postgres_lock_stops_taking_turns_loudly(
+    pg_url: str, postgres_cluster: Any
+) -> None:
+    """The session-level advisory lock dies with its connection: the watchdog notices."""
+    import anyio
+    import psycopg
+
+    from codex_turn.scale import TurnWorker
+    from codex_turn.scale._watchdog import ExecutorLockLost, executor_locks_for
+
+    class NoServer:  # no turn is queued: the worker never uses it
+        pass
+
+    async def scenario() -> None:
+        worker = TurnWorker(
+            pg_url,
+            app_server=NoServer(),  # type: ignore[arg-type]
+            executor_id="w1",
+            watchdog_interval=0.1,
+        )
+        async with worker:
+            locks: Any = worker._locks
+            assert worker.watchdog is not None
+            assert worker.watchdog.check_own_lock()  # held, verified on its connection
+            assert not worker.lock_lost.is_set()
+            with psycopg.connect(pg_url, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(%s)", (locks._connection.info.backend_pid,)
+                )
+            with anyio.fail_after(10):
+                while not worker.lock_lost.is_set():  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert worker.watchdog is not None
+            assert isinstance(worker.watchdog.lock_lost, ExecutorLockLost)
+            # A peer can take the lock now: the worker took no turn since (its queue
+            # threads were stopped when the loss was seen).
+            peer = executor_locks_for(pg_url)
+            try:
+                with peer.claim("w1") as dead:
+                    assert dead
+            finally:
+                peer.release()
+
+    anyio.run(scenario, backend="asyncio")

@@ -524,3 +524,50 @@ async def test_an_unusable_lock_path_is_refused_by_the_preflight(tmp_path: Path,
         await run_codex_turn(_params(session), app_server=server)
     assert time.monotonic() - started < 2.0  # refused, not waited out
     assert server.calls == []
+
+
+def test_two_event_loops_of_one_process_take_turns_on_a_session(tmp_path: Path) -> None:
+    """Review: the in-process gate was one anyio lock per session for the whole process, so a
+    second event loop (another thread) was not woken when the first released it (it waited
+    out its timeout), and a trio loop failed on the asyncio loop's lock. The gate is now per
+    event loop; the lease keeps the loops apart, as it keeps processes apart."""
+    import threading
+
+    path = str(tmp_path / "s.jsonl")
+    events: list[tuple[str, float]] = []
+    errors: list[BaseException] = []
+    started = time.monotonic()
+
+    def first() -> None:
+        async def main() -> None:
+            async with _gates.hold_session(path, wait_timeout=10):
+                events.append(("first in", time.monotonic() - started))
+                await anyio.sleep(0.5)
+            events.append(("first out", time.monotonic() - started))
+
+        anyio.run(main, backend="asyncio")
+
+    def second(backend: str) -> None:
+        async def main() -> None:
+            await anyio.sleep(0.1)
+            async with _gates.hold_session(path, wait_timeout=10):
+                events.append(("second in", time.monotonic() - started))
+
+        try:
+            anyio.run(main, backend=backend)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    for backend in ("asyncio", "trio"):
+        events.clear()
+        started = time.monotonic()
+        threads = [threading.Thread(target=first), threading.Thread(target=second, args=(backend,))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        assert errors == []
+        order = [name for name, _ in events]
+        assert order == ["first in", "first out", "second in"], (backend, events)
+        second_in = dict(events)["second in"]
+        assert second_in < 0.5 + 2.0  # woken by the release (polling), not by a 10 s timeout

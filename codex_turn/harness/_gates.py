@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from typing import Final, Literal
 
 import anyio
+from anyio.lowlevel import RunVar
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
@@ -70,8 +71,10 @@ class SessionBusy(CodexTurnError):
         self.holder_pid = holder_pid
 
 
-# Held by whoever waits for or holds a gate; dropped when nobody does.
-_gates: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+# Held by whoever waits for or holds a gate; dropped when nobody does. One table per event
+# loop (an anyio lock belongs to one loop): turns of one session on two loops (threads) of
+# one process are kept apart by the lease, as two processes are.
+_gates: RunVar[weakref.WeakValueDictionary[str, anyio.Lock]] = RunVar("codex_turn_session_gates")
 # Session lanes (session key, else id) with a turn or compaction in progress: deferred
 # maintenance waits for its lane to be idle, as OpenClaw's does.
 _busy_lanes: collections.Counter[str] = collections.Counter()
@@ -83,11 +86,16 @@ def session_lane_busy(lane: str) -> bool:
 
 
 def _gate_for(session_file: str | os.PathLike[str]) -> anyio.Lock:
+    try:
+        gates = _gates.get()
+    except LookupError:
+        gates = weakref.WeakValueDictionary()
+        _gates.set(gates)
     key = session_path(session_file)
-    gate = _gates.get(key)
+    gate = gates.get(key)
     if gate is None:
         gate = anyio.Lock()
-        _gates[key] = gate
+        gates[key] = gate
     return gate
 
 

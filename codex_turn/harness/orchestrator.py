@@ -61,6 +61,7 @@ from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
+from codex_turn.harness.idempotency import TurnAlreadyCompleted, completed_turn
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.stages import Stage, TurnContext
 from codex_turn.harness.steering import LiveTurn
@@ -229,7 +230,10 @@ async def run_codex_turn(
     ``idempotency_key`` is the host's stable id of this turn (at most 128 characters of
     ``[A-Za-z0-9._-]``): a re-run of the same turn after a crash (a durable queue retrying it)
     passes the same key, and its prompt, already made durable by the first run on the same
-    thread, is not written again. ``None``: a run-unique identity.
+    thread, is not written again. Once that turn's reply is in the transcript, a re-run with
+    the key raises :class:`~codex_turn.harness.idempotency.TurnAlreadyCompleted` (carrying the
+    recorded reply) after taking the session hold and before anything is written or sent to
+    Codex. ``None``: a run-unique identity.
 
     ``events``: a :class:`~codex_turn.harness.streaming.TurnEventStream` the runner iterates
     meanwhile (state changes, deltas, tool calls, plans, compactions, steered messages, saved
@@ -249,6 +253,14 @@ async def run_codex_turn(
             wait=params.concurrency,
             wait_timeout=params.session_wait_timeout,
         ):
+            if idempotency_key is not None:
+                # Under the hold, before any stage: a re-run that overlapped the attempt that
+                # completed this turn waited for it above, and now finds its reply.
+                completed = await anyio.to_thread.run_sync(
+                    completed_turn, session_file, idempotency_key
+                )
+                if completed is not None:
+                    raise TurnAlreadyCompleted(completed)
             with sensitive(params.prompt), live.serving(session_file):
                 ctx, turn = await _prepare(
                     params,

@@ -9,20 +9,28 @@ already holds (``thread/resume`` of a loaded thread ignores a new approval polic
 verified against the binary). ``None`` means **Codex's configured default**, for every turn:
 
 * Codex 0.163 keeps ``turn/start``'s effort, approval policy and sandbox "for this turn and
-  subsequent turns". So the client records, in the thread's ledger
-  (:class:`~codex_turn.harness.appserver.LoadedThread`), the effective values Codex reported
-  when the thread was first loaded (its defaults: ``approvalPolicy``, ``sandbox``,
-  ``reasoningEffort`` of the start/resume response) and which of them a turn changed; the next
-  turn that states none sends the recorded default explicitly on its ``turn/start``.
+  subsequent turns", and a thread it loads again (it unloads idle threads; an app-server or
+  host process restart) comes back with what its rollout holds, an earlier turn's override
+  included. So the client records, in the thread's ledger
+  (:class:`~codex_turn.harness.appserver.LoadedThread`), the thread's defaults as Codex's
+  *configuration* states them (``config/read`` with the thread's cwd, once per app-server
+  process: ``approval_policy``, ``sandbox_mode`` with ``[sandbox_workspace_write]``,
+  ``model_reasoning_effort``), never what a start or resume reported, and which fields the
+  thread may hold otherwise (a turn changed them, or the load reported something else); the
+  next turn that states none sends the configured default explicitly on its ``turn/start``.
+  This holds in a new host process too: it has no memory of the thread, only the
+  configuration.
 * The approval policy and sandbox are not sent on ``thread/start``/``thread/resume``: sent
-  there they would become the thread's defaults and an auto-resume would re-send them. A
-  thread Codex loads again (it unloads idle threads; an app-server restart) comes back with
-  what its rollout holds, an earlier turn's override included: the pool keeps the defaults
-  of the thread's first load and its next turn without values sends them.
-* The reasoning effort resets only when Codex reports a configured one (``reasoningEffort``
-  is ``null`` when none is configured: nothing to send back, so an earlier turn's effort stays
-  on the thread until a turn states one). A thread first loaded by a new host process (no
-  memory of its first load) takes what Codex reports then as its defaults.
+  there they would become the thread's defaults (a load that sends them takes what Codex
+  reports for them as the default) and an auto-resume would re-send them.
+* The reasoning effort resets only when one is configured (``model_reasoning_effort``; with none
+  there is nothing to send back, so an earlier turn's effort stays on the thread until a turn states
+  one). An approval policy or sandbox the configuration leaves unset is Codex's built-in default,
+  known only from what the load reports: exact for a thread started by this host process, but a
+  resume in a new one may report an earlier turn's value (set them in config.toml to be safe; a
+  config.toml the harness writes always sets them). An app-server without ``config/read`` (an older
+  binary) falls back, with a warning, to the values Codex reports when the thread is first loaded
+  (by this pool; in a new host process, whatever the resume restored).
 
 The sandbox mode becomes the policy object ``turn/start`` takes: the effective policy Codex
 reported for the thread when it is of that mode (so ``[sandbox_workspace_write]`` settings from
@@ -37,8 +45,9 @@ it waits, so the turn's idle timer does not run while a callback is pending (an 
 request is declined and the turn goes on; ``turn_timeout`` still bounds the whole turn).
 Without a callback every approval is declined and every question gets no answer, as before.
 Neither changes the turn's course by itself, so neither has an edge in the turn machine; a
-``CANCEL`` answer makes Codex interrupt the turn, which then ends as any interrupted turn
-does: ``turn_aborted`` in the trace, outcome ``aborted`` (mirrored, finalized, no maintenance).
+``CANCEL`` answer to a command or file change makes Codex interrupt the turn, which then
+ends as any interrupted turn does: ``turn_aborted`` in the trace, outcome ``aborted``
+(mirrored, finalized, no maintenance); for an MCP tool Codex 0.163 takes it as a decline.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import IO
 
 import anyio
 
-from codex_turn._cli_support import EXIT_OK, UsageError, close_engine, codex_config
+from codex_turn._cli_support import EXIT_CODEX, EXIT_OK, UsageError, close_engine, codex_config
 from codex_turn.harness.turn_api import TurnParams
 from codex_turn.scale._worker import TurnWorker
 
@@ -77,6 +77,7 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
     from codex_turn.harness.appserver import AppServer
 
     engines = _Engines(args.engine or "sqlite")
+    lost = False
     try:
         with codex_config(
             offline=args.offline,
@@ -100,15 +101,7 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
                         file=err,
                         flush=True,
                     )
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            print(
-                                f"codex-turn worker: {signal.Signals(signum).name}, draining "
-                                f"({worker.in_flight} in flight)",
-                                file=err,
-                                flush=True,
-                            )
-                            break
+                    lost = await _until_signal_or_lock_lost(worker, err)
                     drained = await _drain_or_leave(worker)
                 print(
                     "codex-turn worker: "
@@ -118,7 +111,44 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
                 )
     finally:
         engines.close()
-    return EXIT_OK
+    # A worker whose executor lock was lost stops loudly: a peer may already be recovering
+    # its turns, so a supervisor must not think it ended normally.
+    return EXIT_CODEX if lost else EXIT_OK
+
+
+async def _until_signal_or_lock_lost(worker: TurnWorker, err: IO[str]) -> bool:
+    """Wait for SIGTERM/SIGINT (``False``) or the loss of the executor lock (``True``)."""
+    lost = False
+    async with anyio.create_task_group() as group:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    print(
+                        f"codex-turn worker: {signal.Signals(signum).name}, draining "
+                        f"({worker.in_flight} in flight)",
+                        file=err,
+                        flush=True,
+                    )
+                    break
+            group.cancel_scope.cancel()
+
+        async def on_lock_lost() -> None:
+            nonlocal lost
+            # A threading.Event set by the watchdog thread: polling parks no worker thread.
+            while not worker.lock_lost.is_set():  # noqa: ASYNC110
+                await anyio.sleep(0.2)
+            lost = True
+            print(
+                "codex-turn worker: the executor lock was lost; draining and stopping",
+                file=err,
+                flush=True,
+            )
+            group.cancel_scope.cancel()
+
+        group.start_soon(on_signal)
+        group.start_soon(on_lock_lost)
+    return lost
 
 
 async def _drain_or_leave(worker: TurnWorker) -> bool:

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final, Protocol
 
 from dbos import DBOS
@@ -44,6 +44,7 @@ from codex_turn.scale._workflow import QUEUE_NAME
 __all__ = [
     "DEFAULT_WATCHDOG_INTERVAL_S",
     "ExecutorIdInUse",
+    "ExecutorLockLost",
     "ExecutorLocks",
     "Watchdog",
     "executor_locks_for",
@@ -61,6 +62,11 @@ class ExecutorIdInUse(RuntimeError):
     """Another live worker runs under this executor id (give each worker its own)."""
 
 
+class ExecutorLockLost(RuntimeError):
+    """This worker no longer holds its executor lock (its database connection dropped): a
+    peer may recover its turns, so it must take no new turn and shut down."""
+
+
 class ExecutorLocks(Protocol):
     """One worker's liveness lock and its probes of its peers' locks."""
 
@@ -69,6 +75,9 @@ class ExecutorLocks(Protocol):
 
     def release(self) -> None:
         """Let this worker's lock go."""
+
+    def verify(self, executor_id: str) -> None:
+        """Raise :class:`ExecutorLockLost` unless this worker still holds its lock."""
 
     def claim(self, executor_id: str) -> contextlib.AbstractContextManager[bool]:
         """While the block runs: True when ``executor_id``'s lock was free (its holder is
@@ -132,6 +141,17 @@ class FileExecutorLocks:
             os.unlink(path)  # while still locked: a taker of the old file sees it is gone
         os.close(fd)
 
+    def verify(self, executor_id: str) -> None:
+        fd, path = self._fd, self._path
+        try:
+            same = (
+                fd is not None and path is not None and os.fstat(fd).st_ino == os.stat(path).st_ino
+            )
+        except OSError:
+            same = False
+        if not same:
+            raise ExecutorLockLost(f"the lock file of executor {executor_id!r} is gone")
+
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
         path = self._path_of(executor_id)
@@ -194,6 +214,27 @@ class PostgresExecutorLocks:
         with self._lock:
             self._connection.close()  # ends the session: every lock of it goes
 
+    def verify(self, executor_id: str) -> None:
+        """The session-level lock lives only as long as its connection: ask that connection
+        whether it still holds it (a dropped connection raises, and has lost it)."""
+        if self._held != executor_id:
+            raise ExecutorLockLost(f"executor {executor_id!r} holds no lock here")
+        try:
+            with self._lock:
+                row = self._connection.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
+                    " AND classid = hashtext(%s)::oid AND objid = hashtext(%s)::oid",
+                    (_PG_LOCK_SPACE, executor_id),
+                ).fetchone()
+        except Exception as error:
+            raise ExecutorLockLost(
+                f"the database connection holding executor {executor_id!r}'s lock is gone: "
+                f"{format_error(error)}"
+            ) from error
+        if not row or not row[0]:
+            raise ExecutorLockLost(f"executor {executor_id!r}'s advisory lock is not held")
+
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
         if executor_id == self._held or not self._call("pg_try_advisory_lock", executor_id):
@@ -226,8 +267,12 @@ class Watchdog:
         executor_id: str,
         *,
         interval: float = DEFAULT_WATCHDOG_INTERVAL_S,
+        on_lock_lost: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.locks = locks
+        #: Called once (from the watchdog's thread) when this worker's own lock is found lost.
+        self.on_lock_lost = on_lock_lost
+        self.lock_lost: BaseException | None = None
         self.executor_id = executor_id
         self.interval = interval
         #: ``(executor id, turns re-enqueued, monotonic time)`` of every recovery made here.
@@ -246,10 +291,28 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if not self.check_own_lock():
+                return  # lost: recovering others' turns is no longer this worker's business
             try:
                 self.sweep()
             except Exception as error:  # a database hiccup: look again next time
                 _log.warning("executor watchdog sweep failed", error=format_error(error))
+
+    def check_own_lock(self) -> bool:
+        """Verify this worker still holds its executor lock; on loss, report it once
+        (``on_lock_lost``) and say False."""
+        try:
+            self.locks.verify(self.executor_id)
+        except Exception as error:
+            if self.lock_lost is None:
+                self.lock_lost = error
+                _log.error(
+                    "executor lock lost", executor=self.executor_id, error=format_error(error)
+                )
+                if self.on_lock_lost is not None:
+                    self.on_lock_lost(error)
+            return False
+        return True
 
     def sweep(self) -> int:
         """One look: recover the turns of every dead executor; how many were re-enqueued."""

@@ -12,12 +12,15 @@ DBOS keeps one instance per process, so one :class:`TurnWorker` runs at a time i
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 
 import anyio
 from dbos import DBOS, DBOSConfig
 
+from codex_turn._log import format_error, get_logger
 from codex_turn.harness.appserver import AppServerPort
 from codex_turn.harness.engine import resolve_engine
 from codex_turn.harness.turn_api import TurnParams
@@ -37,6 +40,8 @@ from codex_turn.scale._workflow import (
 )
 
 __all__ = ["TurnWorker"]
+
+_log = get_logger(__name__)
 
 
 class TurnWorker:
@@ -80,6 +85,11 @@ class TurnWorker:
             app_server=app_server, engine_for=engine_for, executor_id=executor_id
         )
         self._dbos: DBOS | None = None
+        #: Set once this worker's executor lock is released (never while a turn runs here).
+        self.lock_released = threading.Event()
+        #: Set when the executor lock was lost while the worker ran (the database connection
+        #: that held it dropped): the worker stopped taking turns and must be shut down.
+        self.lock_lost = threading.Event()
 
     @property
     def in_flight(self) -> int:
@@ -112,7 +122,10 @@ class TurnWorker:
             )
             if self._watchdog_interval is not None:
                 self.watchdog = Watchdog(
-                    locks, self.executor_id, interval=self._watchdog_interval
+                    locks,
+                    self.executor_id,
+                    interval=self._watchdog_interval,
+                    on_lock_lost=self._on_lock_lost,
                 ).start()
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -135,6 +148,18 @@ class TurnWorker:
         self.stop_taking_turns()
         await self.wait_idle(self.drain_timeout if grace is None else grace)
         return await self.shutdown()
+
+    def _on_lock_lost(self, error: BaseException) -> None:
+        """The executor lock is gone (watchdog thread): a peer may now recover this worker's
+        turns, so it takes no new one, loudly; the host shuts it down (``lock_lost``)."""
+        _log.error(
+            "executor lock lost: this worker takes no new turns and must shut down",
+            executor=self.executor_id,
+            in_flight=self.runtime.in_flight,
+            error=format_error(error),
+        )
+        self.lock_lost.set()
+        self.stop_taking_turns()
 
     def stop_taking_turns(self) -> None:
         """No new turn is dequeued from now on (the turns in flight go on)."""
@@ -171,9 +196,34 @@ class TurnWorker:
         if self.watchdog is not None:
             await anyio.to_thread.run_sync(self.watchdog.stop)
         locks, self._locks = self._locks, None
-        if locks is not None:  # a turn left running is a live peer's to recover from now on
-            await anyio.to_thread.run_sync(locks.release)
+        if locks is not None:
+            if self.runtime.in_flight:
+                # DBOS's shutdown does not cancel a turn: it goes on in this live process.
+                # Released now, a peer would recover it and run it again: the lock is kept
+                # until the turn ends here (or this process dies, which releases it too).
+                _log.warning(
+                    "turns still running at shutdown: executor lock kept until they end",
+                    executor=self.executor_id,
+                    in_flight=self.runtime.in_flight,
+                )
+                self.lock_released.clear()
+                threading.Thread(
+                    target=self._release_when_idle,
+                    args=(locks,),
+                    name="codex-turn-lock-keeper",
+                    daemon=True,
+                ).start()
+            else:
+                await anyio.to_thread.run_sync(locks.release)
+                self.lock_released.set()
         return drained
+
+    def _release_when_idle(self, locks: ExecutorLocks) -> None:
+        while self.runtime.in_flight:
+            time.sleep(0.02)
+        locks.release()
+        self.lock_released.set()
+        _log.info("executor lock released after the last turn ended", executor=self.executor_id)
 
 
 def _same(engine: object | None, _params: TurnParams) -> object | None:

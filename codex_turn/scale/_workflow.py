@@ -7,9 +7,12 @@ turn is made idempotent by the turn id instead of being split into steps:
 * the prompt is made durable before ``turn/start`` under an identity derived from the turn id
   (``run_codex_turn(..., idempotency_key=turn_id)``), keyed independently of the thread, so a
   re-run appends it once even on another worker's thread (the mirror skips a key it holds);
-* a re-run first looks for the turn in the transcript (:func:`mirrored_turn`): when the reply
-  of an earlier attempt is already there (the worker died between the mirror and the
-  checkpoint), that reply is the result and Codex is not asked again;
+* a re-run finds the turn in the transcript: ``run_codex_turn`` looks, *under the session
+  hold* and before any stage, for the reply of an earlier attempt (the worker died between the
+  mirror and the checkpoint, or the attempt was still running when the re-run started: the
+  re-run waits for its hold first) and raises
+  :class:`~codex_turn.harness.idempotency.TurnAlreadyCompleted`; that reply is the result and
+  Codex is not asked again (:func:`mirrored_turn` reads the same decision);
 * the thread binding and the engine's ``after_turn`` hold the whole session, so they converge.
 
 The workflow reaches the process's app-server and engine through the worker's
@@ -24,14 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import attrs
 from dbos import DBOS
 
 from codex_turn.harness._gates import SessionBusy
 from codex_turn.harness.appserver import AppServerPort
+from codex_turn.harness.idempotency import CompletedTurn, TurnAlreadyCompleted, completed_turn
 from codex_turn.harness.orchestrator import run_codex_turn
-from codex_turn.harness.session import read_session
 from codex_turn.harness.turn_api import TurnParams
 from codex_turn.scale._wire import TurnRecord, params_from_wire, record_of
 
@@ -82,45 +84,39 @@ def _current() -> WorkerRuntime:
     return _runtime[0]
 
 
-def _text_of(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    parts = content if isinstance(content, list) else []
-    return "".join(
-        part.get("text", "")
-        for part in parts
-        if isinstance(part, dict)
-        and part.get("type") == "text"
-        and isinstance(part.get("text"), str)
-    )
-
-
 def mirrored_turn(session_file: str | os.PathLike[str], turn_id: str) -> dict[str, Any] | None:
     """The reply an earlier attempt of ``turn_id`` left in the transcript, or ``None``.
 
-    The turn's prompt carries the key ``<scope>:turn-<turn_id>:prompt``; its reply is the
-    last assistant message after it, before the next user message. A prompt with no reply
-    after it (the attempt died mid-turn) is not a mirrored turn: the turn runs again.
+    The decision ``run_codex_turn(..., idempotency_key=turn_id)`` makes under the session hold
+    (:func:`~codex_turn.harness.idempotency.completed_turn`): the prompt keyed
+    ``codex-turn:turn-<turn_id>:prompt`` followed by a reply of that run. A prompt with no
+    reply after it (the attempt died mid-turn) is not a mirrored turn: the turn runs again.
     """
-    if not os.path.exists(session_file):
-        return None
-    suffix = f":turn-{turn_id}:prompt"
-    found = False
-    reply: dict[str, Any] | None = None
-    for entry in read_session(session_file).entries:
-        message = entry.get("message") if entry.get("type") == "message" else None
-        if not isinstance(message, dict):
-            continue
-        key = message.get("idempotencyKey")
-        if not found:
-            found = isinstance(key, str) and key.endswith(suffix)
-            continue
-        if message.get("role") == "user":
-            break
-        if message.get("role") == "assistant":
-            reply = message
-    return reply
+    completed = completed_turn(session_file, turn_id)
+    return dict(completed.reply) if completed is not None else None
+
+
+def _recorded(
+    turn_id: str, completed: CompletedTurn, *, executor_id: str, started: float
+) -> TurnRecord:
+    return TurnRecord(
+        turn_id=turn_id,
+        outcome="completed",
+        assistant_text=completed.assistant_text,
+        prompt_error=None,
+        thread_id=completed.thread_id,
+        codex_turn_id=completed.codex_turn_id,
+        thread_action=None,
+        thread_reason=None,
+        projected=False,
+        mirror_error=None,
+        trace=(),
+        durations_ms={},
+        executor_id=executor_id,
+        source="already_mirrored",
+        started_at=started,
+        ended_at=time.time(),
+    )
 
 
 def _busy(error: BaseException) -> bool:
@@ -142,32 +138,19 @@ async def run_turn_step(turn_id: str, wire: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     try:
         params = params_from_wire(wire)
-        reply = await anyio.to_thread.run_sync(mirrored_turn, params.session_file, turn_id)
-        if reply is not None:
-            return TurnRecord(
-                turn_id=turn_id,
-                outcome="completed",
-                assistant_text=_text_of(reply) or None,
-                prompt_error=None,
-                thread_id=None,
-                codex_turn_id=None,
-                thread_action=None,
-                thread_reason=None,
-                projected=False,
-                mirror_error=None,
-                trace=(),
-                durations_ms={},
-                executor_id=runtime.executor_id,
-                source="already_mirrored",
-                started_at=started,
-                ended_at=time.time(),
+        try:
+            # The library decides "already ran?" under the session hold (exactly once even
+            # when this attempt overlaps an earlier one still running the turn).
+            result = await run_codex_turn(
+                params,
+                app_server=runtime.app_server,
+                engine=runtime.engine_for(params),
+                idempotency_key=turn_id,
+            )
+        except TurnAlreadyCompleted as done:
+            return _recorded(
+                turn_id, done.completed, executor_id=runtime.executor_id, started=started
             ).to_wire()
-        result = await run_codex_turn(
-            params,
-            app_server=runtime.app_server,
-            engine=runtime.engine_for(params),
-            idempotency_key=turn_id,
-        )
         record = record_of(turn_id, result, executor_id=runtime.executor_id)
         return attrs.evolve(record, started_at=started, ended_at=time.time()).to_wire()
     finally:

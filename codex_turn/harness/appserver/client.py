@@ -238,6 +238,9 @@ class _Connection:
         self._tools: dict[str, ToolRegistry] = {}
         self._turn_handlers: dict[str, _TurnBinding] = {}  # see server_requests.py
         self._loaded: dict[str, LoadedThread] = {}  # see threads.py
+        #: Per cwd, the sticky turn defaults of Codex's configuration (``config/read``), or
+        #: ``None`` when this app-server cannot tell (see threads.py).
+        self._configured: dict[str | None, Mapping[str, Any] | None] = {}
         self._compaction_locks = _KeyedLocks()
         self._closed_error: AppServerClosed | None = None
         self._probe: anyio.Event | None = None  # set when the running liveness probe is done

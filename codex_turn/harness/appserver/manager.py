@@ -93,8 +93,9 @@ class _ThreadMemo:
     tools: ToolRegistry | None
     generation: int
     policy: _RuntimePolicy = _RuntimePolicy()
-    #: The sticky turn settings Codex reported when this pool first loaded the thread (see
-    #: :attr:`~.threads.LoadedThread.defaults`): an auto-resume restores them, never a
+    #: The thread's sticky turn defaults at its first load in this pool (see
+    #: :attr:`~.threads.LoadedThread.defaults`). Only used when the app-server cannot tell its
+    #: configured defaults (no ``config/read``): an auto-resume then restores them, never a
     #: per-turn override Codex kept in the rollout.
     defaults: Mapping[str, Any] = attrs.field(factory=dict)
 
@@ -343,10 +344,12 @@ class AppServer:
             **kwargs,
         )
         known = self._threads.get(thread_id)
-        if known is not None and known.defaults:
+        if known is not None and known.defaults and not client.knows_configured_defaults(cwd):
             # Codex loads the thread from its rollout with the per-turn settings its last turn
-            # left (it unloads idle threads; a restart loses them all): the next turn without
-            # its own sends the defaults recorded at the first load back.
+            # left (it unloads idle threads; a restart loses them all). The client compares
+            # them with Codex's configured defaults itself; an app-server that cannot tell
+            # those (no config/read) gets the defaults recorded at the first load, sent back
+            # by the next turn without its own.
             client.adopt_defaults(thread_id, known.defaults)
         defaults = self._defaults_of(client, thread_id)
         self._remember(

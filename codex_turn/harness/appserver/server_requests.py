@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import re
 import time
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -140,7 +141,9 @@ class ApprovalDecision(enum.Enum):
     APPROVE_FOR_SESSION = "approve_for_session"
     #: Do not run it; the model is told it was rejected and the turn continues.
     DECLINE = "decline"
-    #: Do not run it, and stop: Codex interrupts the turn (outcome ``aborted``).
+    #: Do not run it, and stop: for a command or a file change Codex interrupts the turn
+    #: (outcome ``aborted``); for an MCP tool Codex 0.163 treats it like a decline (the model
+    #: is told the call was cancelled and the turn continues).
     CANCEL = "cancel"
 
 
@@ -379,6 +382,18 @@ def _meta(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+#: Codex 0.163 names the tool only in its question ("Allow the docs MCP server to run tool
+#: \"search\"?"); ``_meta`` has ``tool_title`` only when the tool declares a title.
+_MCP_TOOL_IN_MESSAGE: Final = re.compile(r'run tool "([^"]+)"')
+
+
+def _mcp_tool_name(params: Mapping[str, Any], meta: Mapping[str, Any]) -> str | None:
+    if isinstance(meta.get("tool_name"), str):
+        return str(meta["tool_name"])
+    found = _MCP_TOOL_IN_MESSAGE.search(_text(params.get("message")) or "")
+    return found.group(1) if found else _text(meta.get("tool_title"))
+
+
 def _offers_session(meta: Mapping[str, Any]) -> bool:
     persist = meta.get("persist")
     return persist == "session" or (isinstance(persist, list) and "session" in persist)
@@ -406,7 +421,7 @@ def approval_request(method: str, params: Mapping[str, Any]) -> ApprovalRequest 
         cwd=_text(params.get("cwd")),
         reason=_text(params.get("reason")),
         server_name=_text(params.get("serverName")),
-        tool_name=_text(meta.get("tool_name") or meta.get("tool_title")),
+        tool_name=_mcp_tool_name(params, meta) if kind is ApprovalKind.MCP_TOOL else None,
         message=_text(params.get("message")),
         session_approval_offered=kind is not ApprovalKind.MCP_TOOL or _offers_session(meta),
         params=params,

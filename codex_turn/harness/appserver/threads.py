@@ -19,6 +19,18 @@ with it (:func:`settings_key`) and whether Codex has compacted or unloaded the t
 (:func:`codex_turn.fsm.thread.decide_resume`) reads it to skip a ``thread/resume`` that
 would change nothing.
 
+**Defaults.** Each :class:`LoadedThread` also carries the thread's *defaults*: what a turn that
+states no effort, approval policy or sandbox of its own must run with. They come from Codex's
+configuration (``config/read`` with the thread's cwd, read once per app-server process and cwd,
+:func:`configured_defaults`), not from what a start or resume reports: a resume reports what
+the rollout restored, an earlier turn's override included (even one of an earlier host
+process). Only a field the configuration leaves unset takes the reported value (Codex's
+built-in default; after a resume, possibly the rollout's). A field the start/resume sent itself
+(``approval_policy``, ``sandbox``) is the thread's default as Codex reports it. A load whose
+reported values differ from the defaults marks those fields *overridden*, so the next turn
+without its own values sends the defaults explicitly (:mod:`.turn_start`). When ``config/read``
+is refused (an older binary) the defaults fall back to what the load reports, with a warning.
+
 A resume that fails because Codex says the thread does not exist raises
 :class:`~.errors.ThreadNotFound` (mapped here, the one place ``thread/resume`` is sent); any
 other failure keeps its own type, so a caller can tell "gone" from "not now".
@@ -54,7 +66,13 @@ if TYPE_CHECKING:
 else:
     _Connection = object
 
-__all__ = ["STICKY_TURN_FIELDS", "LoadedThread", "loaded_defaults", "settings_key"]
+__all__ = [
+    "STICKY_TURN_FIELDS",
+    "LoadedThread",
+    "configured_defaults",
+    "loaded_defaults",
+    "settings_key",
+]
 
 log = get_logger(__name__)
 
@@ -70,13 +88,14 @@ class LoadedThread:
     result: ThreadResult  # the answer of the last thread/start or thread/resume
     settings: str  # settings_key() of what was sent with it
     compacted: bool = False  # Codex compacted the thread since (instructions may be gone)
-    #: The effective values Codex reported when the thread was loaded, as ``turn/start``
-    #: fields (:data:`STICKY_TURN_FIELDS`; a value Codex reported as ``null`` is absent): what
-    #: a turn that states none of its own runs with. A resume of a thread already loaded
-    #: keeps them (Codex ignores its settings).
+    #: What a turn that states none of its own runs with, as ``turn/start`` fields
+    #: (:data:`STICKY_TURN_FIELDS`; a field with no configured value is absent): Codex's
+    #: configured defaults (see the module header). A resume of a thread already loaded keeps
+    #: them (Codex ignores its settings).
     defaults: Mapping[str, Any] = attrs.field(factory=dict)
-    #: The sticky fields a ``turn/start`` of this process set on the thread to something
-    #: else than the default: the next turn without its own value sends the default back.
+    #: The sticky fields the thread may hold with something else than the default (set by a
+    #: ``turn/start`` of this process, or restored from the rollout by the load): the next
+    #: turn without its own value sends the default explicitly.
     overridden: frozenset[str] = frozenset()
 
 
@@ -88,6 +107,75 @@ def loaded_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
         "sandboxPolicy": raw.get("sandbox"),
     }
     return {field: value for field, value in reported.items() if value is not None}
+
+
+_POLICY_TYPES: Final[dict[str, str]] = {
+    "read-only": "readOnly",
+    "workspace-write": "workspaceWrite",
+    "danger-full-access": "dangerFullAccess",
+}
+
+
+def configured_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The sticky ``turn/start`` fields of Codex's configuration (``config/read``'s
+    ``config``: ``model_reasoning_effort``, ``approval_policy``, ``sandbox_mode`` with its
+    ``sandbox_workspace_write`` table). A field the configuration leaves unset is absent."""
+    defaults: dict[str, Any] = {}
+    if config.get("model_reasoning_effort") is not None:
+        defaults["effort"] = config["model_reasoning_effort"]
+    if config.get("approval_policy") is not None:
+        defaults["approvalPolicy"] = config["approval_policy"]
+    kind = _POLICY_TYPES.get(str(config.get("sandbox_mode")))
+    if kind is not None:
+        policy: dict[str, Any] = {"type": kind}
+        table = config.get("sandbox_workspace_write")
+        if kind == "workspaceWrite" and isinstance(table, Mapping):
+            for key, wire in (
+                ("writable_roots", "writableRoots"),
+                ("network_access", "networkAccess"),
+                ("exclude_tmpdir_env_var", "excludeTmpdirEnvVar"),
+                ("exclude_slash_tmp", "excludeSlashTmp"),
+            ):
+                if table.get(key) is not None:
+                    policy[wire] = table[key]
+        defaults["sandboxPolicy"] = policy
+    return defaults
+
+
+def _thread_defaults(
+    configured: Mapping[str, Any] | None,
+    reported: Mapping[str, Any],
+    *,
+    sent: Iterable[str] = (),
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """A freshly loaded thread's defaults and the fields it may hold otherwise.
+
+    ``configured``: :func:`configured_defaults` (``None``: unknown, the load's report is
+    taken, as before ``config/read`` existed); ``reported``: :func:`loaded_defaults` of the
+    load; ``sent``: the sticky fields the load itself sent (their report is the default)."""
+    if configured is None:
+        return dict(reported), frozenset()
+    # A field the configuration leaves unset is Codex's built-in default, which only the load
+    # reports (reliably for a start; a resume may report what its rollout restored).
+    defaults = {**reported, **configured}
+    for field in sent:
+        if field in reported:
+            defaults[field] = reported[field]
+    held = reported.get("sandboxPolicy")
+    default = defaults.get("sandboxPolicy")
+    if (
+        isinstance(held, Mapping)
+        and isinstance(default, Mapping)
+        and held.get("type") == default.get("type")
+    ):
+        # Codex's own rendering of the configured mode (writable roots resolved ...).
+        defaults["sandboxPolicy"] = dict(held)
+    overridden = frozenset(
+        field
+        for field in STICKY_TURN_FIELDS
+        if field in defaults and reported.get(field) != defaults[field]
+    )
+    return defaults, overridden
 
 
 def settings_key(
@@ -124,6 +212,12 @@ def settings_key(
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _sent_sticky(approval_policy: object, sandbox: object) -> tuple[str, ...]:
+    """The sticky fields a start/resume sent itself (see :func:`_thread_defaults`)."""
+    fields = (("approvalPolicy", approval_policy), ("sandboxPolicy", sandbox))
+    return tuple(field for field, value in fields if value is not None)
+
+
 class _ThreadMethods(_Connection):
     """``thread/start``, ``thread/resume`` and the thread's local state (see the module header)."""
 
@@ -146,12 +240,45 @@ class _ThreadMethods(_Connection):
         """``thread_id`` was loaded again (a new process) with what Codex restored from its
         rollout, which may be an earlier turn's effort, approval policy or sandbox: its
         defaults are ``defaults`` (recorded at its first load), and its next turn without its
-        own values sends them explicitly."""
+        own values sends them explicitly. Only for an app-server that cannot tell its
+        configured defaults (see the module header): otherwise the load took them itself."""
         loaded = self._loaded.get(thread_id)
         if loaded is not None:
             self._loaded[thread_id] = attrs.evolve(
                 loaded, defaults=dict(defaults), overridden=frozenset(STICKY_TURN_FIELDS)
             )
+
+    async def _configured_defaults(
+        self,
+        cwd: str | None,
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Mapping[str, Any] | None:
+        """Codex's configured sticky defaults for ``cwd`` (``config/read``, once per
+        app-server process and cwd), or ``None`` when this app-server refuses to tell."""
+        if cwd in self._configured:
+            return self._configured[cwd]
+        params: dict[str, Any] = {} if cwd is None else {"cwd": cwd}
+        try:
+            raw = await self.request("config/read", params, timeout=timeout)
+            config = raw.get("config") if isinstance(raw, Mapping) else None
+            if not isinstance(config, Mapping):
+                raise TypeError("config/read answered without a config object")
+        except (AppServerRpcError, TypeError) as exc:
+            log.warning(
+                "appserver.config_read_failed",
+                error=capped(str(exc)),
+                note="turn defaults fall back to what each thread load reports",
+            )
+            self._configured[cwd] = None
+            return None
+        defaults = configured_defaults(config)
+        self._configured[cwd] = defaults
+        return defaults
+
+    def knows_configured_defaults(self, cwd: str | None) -> bool:
+        """Whether this app-server told its configured turn defaults for ``cwd``
+        (``config/read``): thread loads for that cwd take their defaults from there."""
+        return self._configured.get(cwd) is not None
 
     def forget_thread(self, thread_id: str) -> None:
         """Drop this client's local state for ``thread_id``: its tool registry (and whatever
@@ -186,6 +313,7 @@ class _ThreadMethods(_Connection):
         ``approvals_reviewer``, ``service_tier``) is sent only when given; the result reports
         the effective values."""
         registry = as_registry(tools)
+        configured = await self._configured_defaults(cwd, timeout)
         params = ThreadStartParams(
             cwd=cwd,
             model=model,
@@ -205,6 +333,9 @@ class _ThreadMethods(_Connection):
         result = structure(raw, ThreadResult)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
+        defaults, overridden = _thread_defaults(
+            configured, loaded_defaults(raw), sent=_sent_sticky(approval_policy, sandbox)
+        )
         self._loaded[result.thread_id] = LoadedThread(
             result,
             settings_key(
@@ -220,7 +351,8 @@ class _ThreadMethods(_Connection):
                 model_provider=model_provider,
                 personality=personality,
             ),
-            defaults=loaded_defaults(raw),
+            defaults=defaults,
+            overridden=overridden,
         )
         log.info(
             "appserver.thread_started",
@@ -274,6 +406,7 @@ class _ThreadMethods(_Connection):
             approvals_reviewer=approvals_reviewer,
             service_tier=service_tier,
         )
+        configured = await self._configured_defaults(cwd, timeout)  # cached per cwd
         try:
             raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
         except AppServerRpcError as exc:
@@ -286,8 +419,15 @@ class _ThreadMethods(_Connection):
         registry = as_registry(tools)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
-        # A thread already loaded keeps what it holds (Codex ignores the resume's settings).
+        # A thread already loaded keeps what it holds (Codex ignores the resume's settings);
+        # one loaded now holds what its rollout restored, compared with the configuration.
         held = self._loaded.get(result.thread_id)
+        if held is not None:
+            defaults, overridden = dict(held.defaults), held.overridden
+        else:
+            defaults, overridden = _thread_defaults(
+                configured, loaded_defaults(raw), sent=_sent_sticky(approval_policy, sandbox)
+            )
         self._loaded[result.thread_id] = LoadedThread(
             result,
             settings_key(
@@ -303,8 +443,8 @@ class _ThreadMethods(_Connection):
                 model_provider=model_provider,
                 personality=personality,
             ),
-            defaults=held.defaults if held is not None else loaded_defaults(raw),
-            overridden=held.overridden if held is not None else frozenset(),
+            defaults=defaults,
+            overridden=overridden,
         )
         log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result
