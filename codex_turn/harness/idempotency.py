@@ -23,14 +23,16 @@ from codex_turn.harness.session import SessionError, read_session
 
 __all__ = ["CompletedTurn", "TurnAlreadyCompleted", "completed_turn", "stable_prompt_key"]
 
-#: The scope of a prompt keyed by the host's turn id (the same as the turn's mirror uses).
-_STABLE_PROMPT_SCOPE: Final = "codex-turn"
+#: The scope of a prompt keyed by the host's turn id: not the thread's, so the turn re-run on
+#: another thread (another worker's Codex home, a dropped binding) finds the prompt it made
+#: durable and appends it once (stages.py keys the prompt with it).
+STABLE_PROMPT_SCOPE: Final = "codex-turn"
 _CODEX_SCOPE: Final = "codex-app-server:"
 
 
 def stable_prompt_key(idempotency_key: str) -> str:
     """The transcript key of the prompt of the turn ``idempotency_key``."""
-    return f"{_STABLE_PROMPT_SCOPE}:turn-{idempotency_key}:prompt"
+    return f"{STABLE_PROMPT_SCOPE}:turn-{idempotency_key}:prompt"
 
 
 @attrs.frozen(kw_only=True)

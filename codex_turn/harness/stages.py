@@ -74,6 +74,7 @@ from codex_turn.harness.hooks import (
     PromptBuildResult,
     run_before_prompt_build,
 )
+from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
 from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
     assemble_context_engine,
@@ -556,18 +557,12 @@ def _mirror_prompt(ctx: TurnContext, thread_id: str) -> None:
     )
 
 
-#: The scope of a prompt keyed by the host's stable turn id (``idempotency_key``): not the
-#: thread's, so the turn re-run on another thread (another worker's Codex home, a dropped
-#: binding) finds the prompt it made durable and appends it once.
-_STABLE_PROMPT_SCOPE: Final = "codex-turn"
-
-
 def _with_prompt_key(ctx: TurnContext, messages: list[AgentMessage]) -> list[AgentMessage]:
     """``messages`` (the prompt first) with a thread-independent key on the prompt when its
     identity is the host's turn id; unchanged (thread-scoped) for a run-unique identity."""
     if not messages or not ctx.prompt_identity.startswith("turn-"):
         return messages
-    key = f"{_STABLE_PROMPT_SCOPE}:{ctx.prompt_identity}"
+    key = f"{STABLE_PROMPT_SCOPE}:{ctx.prompt_identity}"  # = stable_prompt_key(the host's key)
     return [{**messages[0], "idempotencyKey": key}, *messages[1:]]
 
 
