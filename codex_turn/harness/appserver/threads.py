@@ -212,6 +212,23 @@ def settings_key(
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _sent_key(params: ThreadStartParams | ThreadResumeParams, tools: ToolRegistry | None) -> str:
+    """:func:`settings_key` of what a thread/start or thread/resume request sent."""
+    return settings_key(
+        developer_instructions=params.developer_instructions,
+        cwd=params.cwd,
+        model=params.model,
+        tools=tools,
+        approval_policy=params.approval_policy,
+        sandbox=params.sandbox,
+        approvals_reviewer=params.approvals_reviewer,
+        service_tier=params.service_tier,
+        base_instructions=params.base_instructions,
+        model_provider=params.model_provider,
+        personality=params.personality,
+    )
+
+
 def _sent_sticky(approval_policy: object, sandbox: object) -> tuple[str, ...]:
     """The sticky fields a start/resume sent itself (see :func:`_thread_defaults`)."""
     fields = (("approvalPolicy", approval_policy), ("sandboxPolicy", sandbox))
@@ -338,19 +355,7 @@ class _ThreadMethods(_Connection):
         )
         self._loaded[result.thread_id] = LoadedThread(
             result,
-            settings_key(
-                developer_instructions=developer_instructions,
-                cwd=cwd,
-                model=model,
-                tools=registry,
-                approval_policy=approval_policy,
-                sandbox=sandbox,
-                approvals_reviewer=approvals_reviewer,
-                service_tier=service_tier,
-                base_instructions=base_instructions,
-                model_provider=model_provider,
-                personality=personality,
-            ),
+            _sent_key(params, registry),
             defaults=defaults,
             overridden=overridden,
         )
@@ -430,19 +435,7 @@ class _ThreadMethods(_Connection):
             )
         self._loaded[result.thread_id] = LoadedThread(
             result,
-            settings_key(
-                developer_instructions=developer_instructions,
-                cwd=cwd,
-                model=model,
-                tools=registry,
-                approval_policy=approval_policy,
-                sandbox=sandbox,
-                approvals_reviewer=approvals_reviewer,
-                service_tier=service_tier,
-                base_instructions=base_instructions,
-                model_provider=model_provider,
-                personality=personality,
-            ),
+            _sent_key(params, registry),
             defaults=defaults,
             overridden=overridden,
         )
