@@ -1049,11 +1049,14 @@ class ThreadProfiles:
         anyio.to_thread.run_sync = self._original
 
 
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"  # the checkout, cut from profile paths
+
+
 def _where(key: tuple[str, int, str]) -> str:
     filename, line, function = key
     if filename == "~":
         return function
-    for marker in ("site-packages/", "/lib/python3", "/work/main/"):
+    for marker in ("site-packages/", "/lib/python3", _ROOT):
         if marker in filename:
             filename = filename.split(marker, 1)[1]
             break

@@ -4,7 +4,7 @@
   whole-path sync gives (ids, order, contents, tokens, context items, checkpoint), and the
   ids are the path's (digest and occurrence), for transcripts with branches, a compaction,
   a branch summary, tool calls, runtime-context messages and repeated timestamp-less
-  messages, and for the real transcripts in ``/work/shared/session-fixtures``; the same
+  messages, and for the real transcripts in ``tests/fixtures/sessions``; the same
   through a sequence of appends, a branch, a compaction and a shorter rewrite, cold or
   with the transcript in the read cache.
 * **Nothing kept**: after a cold bootstrap of a few-MB transcript the process holds no more
@@ -48,8 +48,10 @@ from codex_turn.harness.session import (
 pytestmark = pytest.mark.anyio
 
 HUGE = 10_000_000
-FIXTURES = Path("/work/shared/session-fixtures")
-REAL = sorted(FIXTURES.glob("*.jsonl")) if FIXTURES.is_dir() else []
+# The project's copy of the real OpenClaw transcripts (a missing copy fails, never skips).
+FIXTURES = Path(__file__).parent / "fixtures" / "sessions"
+REAL = sorted(FIXTURES.glob("*.jsonl"))
+assert REAL, f"no session fixtures in {FIXTURES}"
 
 
 @pytest.fixture
