@@ -25,7 +25,7 @@ reply; finalize from the re-read transcript (or history + snapshot when the mirr
 maintain inline, defer, or skip, as the table says.
 
 Size: one function per state, in table order, and the running_turn stage with its event
-handling (~650 lines); the shared records and helpers already live in
+handling (~740 lines); the shared records and helpers already live in
 :mod:`codex_turn.harness.turn_context`. Splitting the stages further would separate a state's
 I/O from its neighbours' for no reader's benefit.
 """

@@ -58,7 +58,7 @@ Methods take ``timeout=`` on purpose (``# noqa: ASYNC109``): the deadline must b
 inside, so that missing it surfaces as the typed :class:`AppServerTimeout` (and, for turns, as an
 interrupt plus a ``TIMED_OUT`` result) instead of a bare cancellation.
 
-Size (~630 lines): the connection core and its liveness probe stay together because the reader
+Size (~680 lines): the connection core and its liveness probe stay together because the reader
 (a line is a sign of life), every request (a missed deadline asks the question) and
 retirement share them; the groups of methods are already mixins in their own modules.
 """

@@ -45,6 +45,12 @@ stays nearly silent).
 Never start two processes at the same moment on one *fresh* CODEX_HOME: Codex initialises a
 sqlite state database there, and concurrent first starts fail. One home per process, or a
 home that one process has already initialised, is fine.
+
+Size (~725 lines): most of it is the field-by-field validation of the two config records
+(each field checked at construction, one message per bad field); it stays beside the records
+it checks, since a validator that moved away from its field would drift from it. The TOML
+writing (``render_toml``, ``toml_value``, ``override_args``) is the seam to split along
+when the file grows further.
 """
 
 from __future__ import annotations

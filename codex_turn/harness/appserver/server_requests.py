@@ -45,6 +45,10 @@ answers are never logged: the log says which method, which kind, how many questi
 decision and how long it took. The records keep those texts out of their ``repr`` too, so a
 host that logs a request object does not leak them; a question Codex marks ``isSecret`` is
 also never copied anywhere beyond the request handed to the callback.
+
+Size (~610 lines): every server-initiated request Codex sends, its safe default answer and
+the host-callback bridge are one dispatch table read together; the typed records are the
+seam to split along if it grows.
 """
 
 from __future__ import annotations
