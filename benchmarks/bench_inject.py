@@ -1,6 +1,6 @@
 """Thread strategies for the structured projection, measured on the real ``codex app-server``.
 
-    .venv/bin/python benchmarks/bench_inject.py [--sizes 10,100,1000] [--turns 10]
+    .venv/bin/python benchmarks/bench_inject.py [--sizes 10,100,1000] [--turns 12]
         [--only S1,S2] [--probe-only] [--json FILE]
 
 Issue 15 asks how to hand Codex an engine's assembled history as Responses items
@@ -37,6 +37,19 @@ Strategies (each on its own app-server process, same config and developer instru
 * ``fork-delta``: the base thread accumulates the assembly (the new suffix injected into the
   idle base before each turn); per turn an ephemeral fork of it runs the raw prompt.
 
+Through the library (``codex_turn.run_codex_turn``, one session each, the engine's assembly
+is the conversation above, per-turn projection):
+
+* ``bare``: the bare JSON-RPC floor (``bench_floor.BareClient``, a minimal client independent
+  of the library): one thread, raw prompts. Ratios are to it when it runs (else ``floor``).
+* ``turn-none``: no engine (Codex's own history).
+* ``turn-text``: ``projection_format="text"``: the text frame on a fresh thread every turn.
+* ``turn-structured``: the default: the assembly as items in an ephemeral fork of the
+  session's base thread (what ``fork-full`` does, with every stage of the turn around it).
+
+All strategies of one size run interleaved, turn by turn (the order rotates every turn), so
+machine noise hits them alike.
+
 Reported per strategy and size: median per-turn wall time (all RPCs of the turn: start /
 fork / revert / inject / turn) and its ratio to the floor's; distinct ``prompt_cache_key``
 values over the turns; the last request's size; the mean share of each request's ``input``
@@ -65,9 +78,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_floor import BareClient
 from bench_projection import make_messages
 
+from codex_turn import TurnParams, run_codex_turn
 from codex_turn.harness.appserver import AppServer, AppServerConfig
+from codex_turn.harness.engine import (
+    AssembleParams,
+    AssembleResult,
+    CompactParams,
+    CompactResult,
+    ContextEngineInfo,
+    IngestParams,
+    IngestResult,
+)
 from codex_turn.projection import project_context_engine_assembly
 from codex_turn.projection.items import ConvertedItems, convert_messages
 from codex_turn.testing import OfflineModel, RecordedRequest
@@ -83,6 +107,10 @@ STRATEGIES = (
     "revert-full",
     "fork-full",
     "fork-delta",
+    "bare",
+    "turn-none",
+    "turn-text",
+    "turn-structured",
 )
 
 
@@ -283,46 +311,137 @@ def user_occurrences(request: RecordedRequest, needle: str) -> int:
     return sum(needle in text for text in request.user_messages)
 
 
-async def run_strategy(
-    name: str, base: int, turns: int, root: Path, model: OfflineModel
-) -> dict[str, Any]:
-    config = AppServerConfig.offline(
-        root / f"{name}-{base}", model.base_url, home=root / "home", env=model.proxy_env()
-    )
-    async with AppServer.start(config) as server:
-        h = Harness(server, str(root / "workspace"))
-        step = strategy_steps(name, h)
-        conv = Conversation(base)
-        walls: list[float] = []
-        requests: list[RecordedRequest] = []
+class ConversationEngine:
+    """A per-turn engine whose assembly is the benchmark's conversation (whatever the
+    transcript holds): the library's turn around the same model input as the strategies."""
+
+    info = ContextEngineInfo(id="bench-inject", name="Bench conversation engine", version="1")
+
+    def __init__(self, conv: Conversation) -> None:
+        self.conv = conv
+
+    async def ingest(self, params: IngestParams) -> IngestResult:
+        return IngestResult(ingested=True)
+
+    async def assemble(self, params: AssembleParams) -> AssembleResult:
+        return AssembleResult(messages=list(self.conv.messages), estimated_tokens=0)
+
+    async def compact(self, params: CompactParams) -> CompactResult:
+        return CompactResult(ok=True, compacted=False)
+
+
+class Runner:
+    """One strategy at one size: its own app-server (or bare client), conversation and
+    measurements."""
+
+    def __init__(self, name: str, base: int, root: Path, model: OfflineModel) -> None:
+        self.name = name
+        self.base = base
+        self.root = root
+        self.model = model
+        self.conv = Conversation(base)
+        self.walls: list[float] = []
+        self.requests: list[RecordedRequest] = []
+        self.stack = contextlib.AsyncExitStack()
+        self.step: Callable[[int], Awaitable[None]]
+
+    async def __aenter__(self) -> Runner:
+        config = AppServerConfig.offline(
+            self.root / f"{self.name}-{self.base}",
+            self.model.base_url,
+            home=self.root / "home",
+            env=self.model.proxy_env(),
+        )
+        if self.name == "bare":
+            client = await self.stack.enter_async_context(BareClient(config))
+            thread = await client.start_thread(str(self.root / "workspace"))
+
+            async def bare(k: int) -> None:
+                await client.run_turn(thread, self.conv.prompt(k))
+
+            self.step = bare
+            return self
+        server = await self.stack.enter_async_context(AppServer.start(config))
+        if self.name.startswith("turn-"):
+            engine = None if self.name == "turn-none" else ConversationEngine(self.conv)
+            form = "text" if self.name == "turn-text" else "structured"
+            session = self.root / f"{self.name}-{self.base}.jsonl"
+
+            async def library(k: int) -> None:
+                params = TurnParams(
+                    session_id=f"{self.name}-{self.base}",
+                    session_file=session,
+                    workspace_dir=self.root / "workspace",
+                    prompt=self.conv.prompt(k),
+                    extra_developer_instructions=DEV,
+                    projection_format=form,
+                    tool_payloads="shape-only",
+                )
+                result = await run_codex_turn(params, app_server=server, engine=engine)
+                assert result.outcome.value == "completed", result.prompt_error
+
+            self.step = library
+            return self
+        harness = Harness(server, str(self.root / "workspace"))
+        raw = strategy_steps(self.name, harness)
+
+        async def protocol(k: int) -> None:
+            await raw(k, self.conv)
+
+        self.step = protocol
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stack.aclose()
+
+    async def turn(self, k: int) -> None:
+        seen = len(self.model.requests)
+        started = time.perf_counter()
+        await self.step(k)
+        self.walls.append(time.perf_counter() - started)
+        made = [r for r in self.model.requests[seen:] if not r.is_compaction]
+        assert made, f"{self.name}: turn {k} made no model request"
+        self.requests.append(made[-1])
+        self.conv.record(k)
+
+    def row(self) -> dict[str, Any]:
+        requests = self.requests
+        keys = [r.body.get("prompt_cache_key") for r in requests]
+        pairs = list(itertools.pairwise(requests))
+        shares = [prefix_share(a, b) for a, b in pairs]
+        content = [prefix_share(a, b, ids=False) for a, b in pairs]
+        last = requests[-1]
+        # The first turn of each strategy pays its own setup (a first thread, a base): the
+        # median is over the later turns.
+        return {
+            "strategy": self.name,
+            "base": self.base,
+            "turns": len(self.walls),
+            "median_ms": statistics.median(self.walls[1:] or self.walls) * 1000,
+            "first_ms": self.walls[0] * 1000,
+            "cache_keys": len(set(keys[1:])) if len(keys) > 1 else len(set(keys)),
+            "last_request_kb": len(json.dumps(last.body)) / 1024,
+            "first_request_kb": len(json.dumps(requests[0].body)) / 1024,
+            "prefix_share": statistics.mean(shares[1:] or shares) if shares else 1.0,
+            "content_prefix_share": statistics.mean(content[1:] or content) if content else 1.0,
+            "turn1_in_last": user_occurrences(last, self.conv.prompt(1)),
+            "last_input_items": len(last.input_items),
+        }
+
+
+async def run_size(
+    names: Sequence[str], base: int, turns: int, root: Path, model: OfflineModel
+) -> list[dict[str, Any]]:
+    """Every strategy at one size, interleaved turn by turn (the order rotates)."""
+    async with contextlib.AsyncExitStack() as stack:
+        runners = [
+            await stack.enter_async_context(Runner(name, base, root, model)) for name in names
+        ]
         for k in range(1, turns + 1):
-            seen = len(model.requests)
-            started = time.perf_counter()
-            await step(k, conv)
-            walls.append(time.perf_counter() - started)
-            turn_requests = [r for r in model.requests[seen:] if not r.is_compaction]
-            assert turn_requests, f"{name}: turn {k} made no model request"
-            requests.append(turn_requests[-1])
-            conv.record(k)
-    keys = [r.body.get("prompt_cache_key") for r in requests]
-    pairs = list(itertools.pairwise(requests))
-    shares = [prefix_share(a, b) for a, b in pairs]
-    content = [prefix_share(a, b, ids=False) for a, b in pairs]
-    last = requests[-1]
-    return {
-        "strategy": name,
-        "base": base,
-        "turns": turns,
-        "median_ms": statistics.median(walls) * 1000,
-        "first_ms": walls[0] * 1000,
-        "cache_keys": len(set(keys)),
-        "last_request_kb": len(json.dumps(last.body)) / 1024,
-        "first_request_kb": len(json.dumps(requests[0].body)) / 1024,
-        "prefix_share": statistics.mean(shares) if shares else 1.0,
-        "content_prefix_share": statistics.mean(content) if content else 1.0,
-        "turn1_in_last": user_occurrences(last, conv.prompt(1)),
-        "last_input_items": len(last.input_items),
-    }
+            shift = k % len(runners)
+            for runner in runners[shift:] + runners[:shift]:
+                await runner.turn(k)
+        return [runner.row() for runner in runners]
 
 
 # --- the probe: protocol facts the strategies rely on ----------------------------------------
@@ -400,6 +519,8 @@ async def probe(root: Path, model: OfflineModel) -> dict[str, Any]:
 
 def report(rows: list[dict[str, Any]]) -> None:
     floors = {r["base"]: r["median_ms"] for r in rows if r["strategy"] == "floor"}
+    # The bare JSON-RPC floor, when it ran, is the reference.
+    floors.update({r["base"]: r["median_ms"] for r in rows if r["strategy"] == "bare"})
     head = (
         f"{'strategy':<13} {'N':>5} {'ms/turn':>8} {'x floor':>8} {'1st ms':>7} {'keys':>5} "
         f"{'1st KB':>7} {'last KB':>8} {'prefix':>7} {'no-id':>7} {'T1 in last':>10}"
@@ -430,10 +551,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             return out
         rows = []
         for base in sizes:
-            for name in names:
-                rows.append(await run_strategy(name, base, args.turns, root, model))
-                model.requests.clear()
+            rows += await run_size(names, base, args.turns, root, model)
+            model.requests.clear()
         report(rows)
+        print(
+            "goals (issue 15): turn-structured <= 1.25x the floor at 1000 messages; "
+            "prefix >= 90% for a conversation that only grows"
+        )
         out["rows"] = rows
         assert not model.proxy_attempts, model.proxy_attempts
     return out
@@ -442,7 +566,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,1000")
-    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--only", default="")
     parser.add_argument("--probe-only", action="store_true")
     parser.add_argument("--json", default="")

@@ -79,9 +79,17 @@ def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None,
 
 
 class _NoCodex:
-    """The app-server of an inspection: the stages stop before anything would reach it."""
+    """The app-server of an inspection: the stages stop before anything would reach it. It
+    can fork and inject, as the real one can, so the preview shows the form a turn would
+    use (``codex_turn.harness.structured.supports_structured``)."""
 
     def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("inspect never talks to Codex")
+
+    async def fork_thread(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("inspect never talks to Codex")
+
+    async def inject_items(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("inspect never talks to Codex")
 
 
@@ -167,6 +175,10 @@ async def _preview(args: argparse.Namespace) -> dict[str, Any]:
         "developerInstructions": plan.instructions if plan is not None else None,
         "prompt": plan.prompt if plan is not None else args.prompt,
         "truncatedChars": projected.truncated_chars if projected is not None else 0,
+        # The structured form: how many Responses items the fork would get (None: text).
+        "projectedItems": len(ctx.projected.items.items)
+        if ctx.projected is not None and ctx.projected.items is not None
+        else None,
         "path": path,
     }
 

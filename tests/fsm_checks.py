@@ -78,25 +78,35 @@ def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES)
     """Every state x trigger x guard facts x recorded outcome x "a resume was already
     refused" against the oracle."""
     problems: list[str] = []
-    for state, flags, outcome, resume_failed, trigger in itertools.product(
-        states, TURN_FLAG_COMBOS, TURN_OUTCOMES, (False, True), TURN_TRIGGERS
+    refusals = ((False, False), (True, False), (False, True), (True, True))
+    for state, flags, outcome, (resume_failed, fork_failed), trigger in itertools.product(
+        states, TURN_FLAG_COMBOS, TURN_OUTCOMES, refusals, TURN_TRIGGERS
     ):
-        if resume_failed and state != "STARTING_THREAD":
-            continue  # the fact is read by the starting_thread edges only
+        if (resume_failed or fork_failed) and state != "STARTING_THREAD":
+            continue  # the facts are read by the starting_thread edges only
         model = model_cls.begin(
             turn_facts(flags),
             state=TurnState[state],
             outcome=TurnOutcome(outcome) if outcome else None,
         )
         model.resume_failed = resume_failed
+        model.fork_failed = fork_failed
         expected = turn_oracle(
-            state, trigger, outcome=outcome, resume_failed=resume_failed, **flags
+            state,
+            trigger,
+            outcome=outcome,
+            resume_failed=resume_failed,
+            fork_failed=fork_failed,
+            **flags,
         )
         if model.allows(trigger) != (expected is not None):
             problems.append(f"{state} allows({trigger}) disagrees with the oracle ({flags})")
         trace_before = len(model.trace)
         dest, error = _fire_one(model, trigger)
-        label = f"{state} --{trigger}--> ? with {flags} outcome={outcome} rf={resume_failed}"
+        label = (
+            f"{state} --{trigger}--> ? with {flags} outcome={outcome}"
+            f" rf={resume_failed} ff={fork_failed}"
+        )
         if error:
             problems.append(f"{label}: {error}")
         elif expected is None and dest is not None:
@@ -154,9 +164,15 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
             yield path, state, outcome
             return
         resume_failed = "thread_resume_failed" in path
+        fork_failed = "fork_failed" in path
         for trigger in TURN_TRIGGERS:
             dest = turn_oracle(
-                state, trigger, outcome=outcome, resume_failed=resume_failed, **flags
+                state,
+                trigger,
+                outcome=outcome,
+                resume_failed=resume_failed,
+                fork_failed=fork_failed,
+                **flags,
             )
             if dest is None:
                 continue

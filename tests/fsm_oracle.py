@@ -41,13 +41,16 @@ TURN_TRIGGERS = (
     "assemble_failed",
     "assemble_skipped",
     "projected",
+    "projected_as_items",  # the structured form: Responses items for a fork
     "projection_failed",
     "prompt_built",
     "thread_started",
     "thread_resumed",
     "thread_rotated",
+    "thread_forked",
     "thread_start_failed",
     "thread_resume_failed",
+    "fork_failed",
     "reprojected",
     "cancelled",
     "native_compaction_started",
@@ -91,9 +94,11 @@ def turn_oracle(
     outcome: str | None,
     bootstraps: bool = True,
     resume_failed: bool = False,
+    fork_failed: bool = False,
 ) -> str | None:
     # ``bootstraps``: the engine has bootstrap() or maintain(); ``resume_failed``: this turn's
-    # resume was already refused once (a second refusal is not a step back but illegal).
+    # resume was already refused once (a second refusal is not a step back but illegal);
+    # ``fork_failed``: the same for a refused fork.
     can_bootstrap = engine and session_file and bootstraps
     if (
         state
@@ -130,14 +135,17 @@ def turn_oracle(
             return None if engine else "BUILDING_PROMPT"
         return None
     if state == "PROJECTING":
-        return "BUILDING_PROMPT" if trigger in ("projected", "projection_failed") else None
+        projected = ("projected", "projected_as_items", "projection_failed")
+        return "BUILDING_PROMPT" if trigger in projected else None
     if state == "BUILDING_PROMPT":
         return "STARTING_THREAD" if trigger == "prompt_built" else None
     if state == "STARTING_THREAD":
-        if trigger in ("thread_started", "thread_resumed", "thread_rotated"):
+        if trigger in ("thread_started", "thread_resumed", "thread_rotated", "thread_forked"):
             return "RUNNING_TURN"
         if trigger == "thread_resume_failed":
             return None if resume_failed else "REPROJECTING"
+        if trigger == "fork_failed":
+            return None if fork_failed else "REPROJECTING"
         return "FAILED" if trigger == "thread_start_failed" else None
     if state == "REPROJECTING":
         return "STARTING_THREAD" if trigger == "reprojected" else None

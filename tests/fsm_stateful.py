@@ -80,6 +80,7 @@ class Shadow:
     outcome: str | None = None
     retired: bool = False
     resume_failed: bool = False  # this run's resume was refused once (no second step back)
+    fork_failed: bool = False  # this run's fork was refused once (likewise)
 
 
 def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
@@ -104,6 +105,7 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                     trigger,
                     outcome=shadow.outcome,
                     resume_failed=shadow.resume_failed,
+                    fork_failed=shadow.fork_failed,
                     **shadow.flags,
                 )
                 is not None
@@ -124,11 +126,14 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                     trigger,
                     outcome=turn.outcome,
                     resume_failed=turn.resume_failed,
+                    fork_failed=turn.fork_failed,
                     **turn.flags,
                 )
                 turn.model.fire(trigger)
                 if trigger == "thread_resume_failed":
                     turn.resume_failed = True
+                if trigger == "fork_failed":
+                    turn.fork_failed = True
                 if expected != INTERNAL:
                     turn.state = str(expected)
                 turn.outcome = TERMINAL_OUTCOMES.get(
@@ -237,8 +242,13 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
             for shadow in self.shadows:
                 triggers = [entry.trigger for entry in shadow.model.trace]
                 assert triggers.count("thread_resume_failed") <= 1, triggers
+                assert triggers.count("fork_failed") <= 1, triggers
+                # Every step back follows a refusal: as many reprojections as refusals.
+                steps_back = [t for t in triggers if t in ("thread_resume_failed", "fork_failed")]
+                assert triggers.count("reprojected") <= len(steps_back), triggers
                 if "reprojected" in triggers:
-                    assert triggers.index("thread_resume_failed") < triggers.index("reprojected")
+                    first = min(triggers.index(t) for t in steps_back)
+                    assert first < triggers.index("reprojected")
 
         def teardown(self) -> None:
             for shadow in self.shadows:

@@ -10,20 +10,40 @@ import pytest
 from codex_turn.fsm import ThreadAction, ThreadFacts, decide_thread
 
 FIELDS = [f.name for f in attrs.fields(ThreadFacts)]
+
+
+def _possible(f: ThreadFacts) -> bool:
+    """Facts a turn can have: items are an engine's per-turn context (the form table says
+    so), and only a binding can name a fork base (whose epoch is nobody's)."""
+    items_ok = not f.items or (
+        f.per_turn and f.has_context and f.engine_active and not f.thread_bootstrap
+    )
+    # A base's binding records the fork-base projection, never a thread_bootstrap epoch.
+    base_ok = not f.base_bound or (f.bound and not f.epoch_match)
+    return items_ok and base_ok
+
+
 ALL_FACTS = [
-    ThreadFacts(**dict(zip(FIELDS, bits, strict=True)))
+    facts
     for bits in itertools.product((False, True), repeat=len(FIELDS))
+    if _possible(facts := ThreadFacts(**dict(zip(FIELDS, bits, strict=True))))
 ]
 
 
 def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
-    """Hand-written from the issue: where the decision must land, and whether it projects."""
+    """Hand-written from the issues: where the decision must land, and whether it projects."""
+    if f.items and not (f.tools_dropped or f.fork_failed):
+        return ThreadAction.FORK, True  # issue 15: items go into a fork of the base
     if not f.bound:
         return ThreadAction.START, True
     if f.resume_failed:  # the bound thread is gone: a fresh one, with the context
         return ThreadAction.ROTATE, True
     if f.tools_dropped:
         return ThreadAction.TRANSIENT, True
+    if f.base_bound and f.fork_failed:  # Codex refused the fork: a fresh thread, text frame
+        return ThreadAction.ROTATE, True
+    if f.base_bound and not f.has_context:  # a base never runs a turn: fork it (transcript)
+        return ThreadAction.FORK, True
     if not f.tools_match:
         # With an engine but nothing to project, keep the conversation for this turn.
         if f.engine_active and not f.has_context:
@@ -92,7 +112,14 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
             and facts.tools_match
             and not (facts.resume_failed or facts.tools_dropped)
         ):
-            assert decision.action is ThreadAction.RESUME, facts
+            if facts.base_bound and not facts.fork_failed:
+                # The conversation lives in the transcript, not in the base: it is forked
+                # with the transcript as items, and the binding is left alone.
+                assert (decision.action, decision.rebind) == (ThreadAction.FORK, False), facts
+            elif facts.base_bound:
+                assert decision.action is ThreadAction.ROTATE, facts
+            else:
+                assert decision.action is ThreadAction.RESUME, facts
         if decision.action is ThreadAction.RESUME and not decision.rebind:
             assert not facts.has_context
             assert decision.reason == "context-unavailable-keep-thread"
@@ -105,3 +132,39 @@ def test_a_refused_resume_rotates_with_the_projected_context() -> None:
         True,
         "resume-failed",
     )
+
+
+def test_a_fork_base_is_never_resumed_and_items_never_reach_a_thread_that_keeps_them() -> None:
+    # Issue 15: a base never runs a turn of its own (it would keep that turn for every later
+    # fork), and items go nowhere but into a fork, where they die with it.
+    for facts in ALL_FACTS:
+        decision = decide_thread(facts)
+        if facts.base_bound and (facts.has_context or facts.fork_failed):
+            realistic = facts.per_turn or facts.thread_bootstrap or facts.fork_failed
+            if realistic:
+                assert decision.action is not ThreadAction.RESUME, facts
+        if facts.items and decision.action is not ThreadAction.FORK:
+            assert facts.tools_dropped or facts.fork_failed, facts
+
+
+def test_base_table_keeps_the_bound_base_only_when_it_fits() -> None:
+    from codex_turn.fsm.thread import BaseAction, BaseFacts, decide_base
+
+    for bits in itertools.product((False, True), repeat=4):
+        facts = BaseFacts(*bits)
+        bound = decide_base(facts).action is BaseAction.BOUND
+        fits = facts.tools_match and facts.engine_match
+        assert bound == (facts.base_bound and (fits or not facts.items)), facts
+
+
+def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
+    from codex_turn.fsm.thread import FormFacts, ProjectionForm, decide_form
+
+    for bits in itertools.product((False, True), repeat=4):
+        facts = FormFacts(*bits)
+        decision = decide_form(facts)
+        items = (
+            not facts.text_requested and facts.per_turn and facts.can_inject and facts.convertible
+        )
+        assert (decision.form is ProjectionForm.ITEMS) == items, facts
+        assert decision.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import socket
@@ -10,16 +11,22 @@ from typing import Any
 
 import pytest
 
-from codex_turn.testing import OfflineModel, Reply
+from codex_turn.testing import OFFLINE_PNG, ImageReply, OfflineModel, Reply
 
 
-def post(model: OfflineModel, body: dict[str, Any], *, kind: str = "turn") -> tuple[int, str]:
+def post(
+    model: OfflineModel,
+    body: dict[str, Any],
+    *,
+    kind: str = "turn",
+    path: str = "/v1/responses",
+) -> tuple[int, str]:
     conn = http.client.HTTPConnection("127.0.0.1", model.port, timeout=10)
     headers = {
         "Content-Type": "application/json",
         "x-codex-turn-metadata": json.dumps({"turn_id": "t1", "request_kind": kind}),
     }
-    conn.request("POST", "/v1/responses", body=json.dumps(body), headers=headers)
+    conn.request("POST", path, body=json.dumps(body), headers=headers)
     resp = conn.getresponse()
     data = resp.read().decode()
     conn.close()
@@ -180,3 +187,54 @@ def test_wait_for_requests(offline_model: OfflineModel, count: int) -> None:
     assert len(offline_model.wait_for_requests(count, timeout=1)) == count
     with pytest.raises(TimeoutError):
         offline_model.wait_for_requests(count + 1, timeout=0.1)
+
+
+def test_an_empty_reply_has_no_output_item(offline_model: OfflineModel) -> None:
+    """``Reply.empty()``: created, then completed; no message, so no assistant text."""
+    offline_model.script(Reply.empty(usage={"input": 7, "output": 0}))
+    evs = events(post(offline_model, BODY)[1])
+    assert [e["type"] for e in evs] == ["response.created", "response.completed"]
+    assert evs[-1]["response"]["usage"]["input_tokens"] == 7
+    # The script is used up: the next request is echoed again.
+    assert "ECHO: second" in post(offline_model, BODY)[1]
+
+
+def test_the_images_api_is_served_scripted_then_by_default(offline_model: OfflineModel) -> None:
+    """What Codex's ``image_gen.imagegen`` tool calls: ``/images/generations`` and
+    ``/images/edits``, answered in order from ``script_images``, then with OFFLINE_PNG."""
+    picture = b"\x89PNG\r\n\x1a\nnot-really-a-png"
+    offline_model.script_images(ImageReply.png(picture), ImageReply.http_error(403, "no images"))
+    prompt = {"prompt": "a red dot", "model": "gpt-image-2"}
+    status, body = post(offline_model, prompt, path="/v1/images/generations")
+    assert status == 200
+    (data,) = json.loads(body)["data"]
+    assert base64.b64decode(data["b64_json"]) == picture
+    status, body = post(offline_model, prompt, path="/v1/images/edits")
+    assert status == 403
+    assert json.loads(body)["error"]["message"] == "no images"
+    status, body = post(offline_model, prompt, path="/v1/images/generations")
+    assert status == 200
+    assert base64.b64decode(json.loads(body)["data"][0]["b64_json"]) == OFFLINE_PNG
+    assert OFFLINE_PNG.startswith(b"\x89PNG\r\n\x1a\n")
+    # Recorded as image requests, never as turns; the responses script is untouched.
+    images = offline_model.image_requests()
+    assert [(r.path, r.body["prompt"]) for r in images] == [
+        ("/v1/images/generations", "a red dot"),
+        ("/v1/images/edits", "a red dot"),
+        ("/v1/images/generations", "a red dot"),
+    ]
+    assert all(r.is_image_request for r in images)
+    assert offline_model.turn_requests() == []
+    assert "ECHO: second" in post(offline_model, BODY)[1]
+    assert not offline_model.turn_requests()[0].is_image_request
+
+
+def test_clear_script_drops_queued_images_and_other_paths_stay_404(
+    offline_model: OfflineModel,
+) -> None:
+    offline_model.script_images(ImageReply.http_error(500, "queued"))
+    offline_model.clear_script()
+    status, body = post(offline_model, {"prompt": "p"}, path="/v1/images/generations")
+    assert status == 200
+    assert base64.b64decode(json.loads(body)["data"][0]["b64_json"]) == OFFLINE_PNG
+    assert post(offline_model, BODY, path="/v1/embeddings")[0] == 404

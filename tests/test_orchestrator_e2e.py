@@ -94,7 +94,8 @@ def echo_engine(**kwargs: Any) -> RecordingEngine:
 @pytest.fixture
 def params(tmp_path: Path, workspace: Path, private_texts: set[str]) -> Callable[..., TurnParams]:
     """TurnParams for this test's session; every prompt is marked private (the conftest
-    guard fails the test if one reaches a log record)."""
+    guard fails the test if one reaches a log record). OpenClaw's cases are about its text
+    frame, so that is the form here (the structured form: test_structured_turn_e2e.py)."""
 
     def make(**overrides: Any) -> TurnParams:
         values: dict[str, Any] = {
@@ -103,6 +104,7 @@ def params(tmp_path: Path, workspace: Path, private_texts: set[str]) -> Callable
             "session_file": tmp_path / "session-1.jsonl",
             "workspace_dir": workspace,
             "prompt": "hello",
+            "projection_format": "text",
         }
         values.update(overrides)
         private_texts.add(values["prompt"][:200])

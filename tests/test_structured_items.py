@@ -32,6 +32,7 @@ from codex_turn.projection.items import (
     canonical_json,
     check_items,
     convert_messages,
+    newest_items,
 )
 
 POLICIES = ("elide", "shape-only", "full")
@@ -418,3 +419,27 @@ def test_no_secret_survives_any_policy(secret: str, policy: Any, where: str) -> 
         {"role": "toolResult", "toolCallId": "c", "content": f"token={secret}"},
     ]
     assert secret not in ok(convert_messages(messages, payload_policy=policy)).canonical
+
+
+@settings(max_examples=150)
+@given(conversations(), policies, st.one_of(st.none(), st.integers(2, 3000)))
+def test_the_newest_items_within_a_cap_are_a_sound_suffix(
+    messages: list[dict[str, Any]], policy: Any, cap: int | None
+) -> None:
+    converted = ok(convert_messages(messages, payload_policy=policy))
+    cut = newest_items(converted, cap)
+    items = converted.items
+    assert cut.items == items[len(items) - len(cut.items) :]  # a suffix, ids unchanged
+    assert cut.canonical == canonical_json(list(cut.items))
+    if cap is None or converted.chars <= cap:
+        assert cut == converted
+        return
+    assert cut.chars <= cap
+    if cut.items:
+        assert cut.items[0]["type"] == "message"  # a history starts at a message
+        assert check_items(cut.items) is None  # no call or output cut from its pair
+    # Maximal: no longer suffix that starts at a message fits.
+    for start in range(len(items) - len(cut.items)):
+        if items[start]["type"] == "message":
+            assert len(canonical_json(list(items[start:]))) > cap
+    assert newest_items(converted, cap) == cut  # deterministic

@@ -4,11 +4,11 @@ End-to-end tests (marker ``codex``) run the real ``codex app-server`` against th
 model: a message steered during a slow reply reaches the model in the same turn and is
 mirrored in order (the engine's finalize sees it); ``queue`` and ``reject`` modes; the event
 stream delivers every event in order, and a slow consumer does not slow the turn (measured).
-Codex 0.163 with a custom provider never emits an ``imageGeneration`` item offline (it drops an
-``image_generation_call`` output item, and ``view_image`` emits no ``imageView`` item), so the
-media path is driven through the in-process fake app-server with the item Codex's schema
-defines. Every prompt and steered text is private: the conftest guard fails a test whose logs
-carry one.
+The media path is driven here through the in-process fake app-server with the item Codex's
+schema defines; ``tests/test_media_e2e.py`` drives it end to end (Codex 0.163 offers its image
+tool to a provider with an ``x-openai-actor-authorization`` header and saves what the offline
+model's Images API returns). Every prompt and steered text is private: the conftest guard
+fails a test whose logs carry one.
 """
 
 from __future__ import annotations

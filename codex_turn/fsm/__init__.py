@@ -13,14 +13,19 @@ from codex_turn.fsm.compaction import (
 )
 from codex_turn.fsm.errors import FsmError, IllegalTransition, TurnBusy
 from codex_turn.fsm.thread import (
+    BASE_RULES,
+    FORM_RULES,
     RESUME_RULES,
     THREAD_RULES,
+    ProjectionForm,
     ResumeAction,
     ResumeDecision,
     ResumeFacts,
     ThreadAction,
     ThreadDecision,
     ThreadFacts,
+    decide_base,
+    decide_form,
     decide_resume,
     decide_thread,
 )
@@ -36,7 +41,9 @@ from codex_turn.fsm.turn import (
 )
 
 __all__ = [
+    "BASE_RULES",
     "COMPACTION_TABLE",
+    "FORM_RULES",
     "RESUME_RULES",
     "THREAD_RULES",
     "TURN_TABLE",
@@ -47,6 +54,7 @@ __all__ = [
     "Edge",
     "FsmError",
     "IllegalTransition",
+    "ProjectionForm",
     "ResumeAction",
     "ResumeDecision",
     "ResumeFacts",
@@ -61,6 +69,8 @@ __all__ = [
     "TurnOutcome",
     "TurnState",
     "TurnTrigger",
+    "decide_base",
+    "decide_form",
     "decide_resume",
     "decide_thread",
     "maintenance_skip_reason",

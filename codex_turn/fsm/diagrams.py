@@ -52,10 +52,12 @@ from codex_turn.fsm._machine import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
 from codex_turn.fsm.turn import (
     CUT_SHORT_TRIGGERS,
+    FORM_TRIGGERS,
     RUN_END_TRIGGERS,
     THREAD_TRIGGERS,
     TURN_MACHINE,
     TurnState,
+    TurnTrigger,
 )
 
 __all__ = [
@@ -288,6 +290,11 @@ def _turn_remarks() -> Remarks:
         remarks.setdefault((TurnState.STARTING_THREAD, started_name), []).append(
             f"decision: {', '.join(names)}"
         )
+    for form, projected in FORM_TRIGGERS.items():
+        remarks.setdefault((TurnState.PROJECTING, projected), []).append(f"form: {form.value}")
+    remarks.setdefault((TurnState.STARTING_THREAD, TurnTrigger.FORK_FAILED), []).append(
+        "then the text frame"
+    )
     for state, triggers in CUT_SHORT_TRIGGERS.items():
         for trigger in triggers:
             remarks.setdefault((state, trigger), []).append("cut short")

@@ -30,6 +30,14 @@ made once per turn from facts, and it lives here as an ordered table of rules:
 * an engine projecting per turn (the default, and any engine that does not declare a
   projection): every turn that carries projected context gets a fresh thread, so native
   history never accumulates projected context (lossless #1106);
+* an engine projecting per turn whose assembly goes to Codex as Responses items (the
+  structured form, below): the turn runs in an ephemeral *fork* of the session's *base*
+  thread, a thread that never runs a turn of its own and holds nothing but an anchor; the
+  items are injected into the idle fork before its turn/start and die with it, so nothing
+  projected piles up anywhere, while every turn of the session shares the base's prompt
+  cache key. A bound base is never resumed: a turn without the engine's context (a failed
+  assemble, no engine any more) forks it with the recent transcript as items instead, and a
+  fork Codex refused rotates to a fresh thread with the text frame;
 * otherwise resume the bound thread.
 
 The first rule whose guards hold decides. Like the turn table this module performs no I/O:
@@ -45,6 +53,18 @@ drop re-sent instructions, see the app-server reference §6) nor unloaded it, th
 *reused*: ``turn/start`` goes straight to it. Otherwise it is resumed as before. The
 client keeps the facts (what it sent, every compaction and unload it saw); the decision is
 :func:`decide_resume`'s.
+
+Which base a ``fork`` uses is a third small table (:data:`BASE_RULES`): the bound base when
+there is one built for this turn's tools and engine; a new base (started, anchored and bound)
+otherwise. A fork carrying no engine context keeps the bound base whatever changed, so the
+change takes effect with the next turn that has context (as ``rebind=False`` does above).
+
+And in which *form* the engine's context goes to Codex is the fourth (:data:`FORM_RULES`),
+asked when projecting: Responses items (``thread/inject_items``, the structured form) when
+the engine projects per turn, the app-server can inject, the runner did not ask for the text
+frame and the assembly converts (:mod:`codex_turn.projection.items`); the text frame (one
+user message) otherwise. The turn machine shows the branch: ``projected_as_items`` or
+``projected``, and ``fork_failed`` back to ``reprojecting`` for the text frame.
 """
 
 from __future__ import annotations
@@ -54,14 +74,24 @@ import enum
 import attrs
 
 __all__ = [
+    "BASE_RULES",
+    "FORM_RULES",
     "RESUME_RULES",
     "THREAD_RULES",
+    "BaseAction",
+    "BaseDecision",
+    "BaseFacts",
+    "FormDecision",
+    "FormFacts",
+    "ProjectionForm",
     "ResumeAction",
     "ResumeDecision",
     "ResumeFacts",
     "ThreadAction",
     "ThreadDecision",
     "ThreadFacts",
+    "decide_base",
+    "decide_form",
     "decide_resume",
     "decide_thread",
 ]
@@ -72,6 +102,7 @@ class ThreadAction(enum.Enum):
     RESUME = "resume"
     ROTATE = "rotate"  # start a fresh thread and replace the binding
     TRANSIENT = "transient"  # start a fresh thread for this turn only; keep the binding
+    FORK = "fork"  # run in an ephemeral fork of the session's base thread (BASE_RULES)
 
 
 @attrs.frozen
@@ -88,6 +119,9 @@ class ThreadFacts:
     has_context: bool = False  # the projection framed some assembled history
     resume_failed: bool = False  # Codex refused to resume the bound thread this turn
     engine_active: bool = False  # a context engine serves this turn (context was wanted)
+    items: bool = False  # this turn's context goes as Responses items (FORM_RULES said so)
+    base_bound: bool = False  # the bound thread is a fork base (it never runs a turn)
+    fork_failed: bool = False  # Codex refused this turn's fork or its items
 
 
 @attrs.frozen
@@ -122,9 +156,25 @@ class ThreadDecision:
 A = ThreadAction
 
 THREAD_RULES: tuple[ThreadRule, ...] = (
+    ThreadRule(
+        A.FORK,
+        True,
+        "per-turn-projection-items",
+        when=("items",),
+        unless=("tools_dropped", "fork_failed"),
+    ),
     ThreadRule(A.START, True, "missing-thread-binding", unless=("bound",)),
     ThreadRule(A.ROTATE, True, "resume-failed", when=("resume_failed",)),
     ThreadRule(A.TRANSIENT, True, "no-tools-transient-thread", when=("tools_dropped",)),
+    ThreadRule(
+        A.FORK,
+        True,
+        "fork-base-without-context",
+        when=("base_bound",),
+        unless=("has_context", "fork_failed"),
+        rebind=False,
+    ),
+    ThreadRule(A.ROTATE, True, "fork-base-refused", when=("base_bound", "fork_failed")),
     ThreadRule(
         A.RESUME,
         False,
@@ -223,3 +273,109 @@ def decide_resume(facts: ResumeFacts) -> ResumeDecision:
         if rule.holds(facts):
             return ResumeDecision(rule.action, rule.reason)
     raise AssertionError("RESUME_RULES ends with an unconditional rule")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------
+# Which base thread a fork uses
+
+
+class BaseAction(enum.Enum):
+    BOUND = "bound"  # fork the bound base
+    NEW = "new"  # start a base (anchored, bound), then fork it
+
+
+@attrs.frozen
+class BaseFacts:
+    base_bound: bool = False  # the binding names a fork base
+    tools_match: bool = True  # ... built with this turn's dynamic tools
+    engine_match: bool = True  # ... for this turn's engine and policy
+    items: bool = False  # the fork carries the engine's context (else the transcript's)
+
+
+@attrs.frozen
+class BaseRule:
+    action: BaseAction
+    reason: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: BaseFacts) -> bool:
+        return _holds(self.when, self.unless, facts)
+
+
+@attrs.frozen
+class BaseDecision:
+    action: BaseAction
+    reason: str
+
+
+B = BaseAction
+
+BASE_RULES: tuple[BaseRule, ...] = (
+    BaseRule(B.NEW, "no-fork-base-bound", unless=("base_bound",)),
+    BaseRule(B.BOUND, "fork-without-context-keeps-base", unless=("items",)),
+    BaseRule(B.NEW, "fork-base-tools-changed", unless=("tools_match",)),
+    BaseRule(B.NEW, "fork-base-engine-changed", unless=("engine_match",)),
+    BaseRule(B.BOUND, "fork-base-bound"),
+)
+
+
+def decide_base(facts: BaseFacts) -> BaseDecision:
+    """The first rule of :data:`BASE_RULES` that holds for ``facts``."""
+    for rule in BASE_RULES:
+        if rule.holds(facts):
+            return BaseDecision(rule.action, rule.reason)
+    raise AssertionError("BASE_RULES ends with an unconditional rule")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------
+# In which form the engine's context goes to Codex
+
+
+class ProjectionForm(enum.Enum):
+    TEXT = "text"  # the text frame: one user message in turn/start
+    ITEMS = "items"  # Responses items injected into a fork (the structured form)
+
+
+@attrs.frozen
+class FormFacts:
+    text_requested: bool = False  # the runner asked for the text frame
+    per_turn: bool = False  # the engine projects per turn (not thread_bootstrap)
+    can_inject: bool = False  # the app-server can fork and inject
+    convertible: bool = True  # the assembly converts to items (checked last: it costs)
+
+
+@attrs.frozen
+class FormRule:
+    form: ProjectionForm
+    reason: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: FormFacts) -> bool:
+        return _holds(self.when, self.unless, facts)
+
+
+@attrs.frozen
+class FormDecision:
+    form: ProjectionForm
+    reason: str
+
+
+F = ProjectionForm
+
+FORM_RULES: tuple[FormRule, ...] = (
+    FormRule(F.TEXT, "text-frame-requested", when=("text_requested",)),
+    FormRule(F.TEXT, "thread-bootstrap-projection", unless=("per_turn",)),
+    FormRule(F.TEXT, "app-server-cannot-inject", unless=("can_inject",)),
+    FormRule(F.TEXT, "assembly-unconvertible", unless=("convertible",)),
+    FormRule(F.ITEMS, "structured-projection"),
+)
+
+
+def decide_form(facts: FormFacts) -> FormDecision:
+    """The first rule of :data:`FORM_RULES` that holds for ``facts``."""
+    for rule in FORM_RULES:
+        if rule.holds(facts):
+            return FormDecision(rule.form, rule.reason)
+    raise AssertionError("FORM_RULES ends with an unconditional rule")  # pragma: no cover

@@ -25,7 +25,13 @@ context engine is a plugin and must never be able to break a turn:
   a session file that existed before the turn) or is skipped; a failed bootstrap continues.
 * assembling without an active engine is skipped straight to building_prompt (the turn is
   plain Codex); a failed assemble also skips projection and keeps the baseline prompt.
-* projecting falls back to the baseline prompt on failure.
+* projecting falls back to the baseline prompt on failure. It exits in one of two forms,
+  as the form table (``codex_turn.fsm.thread.FORM_RULES``) chooses: ``projected`` (the text
+  frame, one user message) or ``projected_as_items`` (Responses items, injected into an
+  ephemeral fork of the session's base thread: the thread decision ``fork``).
+* A fork Codex refused (the fork or its items) steps back to reprojecting like a refused
+  resume, once per turn (``may_retry_fork``): the thread table then rotates to a fresh thread
+  with the text frame.
 * starting_thread starts, resumes or rotates the Codex thread, as the thread table
   (``codex_turn.fsm.thread``) decides; failing to start one is the only in-flight failure that
   is terminal (``failed``), because nothing reached Codex and there is nothing to mirror.
@@ -62,10 +68,11 @@ import enum
 import attrs
 
 from codex_turn.fsm._machine import Edge, Model, TableMachine
-from codex_turn.fsm.thread import ThreadAction
+from codex_turn.fsm.thread import ProjectionForm, ThreadAction
 
 __all__ = [
     "CUT_SHORT_TRIGGERS",
+    "FORM_TRIGGERS",
     "RUN_END_TRIGGERS",
     "THREAD_TRIGGERS",
     "TURN_TABLE",
@@ -112,11 +119,17 @@ class TurnTrigger(enum.StrEnum):
     ASSEMBLE_FAILED = "assemble_failed"
     ASSEMBLE_SKIPPED = "assemble_skipped"
     PROJECTED = "projected"
+    #: The assembly converted to Responses items (the structured form).
+    PROJECTED_AS_ITEMS = "projected_as_items"
     PROJECTION_FAILED = "projection_failed"
     PROMPT_BUILT = "prompt_built"
     THREAD_STARTED = "thread_started"
     THREAD_RESUMED = "thread_resumed"
     THREAD_ROTATED = "thread_rotated"
+    #: The turn runs in an ephemeral fork of the base thread, the items injected.
+    THREAD_FORKED = "thread_forked"
+    #: Codex refused the fork or its items (the turn falls back to the text frame).
+    FORK_FAILED = "fork_failed"
     THREAD_START_FAILED = "thread_start_failed"
     THREAD_RESUME_FAILED = "thread_resume_failed"
     REPROJECTED = "reprojected"
@@ -212,6 +225,14 @@ THREAD_TRIGGERS: dict[ThreadAction, TurnTrigger] = {
     ThreadAction.TRANSIENT: TurnTrigger.THREAD_STARTED,
     ThreadAction.ROTATE: TurnTrigger.THREAD_ROTATED,
     ThreadAction.RESUME: TurnTrigger.THREAD_RESUMED,
+    ThreadAction.FORK: TurnTrigger.THREAD_FORKED,
+}
+
+
+#: The projecting exit for each form the form table chose (``FORM_RULES``).
+FORM_TRIGGERS: dict[ProjectionForm, TurnTrigger] = {
+    ProjectionForm.TEXT: TurnTrigger.PROJECTED,
+    ProjectionForm.ITEMS: TurnTrigger.PROJECTED_AS_ITEMS,
 }
 
 
@@ -358,6 +379,7 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
     # State: projecting (failure: baseline prompt and instructions)
     S.PROJECTING: (
         Edge(T.PROJECTED, S.BUILDING_PROMPT),
+        Edge(T.PROJECTED_AS_ITEMS, S.BUILDING_PROMPT),
         Edge(T.PROJECTION_FAILED, S.BUILDING_PROMPT),
         _CANCEL,
     ),
@@ -372,7 +394,9 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.THREAD_STARTED, S.RUNNING_TURN),
         Edge(T.THREAD_RESUMED, S.RUNNING_TURN),
         Edge(T.THREAD_ROTATED, S.RUNNING_TURN),
+        Edge(T.THREAD_FORKED, S.RUNNING_TURN),
         Edge(T.THREAD_RESUME_FAILED, S.REPROJECTING, when=("may_retry_resume",)),
+        Edge(T.FORK_FAILED, S.REPROJECTING, when=("may_retry_fork",)),
         Edge(T.THREAD_START_FAILED, S.FAILED),
         _CANCEL,
     ),
@@ -463,6 +487,8 @@ class TurnModel(Model):
     steers: int = attrs.field(init=False, default=0)
     #: Codex refused this turn's resume (the thread table then rotates).
     resume_failed: bool = attrs.field(init=False, default=False)
+    #: Codex refused this turn's fork or its items (the text frame follows).
+    fork_failed: bool = attrs.field(init=False, default=False)
 
     @classmethod
     def begin(
@@ -491,6 +517,10 @@ class TurnModel(Model):
     @property
     def may_retry_resume(self) -> bool:
         return not self.resume_failed
+
+    @property
+    def may_retry_fork(self) -> bool:
+        return not self.fork_failed
 
     def _skip_reason(self, *, finalize_failed: bool) -> SkipReason | None:
         outcome = self.outcome
@@ -523,6 +553,8 @@ class TurnModel(Model):
     def _on_fired(self, trigger: str) -> None:
         if trigger == TurnTrigger.THREAD_RESUME_FAILED:
             self.resume_failed = True
+        elif trigger == TurnTrigger.FORK_FAILED:
+            self.fork_failed = True
         elif trigger == TurnTrigger.MIRROR_FAILED and self.outcome is TurnOutcome.COMPLETED:
             self.outcome = TurnOutcome.UNSAVED
         elif trigger in OUTCOME_OF_TRIGGER:

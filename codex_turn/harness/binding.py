@@ -92,7 +92,9 @@ _log = get_logger(__name__)
 
 BINDING_SUFFIX: Final = ".codex-app-server.json"
 BINDING_SCHEMA_VERSION: Final = 1
-ProjectionMode = Literal["per_turn", "thread_bootstrap"]
+#: ``fork_base``: the bound thread is a structured projection's base (issue 15): it never
+#: runs a turn; each turn runs in an ephemeral fork of it (``codex_turn.fsm.thread``).
+ProjectionMode = Literal["per_turn", "thread_bootstrap", "fork_base"]
 _PROJECTION_MODES: Final = frozenset(get_args(ProjectionMode))
 MAX_THREAD_ID_CHARS: Final = 256  # Codex's thread ids are UUIDs; far beyond is not an id
 _MAX_ID_CHARS: Final = 1024  # sessionId, transcriptId: hosts choose these, allow headroom
@@ -180,6 +182,14 @@ class ThreadBinding:
     transcript_id: str | None = None
     created_at: str = attrs.Factory(_now_iso)
     updated_at: str = attrs.Factory(_now_iso)
+
+    @property
+    def fork_base(self) -> bool:
+        """The thread is a structured projection's fork base: it never runs a turn (each turn
+        runs in an ephemeral fork of it) and holds no conversation of its own."""
+        engine = self.context_engine
+        projection = engine.projection if engine is not None else None
+        return projection is not None and projection.mode == "fork_base"
 
 
 def _camel(name: str) -> str:

@@ -109,6 +109,7 @@ _log = get_logger(__name__)
 NATIVE_BACKEND: Final = "codex-app-server"
 NO_THREAD_BINDING: Final = "no codex app-server thread binding"
 AUTH_PROFILE_MISMATCH: Final = "auth profile mismatch for session binding"
+NOTHING_NATIVE_TO_COMPACT: Final = "structured projection: the fork base holds no history"
 #: A budget request without an owning engine: Codex's automatic compaction handles it.
 LEFT_TO_CODEX: Final = "left to codex app-server automatic compaction"
 _ENGINE_FAILED: Final = "context engine compaction failed"
@@ -474,6 +475,14 @@ class _Run:
         )
         if binding is None:
             return self._native_failure(NO_THREAD_BINDING, T.NATIVE_FAILED)
+        if binding.fork_base:
+            # Each turn runs in a fork of this thread and re-projects the engine's context:
+            # there is no native history to compact (compacting the base would put a summary
+            # of nothing into every later fork).
+            return _Native(
+                CompactResult(ok=True, compacted=False, reason=NOTHING_NATIVE_TO_COMPACT),
+                T.NATIVE_COMPACTED,
+            )
         if p.auth_profile_id is not None and p.auth_profile_id != binding.auth_profile_id:
             _log.warning(
                 "codex app-server compaction refused: auth profile mismatch",

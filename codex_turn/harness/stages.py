@@ -43,14 +43,20 @@ import attrs
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
 from codex_turn.fsm.thread import (
+    BaseAction,
+    BaseFacts,
+    FormFacts,
+    ProjectionForm,
     ResumeAction,
     ResumeFacts,
     ThreadAction,
     ThreadDecision,
+    decide_base,
+    decide_form,
     decide_resume,
     decide_thread,
 )
-from codex_turn.fsm.turn import THREAD_TRIGGERS, RunEnd, run_end_trigger
+from codex_turn.fsm.turn import FORM_TRIGGERS, THREAD_TRIGGERS, RunEnd, run_end_trigger
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -94,6 +100,12 @@ from codex_turn.harness.session import (
     mirror_prompt,
     mirror_turn,
 )
+from codex_turn.harness.structured import (
+    ForkFailed,
+    anchor_base,
+    prepare_fork,
+    supports_structured,
+)
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport
 from codex_turn.harness.turn_context import (
     Assembled,
@@ -118,10 +130,18 @@ from codex_turn.harness.turn_context import (
 )
 from codex_turn.projection import (
     frame_context,
+    max_rendered_context_chars,
     project_context_engine_assembly,
     project_thread_bootstrap_assembly,
 )
 from codex_turn.projection.frame import unframed_projection
+from codex_turn.projection.items import (
+    ConvertedItems,
+    Unconvertible,
+    check_items,
+    convert_messages,
+    newest_items,
+)
 
 __all__ = [
     "Stage",
@@ -249,33 +269,99 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
 async def project(ctx: TurnContext) -> TurnTrigger:
     assembled = ctx.assembled
     assert assembled is not None
+    items = _items_if_chosen(ctx)
+    if items is not None:
+        # The structured form: the items go into a fork; no frame is rendered.
+        ctx.projected = Projected(_unframed(ctx), framed=False, items=items)
+        return FORM_TRIGGERS[ProjectionForm.ITEMS]
     if _frame_may_be_sent(ctx):
         projected = _render_projection(ctx)
     else:
         # The thread decision sends the raw prompt whatever the assembly holds (the bound
         # thread carries this epoch's context): render no frame only to throw it away.
         try:
-            projected = Projected(
-                unframed_projection(
-                    original_history_messages=ctx.messages,
-                    prompt=ctx.params.prompt,
-                    system_prompt_addition=assembled.result.system_prompt_addition,
-                ),
-                framed=False,
-            )
+            projected = Projected(_unframed(ctx), framed=False)
         except Exception as error:
             ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
             projected = None
     if projected is None:
         return T.PROJECTION_FAILED
     ctx.projected = projected
-    return T.PROJECTED
+    return FORM_TRIGGERS[ProjectionForm.TEXT]
+
+
+def _unframed(ctx: TurnContext) -> Any:
+    assembled = ctx.assembled
+    assert assembled is not None
+    return unframed_projection(
+        original_history_messages=ctx.messages,
+        prompt=ctx.params.prompt,
+        system_prompt_addition=assembled.result.system_prompt_addition,
+    )
+
+
+def _items_cap(ctx: TurnContext) -> int | None:
+    """The cap on the items' canonical JSON: the text frame's for a stated budget; without
+    one the engine's assembly is taken whole (it assembled within its own budget)."""
+    params = ctx.params
+    if params.context_token_budget is None:
+        return None
+    return max_rendered_context_chars(params.context_token_budget, params.reserve_tokens)
+
+
+def _convert(ctx: TurnContext, messages: list[AgentMessage], what: str) -> ConvertedItems | None:
+    """``messages`` as Responses items, or ``None`` (logged with the typed reason; never the
+    content) when they do not convert soundly."""
+    params = ctx.params
+    converted = convert_messages(
+        messages, prompt=params.prompt, payload_policy=params.tool_payloads
+    )
+    if isinstance(converted, Unconvertible):
+        ctx.log.warning(
+            "codex structured projection unavailable; using the text frame",
+            source=what,
+            reason=converted.reason.value,
+            message_index=converted.index,
+        )
+        return None
+    unsound = check_items(converted.items) if converted.items else None
+    if unsound is not None:
+        ctx.log.warning(
+            "codex structured projection unavailable; using the text frame",
+            source=what,
+            reason="unsound_items",
+        )
+        return None
+    return converted
+
+
+def _items_if_chosen(ctx: TurnContext) -> ConvertedItems | None:
+    """The assembly as items when the form table chooses the structured form (asked once
+    more with ``convertible=False`` when the assembly does not convert), else ``None``."""
+    assembled = ctx.assembled
+    assert assembled is not None
+    params = ctx.params
+    facts = FormFacts(
+        text_requested=params.projection_format == "text",
+        per_turn=assembled.bootstrap_epoch is None,
+        can_inject=supports_structured(ctx.app_server),
+    )
+    form = decide_form(facts)
+    converted: ConvertedItems | None = None
+    if form.form is ProjectionForm.ITEMS:
+        converted = _convert(ctx, assembled.result.messages, "assembly")
+        if converted is None:
+            form = decide_form(attrs.evolve(facts, convertible=False))
+    ctx.log.debug("codex context projection form", form=form.form.value, reason=form.reason)
+    if converted is None or not converted.items:
+        return None  # the text path: a frame, or nothing to project
+    return newest_items(converted, _items_cap(ctx))
 
 
 def _frame_may_be_sent(ctx: TurnContext) -> bool:
     """Whether the thread table could send this turn's frame: it asks for it, or whether
     there is context to frame changes its decision (so the frame must be rendered to know)."""
-    facts = thread_facts(ctx, resume_failed=False)
+    facts = thread_facts(ctx)
     with_context = decide_thread(attrs.evolve(facts, has_context=True))
     without_context = decide_thread(attrs.evolve(facts, has_context=False))
     return with_context.project or with_context != without_context
@@ -313,7 +399,7 @@ def _render_projection(ctx: TurnContext) -> Projected | None:
 async def build_prompt(ctx: TurnContext) -> TurnTrigger:
     """The thread decision (the thread table's), then before_prompt_build hooks on the prompt
     and instructions it chose (the projected prompt, with the engine's addition)."""
-    decision = decide_thread(thread_facts(ctx, resume_failed=False))
+    decision = decide_thread(thread_facts(ctx))
     ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     if ctx.projected is not None:
         log_decision(ctx, ctx.plan)
@@ -321,13 +407,15 @@ async def build_prompt(ctx: TurnContext) -> TurnTrigger:
 
 
 async def reproject(ctx: TurnContext) -> TurnTrigger:
-    """Codex refused the resume: the thread table rotates, and the fresh thread (no native
-    history) gets the projected context; the hooks run again on the prompt now sent."""
+    """Codex refused the resume, or the fork: the thread table rotates, and the fresh thread
+    (no native history) gets the projected context as the text frame; the hooks run again
+    on the prompt now sent."""
     if ctx.projected is not None and not ctx.projected.framed:
-        # The frame was not rendered because the resumed thread had the context; the fresh
-        # thread needs it. A failure here leaves the raw prompt, as a failed projection does.
+        # The frame was not rendered because the resumed thread had the context, or the
+        # context was to go as items; the fresh thread needs it. A failure here leaves the
+        # raw prompt, as a failed projection does.
         ctx.projected = _render_projection(ctx)
-    decision = decide_thread(thread_facts(ctx, resume_failed=True))
+    decision = decide_thread(thread_facts(ctx))
     ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     log_decision(ctx, ctx.plan)
     return T.REPROJECTED
@@ -379,6 +467,8 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     decision = plan.decision
     bound = ctx.binding
     settings = _thread_settings(ctx)
+    if decision.action is ThreadAction.FORK:
+        return await _start_fork(ctx, settings)
     if decision.action is ThreadAction.RESUME:
         assert bound is not None
         loaded = ctx.app_server.loaded_thread(bound.thread_id)
@@ -406,6 +496,7 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
                 error=format_error(error),
                 definitive=isinstance(error, ThreadNotFound),
             )
+            ctx.resume_refused = True
             return T.THREAD_RESUME_FAILED
         except AppServerError as error:
             # A timeout or a dead process says nothing about the thread: keep the binding
@@ -469,6 +560,117 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
         reason=decision.reason,
     )
     return trigger
+
+
+_FORK_BASE: Final = ProjectionBinding(mode="fork_base", epoch="fork-base")
+
+
+async def _start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger:
+    """The ``fork`` decision: fork the session's base thread (the base table says which:
+    the bound one, or a new one started, anchored and bound), inject the items into the
+    idle fork. A refused fork is ``fork_failed`` (the text frame follows); a base that
+    cannot be started fails the turn like any thread start."""
+    plan, bound = ctx.plan, ctx.binding
+    assert plan is not None
+    port = ctx.app_server
+    if not supports_structured(port):
+        # A base bound by an earlier app-server, and this one cannot fork it.
+        return _fork_refused(ctx, ForkFailed(step="fork", error="the app-server cannot fork"))
+    facts = thread_facts(ctx)
+    base = decide_base(
+        BaseFacts(
+            base_bound=facts.base_bound,
+            tools_match=facts.tools_match,
+            engine_match=facts.engine_match,
+            items=facts.items,
+        )
+    )
+    binding = bound
+    if base.action is BaseAction.NEW:
+        if bound is not None:
+            await _clear_binding_quietly(ctx)
+        try:
+            started = await ctx.app_server.start_thread(**settings)
+        except AppServerError as error:
+            ctx.log.warning("codex app-server thread start failed", error=format_error(error))
+            ctx.start_error = format_error(error)
+            return T.THREAD_START_FAILED
+        try:
+            # A rollout, so that this process and any later one can fork it.
+            await anchor_base(port, started.thread_id)
+        except AppServerError as error:
+            return _fork_refused(ctx, ForkFailed(step="anchor", error=format_error(error)))
+        binding = await save_binding(
+            ctx,
+            started,
+            previous=None,
+            engine_record=engine_binding(ctx, _FORK_BASE),
+            tools_fingerprint=ctx.tools_fingerprint,
+        )
+        if bound is not None:
+            ctx.app_server.forget_thread(bound.thread_id)  # it runs no more turns
+        base_id = started.thread_id
+    else:
+        assert bound is not None
+        base_id = bound.thread_id
+    projected = ctx.projected
+    if facts.items and projected is not None and projected.items is not None:
+        items, source = projected.items.items, "assembly"
+    else:
+        # A turn without the engine's context: the recent transcript keeps the conversation.
+        items, source = _transcript_items(ctx), "transcript"
+    prepared = await prepare_fork(
+        port,
+        base_id,
+        items,
+        developer_instructions=settings["developer_instructions"],
+        cwd=settings["cwd"],
+        model=settings["model"],
+        tools=ctx.tools,
+    )
+    if isinstance(prepared, ForkFailed):
+        return _fork_refused(ctx, prepared)
+    ctx.thread = ThreadReady(result=prepared.thread, binding=binding)
+    ctx.log = ctx.log.bind(thread_id=prepared.fork_thread_id)
+    ctx.log.info(
+        "codex app-server thread forked",
+        reason=plan.decision.reason,
+        base=base.reason,
+        items=prepared.injected,
+        source=source,
+    )
+    return T.THREAD_FORKED
+
+
+def _fork_refused(ctx: TurnContext, failed: ForkFailed) -> TurnTrigger:
+    if failed.fork_thread_id is not None:
+        ctx.app_server.forget_thread(failed.fork_thread_id)
+    ctx.log.warning(
+        "codex structured projection fork failed; using the text frame",
+        step=failed.step,
+        error=failed.error,
+    )
+    ctx.fork_refused = True
+    return T.FORK_FAILED
+
+
+def _transcript_items(ctx: TurnContext) -> tuple[dict[str, Any], ...]:
+    """The newest of the mirrored history as items, within the text frame's cap: converted
+    from a suffix that doubles until it fills the cap (a long transcript is not converted
+    whole), starting at a message that is not a tool result."""
+    messages = ctx.messages
+    cap = max_rendered_context_chars(ctx.params.context_token_budget, ctx.params.reserve_tokens)
+    take = 64
+    while True:
+        start = max(0, len(messages) - take)
+        while start < len(messages) and messages[start].get("role") == "toolResult":
+            start += 1
+        converted = _convert(ctx, list(messages[start:]), "transcript")
+        if converted is None:
+            return ()
+        if start == 0 or converted.chars >= cap:
+            return newest_items(converted, cap).items
+        take *= 2
 
 
 async def run_turn(ctx: TurnContext) -> TurnTrigger:
@@ -537,7 +739,7 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
-        if plan.decision.action is ThreadAction.TRANSIENT:
+        if plan.decision.action in (ThreadAction.TRANSIENT, ThreadAction.FORK):
             ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
     # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
     ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)

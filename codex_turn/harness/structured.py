@@ -31,53 +31,60 @@ gave a new cache key every turn, or snowballed (a revert keeps items injected be
 first reverted turn, so "reset and re-inject in full" duplicates the context every turn).
 
 This module performs the protocol steps and reports typed failures; it decides nothing
-about the turn (the caller falls back to the text frame when :func:`prepare_fork` fails).
+about the turn. The turn machine does: ``projecting`` exits ``projected_as_items`` when the
+form table (:data:`codex_turn.fsm.thread.FORM_RULES`) chooses items, the thread table's
+``fork`` action runs the turn in a fork, and a :class:`ForkFailed` is the trigger
+``fork_failed``, which steps back to ``reprojecting`` for the text frame.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol, TypeGuard
 
 import attrs
 
 from codex_turn._log import format_error
-from codex_turn.harness.appserver import AppServerError, AppServerRpcError
+from codex_turn.harness.appserver import AppServerError, AppServerRpcError, DynamicTool
+from codex_turn.harness.appserver.types import ThreadResult
 
 __all__ = [
     "ANCHOR",
-    "INJECT_BATCH",
     "ForkFailed",
     "PreparedFork",
     "SupportsStructured",
+    "anchor_base",
     "prepare_fork",
     "supports_structured",
 ]
 
 #: Accepted and persisted by ``thread/inject_items``, never sent to the model.
 ANCHOR: Final[Mapping[str, Any]] = {"type": "item_reference", "id": "msg_codex_turn_anchor"}
-#: Items per ``thread/inject_items`` call (a batch is atomic; smaller batches keep each
-#: request well under the transport's line limits).
-INJECT_BATCH: Final = 2000
 _NO_ROLLOUT: Final = "no rollout found"
 
 
 class SupportsStructured(Protocol):
-    """What the structured projection needs beyond the turn port: raw JSON-RPC calls."""
+    """What the structured projection needs beyond the turn port: fork and inject."""
 
-    async def request(
+    async def fork_thread(
         self,
-        method: str,
-        params: Mapping[str, Any] | None = None,
+        thread_id: str,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> Any: ...
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: Iterable[DynamicTool] | None = None,
+    ) -> ThreadResult: ...
+
+    async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None: ...
 
 
-def supports_structured(app_server: object) -> bool:
+def supports_structured(app_server: object) -> TypeGuard[SupportsStructured]:
     """Whether ``app_server`` can fork and inject (the real :class:`AppServer` can; a test
-    fake without ``request`` cannot, and its turns use the text frame)."""
-    return callable(getattr(app_server, "request", None))
+    fake without them cannot, and its turns use the text frame)."""
+    return callable(getattr(app_server, "fork_thread", None)) and callable(
+        getattr(app_server, "inject_items", None)
+    )
 
 
 @attrs.frozen
@@ -85,9 +92,13 @@ class PreparedFork:
     """An idle ephemeral fork of ``base_thread_id`` holding the injected items."""
 
     base_thread_id: str
-    fork_thread_id: str
+    thread: ThreadResult  # the fork, as thread/fork answered
     injected: int
     anchored: bool  # the base had no rollout and was anchored first
+
+    @property
+    def fork_thread_id(self) -> str:
+        return self.thread.thread_id
 
 
 @attrs.frozen
@@ -100,30 +111,10 @@ class ForkFailed:
     fork_thread_id: str | None = None
 
 
-async def _fork(port: SupportsStructured, base: str, settings: Mapping[str, Any]) -> str:
-    raw = await port.request(
-        "thread/fork",
-        {"threadId": base, "ephemeral": True, "excludeTurns": True, **settings},
-    )
-    thread = raw.get("thread") if isinstance(raw, Mapping) else None
-    fork_id = thread.get("id") if isinstance(thread, Mapping) else None
-    if not isinstance(fork_id, str) or not fork_id:
-        raise AppServerError(f"thread/fork answered without a thread id: {raw!r:.200}")
-    return fork_id
-
-
-async def inject_items(
-    port: SupportsStructured, thread_id: str, items: Sequence[Mapping[str, Any]]
-) -> None:
-    """``thread/inject_items`` in batches of :data:`INJECT_BATCH` (into an idle thread only)."""
-    for start in range(0, len(items), INJECT_BATCH):
-        await port.request(
-            "thread/inject_items",
-            {
-                "threadId": thread_id,
-                "items": [dict(i) for i in items[start : start + INJECT_BATCH]],
-            },
-        )
+async def anchor_base(port: SupportsStructured, base_thread_id: str) -> None:
+    """Give an idle, loaded base thread a rollout (:data:`ANCHOR`), so that it can be forked
+    in this process and in any later one. Raises :class:`AppServerError`."""
+    await port.inject_items(base_thread_id, [ANCHOR])
 
 
 async def prepare_fork(
@@ -133,37 +124,43 @@ async def prepare_fork(
     *,
     developer_instructions: str | None = None,
     cwd: str | None = None,
+    model: str | None = None,
+    tools: Iterable[DynamicTool] | None = None,
 ) -> PreparedFork | ForkFailed:
     """Fork ``base_thread_id`` (ephemeral) and inject ``items`` into the idle fork.
 
-    The base must be idle and loaded in this process. Never raises :class:`AppServerError`:
-    a failure is returned as :class:`ForkFailed` (with the fork to forget, if one exists).
+    The base must be idle. A base without a rollout (loaded in this process) is anchored
+    first. Never raises :class:`AppServerError`: a failure is returned as
+    :class:`ForkFailed` (with the fork to forget, if one exists).
     """
-    settings: dict[str, Any] = {}
-    if developer_instructions is not None:
-        settings["developerInstructions"] = developer_instructions
-    if cwd is not None:
-        settings["cwd"] = cwd
+    tools = list(tools) if tools is not None else None
+
+    async def fork() -> ThreadResult:
+        return await port.fork_thread(
+            base_thread_id,
+            developer_instructions=developer_instructions,
+            cwd=cwd,
+            model=model,
+            tools=tools,
+        )
+
     anchored = False
     try:
         try:
-            fork_id = await _fork(port, base_thread_id, settings)
+            thread = await fork()
         except AppServerRpcError as error:
             if _NO_ROLLOUT not in str(error):
                 raise
             anchored = True
-            await inject_items(port, base_thread_id, [ANCHOR])
-            fork_id = await _fork(port, base_thread_id, settings)
+            await anchor_base(port, base_thread_id)
+            thread = await fork()
     except AppServerError as error:
         return ForkFailed(step="anchor" if anchored else "fork", error=format_error(error))
     try:
         if items:
-            await inject_items(port, fork_id, items)
+            await port.inject_items(thread.thread_id, items)
     except AppServerError as error:
-        return ForkFailed(step="inject", error=format_error(error), fork_thread_id=fork_id)
+        return ForkFailed(step="inject", error=format_error(error), fork_thread_id=thread.thread_id)
     return PreparedFork(
-        base_thread_id=base_thread_id,
-        fork_thread_id=fork_id,
-        injected=len(items),
-        anchored=anchored,
+        base_thread_id=base_thread_id, thread=thread, injected=len(items), anchored=anchored
     )

@@ -124,6 +124,17 @@ class TurnParams:
     #: fallback. See :mod:`codex_turn.harness.violations`. The CLI's ``--strict`` and the test
     #: kit turn it on.
     strict: bool = False
+    #: How an engine's per-turn context reaches Codex: ``"structured"`` (the default) as
+    #: Responses items injected into an ephemeral fork of the session's base thread, when the
+    #: app-server can (else, and for an assembly that does not convert, the text frame);
+    #: ``"text"``, always the text frame (one user message). See
+    #: :mod:`codex_turn.harness.structured` and ``FORM_RULES`` in :mod:`codex_turn.fsm.thread`.
+    projection_format: Literal["structured", "text"] = "structured"
+    #: Tool calls and results in the structured form: ``"full"`` (the default: what the model
+    #: saw, as the engine assembled it), ``"shape-only"`` (arguments as their shape, results
+    #: elided), ``"elide"`` (names kept, payloads replaced by a note). Secrets are redacted in
+    #: every policy; Codex itself cuts a long tool result to ~12 KB in the prompt.
+    tool_payloads: Literal["elide", "shape-only", "full"] = "full"
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -195,6 +206,10 @@ def _validate(p: TurnParams) -> None:
     if p.service_tier is not None and not isinstance(p.service_tier, str):
         _fail("service_tier must be a string or None")
     _validate_runtime_controls(p)
+    if p.projection_format not in ("structured", "text"):
+        _fail("projection_format must be 'structured' or 'text'")
+    if p.tool_payloads not in ("elide", "shape-only", "full"):
+        _fail("tool_payloads must be 'elide', 'shape-only' or 'full'")
     if p.steering not in ("steer", "queue", "reject"):
         _fail("steering must be 'steer', 'queue' or 'reject'")
     quiet = p.steer_quiet_interval

@@ -69,6 +69,7 @@ from codex_turn.projection import (
     max_rendered_context_chars,
     truncate_older,
 )
+from codex_turn.projection.items import ConvertedItems
 
 __all__ = [
     "Assembled",
@@ -120,9 +121,12 @@ class Assembled:
 @attrs.frozen
 class Projected:
     projection: CodexContextProjection
-    #: ``False``: no frame was rendered, because the thread decision could not send one
-    #: (``projection`` holds the prompt and instruction addition only); see stages.project.
+    #: ``False``: no frame was rendered, because the thread decision could not send one, or
+    #: the context goes as items (``projection`` holds the prompt and instruction addition
+    #: only); see stages.project.
     framed: bool = True
+    #: The structured form: the assembly as Responses items, for a fork (``None``: text).
+    items: ConvertedItems | None = None
 
 
 @attrs.frozen
@@ -226,6 +230,10 @@ class TurnContext:
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
     cleanup_deadline: float | None = None
+    #: Codex refused this turn's resume / its fork (facts of the thread decision that
+    #: follows the step back to reprojecting); set by the starting_thread stage.
+    resume_refused: bool = False
+    fork_refused: bool = False
     #: The turn's link to the runner while it runs: messages steered into it, its event
     #: stream, the files Codex saved (:mod:`codex_turn.harness.steering`); ``None``: none.
     live: LiveTurn | None = None
@@ -347,12 +355,17 @@ def engine_binding(
 
 
 def has_projected_context(ctx: TurnContext) -> bool:
-    """The projection framed assembled history (it is more than the prompt alone)."""
+    """The projection carries assembled history: items, or a frame that is more than the
+    prompt alone."""
     projected = ctx.projected
-    return projected is not None and projected.projection.prompt_text != ctx.params.prompt.strip()
+    if projected is None:
+        return False
+    if projected.items is not None:
+        return bool(projected.items.items)
+    return projected.projection.prompt_text != ctx.params.prompt.strip()
 
 
-def thread_facts(ctx: TurnContext, *, resume_failed: bool) -> ThreadFacts:
+def thread_facts(ctx: TurnContext) -> ThreadFacts:
     binding = ctx.binding
     wanted = engine_binding(ctx, None)
     bound_engine = binding.context_engine if binding is not None else None
@@ -382,8 +395,13 @@ def thread_facts(ctx: TurnContext, *, resume_failed: bool) -> ThreadFacts:
         and bound_projection.epoch == epoch,
         per_turn=ctx.assembled is not None and epoch is None,
         has_context=has_projected_context(ctx),
-        resume_failed=resume_failed,
+        resume_failed=ctx.resume_refused,
         engine_active=ctx.engine is not None,
+        items=ctx.projected is not None
+        and ctx.projected.items is not None
+        and has_projected_context(ctx),
+        base_bound=binding is not None and binding.fork_base,
+        fork_failed=ctx.fork_refused,
     )
 
 

@@ -75,6 +75,7 @@ __all__ = [
     "canonical_json",
     "check_items",
     "convert_messages",
+    "newest_items",
 ]
 
 PayloadPolicy = Literal["elide", "shape-only", "full"]
@@ -413,6 +414,30 @@ def convert_messages(
         message_count=len(kept),
         dropped_prompt=len(kept) != len(messages),
     )
+
+
+def newest_items(converted: ConvertedItems, max_chars: int | None) -> ConvertedItems:
+    """The newest of ``converted``'s items whose canonical JSON fits ``max_chars`` (``None``:
+    all of them), cut where a history may start: at a message. A call's outputs always come
+    before the next message (the converter answers an open call there), so a cut at a message
+    never leaves an output without its call (Codex would drop it) nor a call without its
+    output. Ids are kept (they name each item's place in the whole assembly), so the cut is
+    as deterministic as the conversion."""
+    items = converted.items
+    if max_chars is None or converted.chars <= max_chars:
+        return converted
+    start = len(items)
+    used = 1  # the enclosing brackets, less the comma the first item does not need
+    while start > 0:
+        size = len(canonical_json(items[start - 1])) + 1  # the item and its comma
+        if used + size > max_chars:
+            break
+        used += size
+        start -= 1
+    while start < len(items) and items[start]["type"] != "message":
+        start += 1
+    kept = items[start:]
+    return attrs.evolve(converted, items=kept, canonical=canonical_json(list(kept)))
 
 
 # --- client-side validation (Codex accepts, then silently drops, some shapes) ----------------

@@ -7,7 +7,9 @@ Everything here is public and meant for code that tests an engine or a runner (a
   ``AppServerConfig.offline(home, model.base_url)`` at it). It records every request Codex
   sends (:class:`RecordedRequest`), answers each from a FIFO script of :class:`Reply` values
   (echo by default), and traps any attempt to reach the internet through the proxy variables
-  (:meth:`OfflineModel.proxy_env`, :attr:`OfflineModel.proxy_attempts`).
+  (:meth:`OfflineModel.proxy_env`, :attr:`OfflineModel.proxy_attempts`). It also serves the
+  Images API that Codex's ``image_gen.imagegen`` tool calls (:class:`ImageReply`,
+  :meth:`OfflineModel.script_images`), so a turn can produce a generated image offline.
 * :class:`RecordingEngine` (:mod:`.recording_engine`): an engine that records every call
   (:class:`Call`), answers as scripted, omits methods and fails or stalls on demand: for
   testing what a host calls and how it copes.
@@ -52,12 +54,21 @@ from .conformance import (
     Storage,
     check_engine_conformance,
 )
-from .offline_model import OfflineModel, RecordedRequest, Reply, ReplyKind, running_model
+from .offline_model import (
+    OFFLINE_PNG,
+    ImageReply,
+    OfflineModel,
+    RecordedRequest,
+    Reply,
+    ReplyKind,
+    running_model,
+)
 from .recording_engine import Call, RecordingEngine
 from .strict import run_strict_turn
 
 __all__ = [
     "CONFORMANCE_CHECKS",
+    "OFFLINE_PNG",
     "Call",
     "CheckResult",
     "CheckStatus",
@@ -65,6 +76,7 @@ __all__ = [
     "ConformanceFailure",
     "ConformanceReport",
     "EngineFactory",
+    "ImageReply",
     "OfflineModel",
     "RecordedRequest",
     "RecordingEngine",

@@ -18,6 +18,13 @@ Layering (h11 style: one job per layer)
   last tool output) for turns, a ``LOCAL_COMPACTED_SUMMARY_<n>`` for compactions. Codex marks a
   compaction request with ``request_kind: "compaction"`` in the ``x-codex-turn-metadata``
   header; that is the only detection used.
+* **Images**: ``POST {base_url}/images/generations`` (and ``/images/edits``) is the Images API
+  Codex's built-in ``image_gen.imagegen`` tool calls through the model provider. Each is
+  recorded (:meth:`OfflineModel.image_requests`) and answered from its own FIFO
+  (:meth:`OfflineModel.script_images`), else with :data:`OFFLINE_PNG` as ``b64_json``. Codex
+  0.163 offers that tool to a custom provider only when the provider sends a non-empty
+  ``x-openai-actor-authorization`` header (``http_headers``); it then saves the image under
+  ``$CODEX_HOME/generated_images`` and reports an ``imageGeneration`` item with ``savedPath``.
 * **Proxy trap**: the tests point ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` at this server.
   Any internet attempt then arrives as ``CONNECT host:443`` (or an absolute-URI request), is
   answered 403 and recorded in :attr:`OfflineModel.proxy_attempts`: zero entries proves that
@@ -28,6 +35,7 @@ Nothing here logs request content; the recorded requests live in memory only.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
@@ -43,6 +51,8 @@ from typing import Any, Literal, Self
 import attrs
 
 __all__ = [
+    "OFFLINE_PNG",
+    "ImageReply",
     "OfflineModel",
     "RecordedRequest",
     "Reply",
@@ -50,8 +60,14 @@ __all__ = [
     "running_model",
 ]
 
-ReplyKind = Literal["echo", "text", "computed", "reasoning", "function_call", "http_error"]
+ReplyKind = Literal["echo", "text", "computed", "reasoning", "function_call", "http_error", "empty"]
 RequestKind = Literal["turn", "compaction"]
+
+#: A valid 1x1 PNG (one red pixel): what the Images endpoint answers when nothing is scripted.
+OFFLINE_PNG: bytes = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+_IMAGE_PATHS = ("/images/generations", "/images/edits")
 
 DEFAULT_USAGE: Mapping[str, int] = {"input": 100, "cached": 0, "output": 10}
 _POLL_S = 0.02  # granularity of stalls: how fast a client disconnect is noticed
@@ -142,6 +158,42 @@ class Reply:
         """A plain HTTP error. Codex passes a 400 body through as the turn's error message."""
         return cls("http_error", text=body, status=status, delay=delay)
 
+    @classmethod
+    def empty(cls, *, delay: float = 0.0, usage: Mapping[str, int] | None = None) -> Reply:
+        """A response with no output item at all: after a tool call, the turn ends with no
+        assistant text (a turn whose only result is, say, a generated image)."""
+        return cls("empty", delay=delay, usage=usage)
+
+
+@attrs.frozen
+class ImageReply:
+    """One scripted answer of the Images API (``/images/generations`` or ``/images/edits``).
+
+    ``png`` answers ``{"created": ..., "data": [{"b64_json": <data>}]}``; ``http_error``
+    answers ``status`` with an OpenAI-style ``{"error": {"message": ...}}`` body (Codex 0.163
+    then completes its ``imageGeneration`` item as ``failed``, saves nothing, and tells the
+    model ``image generation failed: http <status> ...`` with that body)."""
+
+    data: bytes = OFFLINE_PNG
+    status: int = 200
+    message: str = ""
+
+    @classmethod
+    def png(cls, data: bytes = OFFLINE_PNG) -> ImageReply:
+        return cls(data=data)
+
+    @classmethod
+    def http_error(cls, status: int, message: str) -> ImageReply:
+        return cls(data=b"", status=status, message=message)
+
+    def body(self) -> dict[str, Any]:
+        if self.status != 200:
+            return {"error": {"message": self.message, "type": "invalid_request_error"}}
+        return {
+            "created": 1_700_000_000,
+            "data": [{"b64_json": base64.b64encode(self.data).decode("ascii")}],
+        }
+
 
 @attrs.frozen
 class RecordedRequest:
@@ -173,6 +225,11 @@ class RecordedRequest:
     @property
     def is_compaction(self) -> bool:
         return self.request_kind == "compaction"
+
+    @property
+    def is_image_request(self) -> bool:
+        """A call of the Images API (``/images/generations``, ``/images/edits``)."""
+        return self.path.split("?", 1)[0].rstrip("/").endswith(_IMAGE_PATHS)
 
     @property
     def input_items(self) -> list[dict[str, Any]]:
@@ -276,6 +333,7 @@ class OfflineModel:
         self.disconnects = 0  # streams the client closed mid-reply (e.g. on turn/interrupt)
         self.default_usage: Mapping[str, int] = dict(default_usage or DEFAULT_USAGE)
         self._script: list[_ScriptEntry] = []
+        self._images: list[ImageReply] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._closing = threading.Event()
@@ -363,8 +421,19 @@ class OfflineModel:
                 self._script.append(_ScriptEntry(reply, kind, times, predicate))
 
     def clear_script(self) -> None:
+        """Drop every queued reply (responses and images)."""
         with self._lock:
             self._script.clear()
+            self._images.clear()
+
+    def script_images(self, *replies: ImageReply) -> None:
+        """Queue answers for the next Images API calls, in order (then :data:`OFFLINE_PNG`)."""
+        with self._lock:
+            self._images.extend(replies)
+
+    def _pick_image(self) -> ImageReply:
+        with self._lock:
+            return self._images.pop(0) if self._images else ImageReply.png()
 
     def _pick(self, request: RecordedRequest) -> Reply:
         with self._lock:
@@ -395,7 +464,12 @@ class OfflineModel:
 
     def turn_requests(self) -> list[RecordedRequest]:
         with self._lock:
-            return [r for r in self.requests if not r.is_compaction]
+            return [r for r in self.requests if not r.is_compaction and not r.is_image_request]
+
+    def image_requests(self) -> list[RecordedRequest]:
+        """The Images API calls (Codex's ``image_gen.imagegen`` tool), in arrival order."""
+        with self._lock:
+            return [r for r in self.requests if r.is_image_request]
 
     def compaction_requests(self) -> list[RecordedRequest]:
         with self._lock:
@@ -554,7 +628,7 @@ def _reply_events(
             {"type": "response.output_item.added", "output_index": index, "item": item},
         )
         yield "event", {"type": "response.output_item.done", "output_index": index, "item": item}
-    else:
+    elif reply.kind != "empty":
         if reply.kind == "echo":
             if request.last_item_is_tool_output:
                 text = "TOOL RESULT: " + _output_text(request.function_call_outputs[-1]["output"])
@@ -651,8 +725,11 @@ def _make_handler(model: OfflineModel) -> type[BaseHTTPRequestHandler]:
                 received_at=time.monotonic(),
             )
             model._record(request)
+            if request.is_image_request:
+                self._send_image(model._pick_image())
+                return
             if not self.path.rstrip("/").endswith("/responses"):
-                self._send_plain(404, "only /v1/responses is served")
+                self._send_plain(404, "only /v1/responses and /v1/images/* are served")
                 return
             reply = model._pick(request)
             try:
@@ -666,6 +743,14 @@ def _make_handler(model: OfflineModel) -> type[BaseHTTPRequestHandler]:
             body = text.encode()
             self.send_response(status)
             self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _send_image(self, reply: ImageReply) -> None:
+            body = json.dumps(reply.body()).encode()
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

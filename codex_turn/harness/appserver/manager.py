@@ -360,6 +360,32 @@ class AppServer:
         )
         return result
 
+    async def fork_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+    ) -> ThreadResult:
+        """An ephemeral fork of ``thread_id`` (see :meth:`AppServerClient.fork_thread`). Not
+        remembered for an auto-resume: an ephemeral thread dies with its process."""
+        client = await self.client()
+        return await client.fork_thread(
+            thread_id,
+            developer_instructions=developer_instructions,
+            cwd=cwd,
+            model=model,
+            tools=tools,
+        )
+
+    async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None:
+        """Append Responses items to an idle loaded thread (see
+        :meth:`AppServerClient.inject_items`)."""
+        client = await self.client()
+        await client.inject_items(thread_id, items)
+
     async def _client_for(self, thread_id: str) -> AppServerClient:
         client = await self.client()
         memo = self._threads.get(thread_id)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -67,6 +67,7 @@ else:
     _Connection = object
 
 __all__ = [
+    "INJECT_BATCH",
     "STICKY_TURN_FIELDS",
     "LoadedThread",
     "configured_defaults",
@@ -76,6 +77,12 @@ __all__ = [
 
 log = get_logger(__name__)
 
+
+#: Items per ``thread/inject_items`` request (smaller batches keep each line of the transport
+#: well under its limits; a batch is atomic, the injection as a whole is not).
+INJECT_BATCH: Final = 2000
+#: The settings key of an ephemeral fork: it never matches a turn's, so a fork is never reused.
+_FORK_SETTINGS: Final = "ephemeral-fork"
 
 #: ``turn/start`` fields Codex keeps on the thread "for this turn and subsequent turns".
 STICKY_TURN_FIELDS: Final = ("effort", "approvalPolicy", "sandboxPolicy")
@@ -441,3 +448,63 @@ class _ThreadMethods(_Connection):
         )
         log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result
+
+    async def fork_thread(
+        self,
+        thread_id: str,
+        *,
+        developer_instructions: str | None,
+        cwd: str | None = None,
+        model: str | None = None,
+        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ThreadResult:
+        """An *ephemeral* fork of ``thread_id`` (``thread/fork {ephemeral, excludeTurns}``):
+        a loaded, idle thread with the parent's model-visible history and dynamic tool specs,
+        its ``prompt_cache_key`` (Codex keys an ephemeral fork's cache by the parent), and
+        nothing on disk. ``tools`` are bound locally to the fork (their handlers).
+
+        The parent need not be loaded here; it must have a rollout (a thread with neither a
+        turn nor an injection has none: Codex answers "no rollout found"). Codex keeps an
+        ephemeral fork loaded until the process ends (it cannot be deleted or unloaded);
+        :meth:`forget_thread` drops this process's state for it."""
+        params: dict[str, Any] = {"threadId": thread_id, "ephemeral": True, "excludeTurns": True}
+        if developer_instructions is not None:
+            params["developerInstructions"] = developer_instructions
+        if cwd is not None:
+            params["cwd"] = cwd
+        if model is not None:
+            params["model"] = model
+        configured = await self._configured_defaults(cwd, timeout)
+        raw = await self.request("thread/fork", params, timeout=timeout)
+        result = structure(raw, ThreadResult)
+        registry = as_registry(tools)
+        if registry is not None:
+            self.register_tools(result.thread_id, registry)
+        defaults, overridden = _thread_defaults(configured, loaded_defaults(raw), sent=frozenset())
+        self._loaded[result.thread_id] = LoadedThread(
+            result, _FORK_SETTINGS, defaults=defaults, overridden=overridden
+        )
+        log.info(
+            "appserver.thread_forked",
+            thread_id=capped(result.thread_id),
+            parent=capped(thread_id),
+        )
+        return result
+
+    async def inject_items(
+        self,
+        thread_id: str,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """``thread/inject_items``: append raw Responses items to an *idle* thread's
+        model-visible history (into a running turn they would force an extra model call), in
+        batches of :data:`INJECT_BATCH` (each atomic: Codex refuses a batch with one invalid
+        item whole). The thread must be loaded in this process."""
+        for start in range(0, len(items), INJECT_BATCH):
+            batch = [dict(item) for item in items[start : start + INJECT_BATCH]]
+            await self.request(
+                "thread/inject_items", {"threadId": thread_id, "items": batch}, timeout=timeout
+            )
