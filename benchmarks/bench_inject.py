@@ -376,6 +376,8 @@ class Runner:
                     extra_developer_instructions=DEV,
                     projection_format=form,
                     tool_payloads="shape-only",
+                    # Large enough that the whole assembly is sent, in either form.
+                    context_token_budget=1_000_000,
                 )
                 result = await run_codex_turn(params, app_server=server, engine=engine)
                 assert result.outcome.value == "completed", result.prompt_error

@@ -83,6 +83,8 @@ class _NoCodex:
     can fork and inject, as the real one can, so the preview shows the form a turn would
     use (``codex_turn.harness.structured.supports_structured``)."""
 
+    can_fork = True
+
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError("inspect never talks to Codex")
 

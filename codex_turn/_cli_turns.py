@@ -93,6 +93,13 @@ def add_turn_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instructions", help="base developer instructions")
     parser.add_argument("--token-budget", type=non_negative_int, metavar="TOKENS")
     parser.add_argument(
+        "--projection",
+        choices=("structured", "text"),
+        default="structured",
+        help="how a per-turn engine's context reaches Codex: Responses items in a fork of the "
+        "session's base thread (default), or the text frame",
+    )
+    parser.add_argument(
         "--turn-timeout", type=positive_float, default=600.0, metavar="S", help="default: 600"
     )
     parser.add_argument(
@@ -137,6 +144,7 @@ class _Turns:
             context_token_budget=self.args.token_budget,
             turn_timeout=self.args.turn_timeout,
             strict=self.args.strict,
+            projection_format=self.args.projection,
         )
 
     async def run(self, prompt: str) -> tuple[Any, bool]:

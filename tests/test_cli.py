@@ -548,3 +548,16 @@ def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path:
     last = done.stderr.strip().splitlines()[-1]  # after the library's warning
     assert last.startswith("codex-turn compact: the Codex binary is not installed")
     assert "Traceback" not in done.stderr
+
+
+def test_run_chooses_the_projection_form() -> None:
+    # Issue 15: `--projection text` keeps OpenClaw's text frame; the default is structured.
+    from codex_turn.cli import build_parser
+
+    parser = build_parser()
+    default = parser.parse_args(["run", "s.jsonl", "--prompt", "p"])
+    text = parser.parse_args(["run", "s.jsonl", "--prompt", "p", "--projection", "text"])
+    assert default.projection == "structured"
+    assert text.projection == "text"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "s.jsonl", "--prompt", "p", "--projection", "frames"])

@@ -16,10 +16,11 @@ def _possible(f: ThreadFacts) -> bool:
     """Facts a turn can have: items are an engine's per-turn context (the form table says
     so), and only a binding can name a fork base (whose epoch is nobody's)."""
     items_ok = not f.items or (
-        f.per_turn and f.has_context and f.engine_active and not f.thread_bootstrap
+        f.per_turn and f.has_context and f.engine_active and f.can_inject and not f.thread_bootstrap
     )
-    # A base's binding records the fork-base projection, never a thread_bootstrap epoch.
-    base_ok = not f.base_bound or (f.bound and not f.epoch_match)
+    # A base's binding records the fork-base projection, never a thread_bootstrap epoch, and
+    # a base is never resumed (so never refused a resume).
+    base_ok = not f.base_bound or (f.bound and not f.epoch_match and not f.resume_failed)
     return items_ok and base_ok
 
 
@@ -40,10 +41,14 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
         return ThreadAction.ROTATE, True
     if f.tools_dropped:
         return ThreadAction.TRANSIENT, True
+    if f.base_bound and not f.has_context:
+        # A base never runs a turn and holds no conversation: the transcript is the context,
+        # in a fork when one can be made, else on a fresh thread that becomes the session's.
+        if f.engine_active and f.can_inject and not f.fork_failed:
+            return ThreadAction.FORK, True
+        return ThreadAction.ROTATE, True
     if f.base_bound and f.fork_failed:  # Codex refused the fork: a fresh thread, text frame
         return ThreadAction.ROTATE, True
-    if f.base_bound and not f.has_context:  # a base never runs a turn: fork it (transcript)
-        return ThreadAction.FORK, True
     if not f.tools_match:
         # With an engine but nothing to project, keep the conversation for this turn.
         if f.engine_active and not f.has_context:
@@ -70,6 +75,13 @@ def test_every_fact_combination_matches_the_oracle(facts: ThreadFacts) -> None:
     decision = decide_thread(facts)
     assert (decision.action, decision.project) == oracle(facts)
     assert decision.reason
+    # The transcript stands in for the engine's context exactly when a base is bound, no
+    # context exists and the turn is not a transient one.
+    base_without_context = facts.base_bound and not facts.has_context
+    stand_in = base_without_context and decision.action in (ThreadAction.FORK, ThreadAction.ROTATE)
+    assert decision.transcript == (
+        stand_in and not (facts.items and decision.action is ThreadAction.FORK)
+    )
 
 
 def test_projected_context_is_never_sent_into_a_resumed_thread_that_already_has_it() -> None:
@@ -112,12 +124,11 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
             and facts.tools_match
             and not (facts.resume_failed or facts.tools_dropped)
         ):
-            if facts.base_bound and not facts.fork_failed:
-                # The conversation lives in the transcript, not in the base: it is forked
-                # with the transcript as items, and the binding is left alone.
-                assert (decision.action, decision.rebind) == (ThreadAction.FORK, False), facts
-            elif facts.base_bound:
-                assert decision.action is ThreadAction.ROTATE, facts
+            if facts.base_bound:
+                # The conversation lives in the transcript, not in the base: the transcript
+                # goes with the turn, in a fork or on a fresh thread.
+                assert decision.transcript, facts
+                assert decision.action in (ThreadAction.FORK, ThreadAction.ROTATE), facts
             else:
                 assert decision.action is ThreadAction.RESUME, facts
         if decision.action is ThreadAction.RESUME and not decision.rebind:
@@ -153,18 +164,23 @@ def test_base_table_keeps_the_bound_base_only_when_it_fits() -> None:
     for bits in itertools.product((False, True), repeat=4):
         facts = BaseFacts(*bits)
         bound = decide_base(facts).action is BaseAction.BOUND
-        fits = facts.tools_match and facts.engine_match
-        assert bound == (facts.base_bound and (fits or not facts.items)), facts
+        fits = facts.tools_match and facts.engine_match and facts.cwd_match
+        assert bound == (facts.base_bound and fits), facts
 
 
 def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
     from codex_turn.fsm.thread import FormFacts, ProjectionForm, decide_form
 
-    for bits in itertools.product((False, True), repeat=4):
+    for bits in itertools.product((False, True), repeat=6):
         facts = FormFacts(*bits)
         decision = decide_form(facts)
         items = (
-            not facts.text_requested and facts.per_turn and facts.can_inject and facts.convertible
+            not facts.text_requested
+            and facts.per_turn
+            and facts.can_inject
+            and not facts.tools_dropped
+            and facts.convertible
+            and facts.fits
         )
         assert (decision.form is ProjectionForm.ITEMS) == items, facts
         assert decision.reason

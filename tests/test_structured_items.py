@@ -438,8 +438,35 @@ def test_the_newest_items_within_a_cap_are_a_sound_suffix(
     if cut.items:
         assert cut.items[0]["type"] == "message"  # a history starts at a message
         assert check_items(cut.items) is None  # no call or output cut from its pair
-    # Maximal: no longer suffix that starts at a message fits.
+    # Maximal: no longer suffix that is a sound history (starts at a message, no orphan
+    # output) fits.
     for start in range(len(items) - len(cut.items)):
-        if items[start]["type"] == "message":
+        if items[start]["type"] == "message" and check_items(items[start:]) is None:
             assert len(canonical_json(list(items[start:]))) > cap
     assert newest_items(converted, cap) == cut  # deterministic
+
+
+def test_a_cut_never_separates_a_call_from_its_output() -> None:
+    # Text after a tool call in one assistant message puts a message between the call and
+    # its output: the cut must not start there.
+    messages = [
+        {"role": "user", "content": "u" * 50},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "before"},
+                {"type": "toolCall", "id": "c1", "name": "exec", "arguments": {}},
+                {"type": "text", "text": "after the call"},
+            ],
+        },
+        {"role": "toolResult", "toolCallId": "c1", "content": "out"},
+        {"role": "user", "content": "last"},
+    ]
+    converted = ok(convert_messages(messages, payload_policy="full"))
+    kinds = [i["type"] for i in converted.items]
+    call_then_text = ["message", "function_call", "message", "function_call_output"]
+    assert kinds == ["message", *call_then_text, "message"]
+    tail = len(canonical_json(list(converted.items[3:]))) + 1
+    cut = newest_items(converted, tail)
+    assert [i["type"] for i in cut.items] == ["message"]  # not from the text after the call
+    assert check_items(cut.items) is None

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 from structlog.testing import capture_logs
@@ -142,10 +143,14 @@ async def test_identical_assembly_gives_byte_identical_items(
         result = await run_codex_turn(params(prompt=prompt), app_server=appserver, engine=engine)
         assert "thread_forked" in triggers(result)
     one, two = offline_model.turn_requests()
-    kinds = [i["type"] for i in one.input_items[-5:]]
-    assert kinds == ["message", "message", "function_call", "function_call_output", "message"]
-    assert json.dumps(one.input_items[-5:-1]) == json.dumps(two.input_items[-5:-1])
-    call = one.input_items[-3]
+    kinds = [i["type"] for i in one.input_items[-6:]]
+    context = ["message", "message", "function_call", "function_call_output"]
+    # ... then the turn's instructions as a developer item, then the raw prompt.
+    assert kinds == [*context, "message", "message"]
+    assert one.input_items[-2]["role"] == "developer"
+    assert MARKER in json.dumps(one.input_items[-2])
+    assert json.dumps(one.input_items[-6:-1]) == json.dumps(two.input_items[-6:-1])
+    call = one.input_items[-4]
     assert call["name"] == "exec"
     assert json.loads(call["arguments"]) == {"cmd": "ls"}
 
@@ -335,3 +340,205 @@ async def test_a_native_compaction_inside_a_fork_dies_with_it(
     for i in range(3):
         assert last.user_messages.count(f"STEP_{i}") == 1
     assert not any("summary" in text.lower() for text in last.user_messages[:-1])
+
+
+async def test_instructions_that_change_every_turn_reach_the_fork(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    # A fork inherits its base's initial context: the turn's own instructions (the host's and
+    # the engine's addition, which may change every turn) travel into each fork.
+    turn = iter(range(1, 100))
+
+    def assemble(p: Any) -> AssembleResult:
+        return AssembleResult(
+            messages=list(p.messages),
+            estimated_tokens=0,
+            system_prompt_addition=f"ADDITION_{next(turn)}",
+        )
+
+    engine = RecordingEngine(responses={"assemble": assemble})
+    for k, host in enumerate(("HOST_ONE", "HOST_ONE", "HOST_ONE", "HOST_TWO"), start=1):
+        result = await run_codex_turn(
+            params(prompt=f"ask {k}", extra_developer_instructions=host),
+            app_server=appserver,
+            engine=engine,
+        )
+        assert result.outcome is TurnOutcome.COMPLETED
+    requests = offline_model.turn_requests()
+    for k, request in enumerate(requests[1:], start=2):  # turns 2.. run in forks
+        developer = " ".join(request.developer_parts)
+        assert f"ADDITION_{k}" in developer
+        assert f"ADDITION_{k - 1}" not in developer
+    assert "HOST_ONE" in " ".join(requests[2].developer_parts)
+    assert "HOST_TWO" in " ".join(requests[3].developer_parts)
+    assert "HOST_ONE" not in " ".join(requests[3].developer_parts)
+
+
+async def test_a_turn_without_tools_on_a_structured_session_keeps_the_conversation(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    @tool("lookup", "look a thing up")
+    async def lookup(args: Any) -> str:
+        return "x"
+
+    engine = RecordingEngine()
+    for prompt in ("REMEMBER_LISBON", "REMEMBER_PORTO"):
+        await run_codex_turn(
+            params(prompt=prompt), app_server=appserver, engine=engine, tools=[lookup]
+        )
+    heartbeat = await run_codex_turn(
+        params(prompt="heartbeat"), app_server=appserver, engine=engine
+    )
+    assert heartbeat.thread_decision is not None
+    assert heartbeat.thread_decision.action.value == "transient"
+    assert "projected" in triggers(heartbeat)  # the form table chose the text frame
+    framed = offline_model.turn_requests()[-1].user_messages[-1]
+    assert CONTEXT_HEADER in framed
+    assert "REMEMBER_LISBON" in framed
+    assert "REMEMBER_PORTO" in framed
+    # The binding keeps the tooled base.
+    assert read_binding(params().session_file, session_id="session-s").fork_base  # type: ignore[union-attr]
+
+
+async def test_engine_compaction_keeps_the_base_and_runs_no_native_compaction(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    from codex_turn import CompactSessionParams
+    from codex_turn.harness.compaction import compact_codex_session_traced
+    from codex_turn.harness.engine import CompactResult
+
+    engine = RecordingEngine(
+        owns_compaction=True, responses={"compact": CompactResult(ok=True, compacted=True)}
+    )
+    for prompt in ("REMEMBER_LISBON", "REMEMBER_PORTO"):
+        await run_codex_turn(params(prompt=prompt), app_server=appserver, engine=engine)
+    session_file = Path(params().session_file)
+    base = bound_thread(session_file)
+    run = await compact_codex_session_traced(
+        CompactSessionParams(
+            session_id="session-s",
+            session_file=str(session_file),
+            workspace_dir=str(params().workspace_dir),
+            session_key="agent:main:session-s",
+        ),
+        app_server=appserver,
+        engine=engine,
+    )
+    assert run.result.ok
+    assert not offline_model.compaction_requests()  # the base was not compacted natively
+    assert not run.projection_cleared  # the base's mark stays
+    binding = read_binding(session_file, session_id="session-s")
+    assert binding is not None
+    assert binding.fork_base
+    assert binding.thread_id == base
+    broken = RecordingEngine(
+        owns_compaction=True, failures={"assemble": RuntimeError("engine down")}
+    )
+    after = await run_codex_turn(
+        params(prompt="which cities?"), app_server=appserver, engine=broken
+    )
+    assert "thread_forked" in triggers(after)  # the base was forked, never resumed
+    request = offline_model.turn_requests()[-1]
+    assert "REMEMBER_LISBON" in request.user_messages
+
+
+async def test_a_session_that_loses_its_base_and_its_engine_keeps_the_conversation(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    engine = RecordingEngine()
+    for prompt in ("REMEMBER_LISBON", "REMEMBER_PORTO"):
+        await run_codex_turn(params(prompt=prompt), app_server=appserver, engine=engine)
+    session_file = Path(params().session_file)
+    binding = read_binding(session_file, session_id="session-s")
+    assert binding is not None
+    write_binding(
+        session_file, attrs.evolve(binding, thread_id="01a22b2a-0000-7000-8000-00000000beef")
+    )
+    # No engine any more, and the base is gone: a fresh thread seeded with the transcript.
+    first = await run_codex_turn(params(prompt="which city one?"), app_server=appserver)
+    assert first.outcome is TurnOutcome.COMPLETED
+    assert first.thread_decision is not None
+    assert first.thread_decision.reason == "fork-base-unusable-without-context"
+    framed = offline_model.turn_requests()[-1].user_messages[-1]
+    assert "REMEMBER_LISBON" in framed
+    # ... which becomes the session's thread: the next turn resumes it, conversation intact.
+    second = await run_codex_turn(params(prompt="which city two?"), app_server=appserver)
+    assert second.thread_id == first.thread_id
+    assert "REMEMBER_LISBON" in json.dumps(offline_model.turn_requests()[-1].user_messages)
+    assert not read_binding(session_file, session_id="session-s").fork_base  # type: ignore[union-attr]
+
+
+async def test_an_oversized_newest_message_falls_back_to_the_text_frame(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    huge = [{"role": "user", "content": "HUGE_START " + "word " * 20_000, "timestamp": 1}]
+    engine = RecordingEngine(
+        responses={"assemble": AssembleResult(messages=huge, estimated_tokens=1)}
+    )
+    with capture_logs() as records:
+        result = await run_codex_turn(params(prompt="ask"), app_server=appserver, engine=engine)
+    assert "projected" in triggers(result)
+    assert "projected_as_items" not in triggers(result)
+    assert any(r.get("reason") == "exceeds_cap" for r in records)
+    framed = offline_model.turn_requests()[-1].user_messages[-1]
+    assert "HUGE_START" in framed  # the frame cut inside the part, keeping its head
+    assert len(framed) < 30_000
+
+
+async def test_forks_carry_the_service_tier_and_survive_an_app_server_restart(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    engine = RecordingEngine()
+    for prompt in ("REMEMBER_LISBON", "REMEMBER_PORTO"):
+        result = await run_codex_turn(
+            params(prompt=prompt, service_tier="flex"), app_server=appserver, engine=engine
+        )
+    assert "thread_forked" in triggers(result)
+    assert offline_model.turn_requests()[-1].body.get("service_tier") == "flex"
+    base = bound_thread(Path(params().session_file))
+    client = appserver.current
+    assert client is not None
+    client.transport.kill()  # the process is gone: its forks with it
+    with anyio.fail_after(10):
+        while not client.closed:  # noqa: ASYNC110 - the client's own flag, no event to await
+            await anyio.sleep(0.01)
+    again = await run_codex_turn(
+        params(prompt="which cities?", service_tier="flex"), app_server=appserver, engine=engine
+    )
+    assert again.outcome is TurnOutcome.COMPLETED, again.prompt_error
+    assert "thread_forked" in triggers(again)
+    request = offline_model.turn_requests()[-1]
+    assert request.body.get("prompt_cache_key") == base
+    assert "REMEMBER_LISBON" in request.user_messages
+
+
+async def test_forks_are_released_and_codex_unloads_them(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+) -> None:
+    # An ephemeral fork cannot be deleted or archived; unsubscribed, Codex unloads it after
+    # thread_unload_delay_secs (ours: FORK_UNLOAD_DELAY_S; 1 s here). Bound threads stay.
+    from codex_turn.harness.appserver.config import FORK_UNLOAD_DELAY_S
+
+    assert f"thread_unload_delay_secs = {FORK_UNLOAD_DELAY_S}" in (
+        make_appserver_config().config_text()
+    )
+    config = make_appserver_config(extra_config={"thread_unload_delay_secs": 1})
+    engine = RecordingEngine()
+    async with AppServer.start(config) as server:
+        results = [
+            await run_codex_turn(params(prompt=f"ask {k}"), app_server=server, engine=engine)
+            for k in range(5)
+        ]
+        forks = {r.thread_id for r in results[1:]}
+        assert all("thread_forked" in triggers(r) for r in results[1:])
+        loaded: set[str] = set(forks)
+        with anyio.fail_after(15):
+            while loaded & forks:  # polling Codex's own list
+                await anyio.sleep(0.2)
+                loaded = set((await server.request("thread/loaded/list", {}))["data"])
+        # The session goes on: the next turn forks the (unloaded) base again.
+        after = await run_codex_turn(params(prompt="ask more"), app_server=server, engine=engine)
+        assert "thread_forked" in triggers(after)
+        assert "ask 0" in offline_model.turn_requests()[-1].user_messages

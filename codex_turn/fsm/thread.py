@@ -35,9 +35,12 @@ made once per turn from facts, and it lives here as an ordered table of rules:
   thread, a thread that never runs a turn of its own and holds nothing but an anchor; the
   items are injected into the idle fork before its turn/start and die with it, so nothing
   projected piles up anywhere, while every turn of the session shares the base's prompt
-  cache key. A bound base is never resumed: a turn without the engine's context (a failed
-  assemble, no engine any more) forks it with the recent transcript as items instead, and a
-  fork Codex refused rotates to a fresh thread with the text frame;
+  cache key. A bound base is never resumed, and it holds no conversation: a turn without
+  the engine's context (a failed assemble) forks it with the recent *transcript* as its
+  context; when that cannot be (no engine any more, an app-server that cannot fork, a fork
+  Codex refused) a fresh thread is seeded with the transcript as the text frame and becomes
+  the session's thread. A refused fork that carried the engine's context rotates to a fresh
+  thread with the text frame of that context;
 * otherwise resume the bound thread.
 
 The first rule whose guards hold decides. Like the turn table this module performs no I/O:
@@ -55,16 +58,17 @@ client keeps the facts (what it sent, every compaction and unload it saw); the d
 :func:`decide_resume`'s.
 
 Which base a ``fork`` uses is a third small table (:data:`BASE_RULES`): the bound base when
-there is one built for this turn's tools and engine; a new base (started, anchored and bound)
-otherwise. A fork carrying no engine context keeps the bound base whatever changed, so the
-change takes effect with the next turn that has context (as ``rebind=False`` does above).
+there is one built for this turn's tools, engine and workspace; a new base (started, anchored
+and bound) otherwise. A base holds nothing a turn could lose, so replacing it costs only the
+warm prompt cache.
 
-And in which *form* the engine's context goes to Codex is the fourth (:data:`FORM_RULES`),
-asked when projecting: Responses items (``thread/inject_items``, the structured form) when
-the engine projects per turn, the app-server can inject, the runner did not ask for the text
-frame and the assembly converts (:mod:`codex_turn.projection.items`); the text frame (one
-user message) otherwise. The turn machine shows the branch: ``projected_as_items`` or
-``projected``, and ``fork_failed`` back to ``reprojecting`` for the text frame.
+And in which *form* context goes to Codex is the fourth (:data:`FORM_RULES`), asked when
+projecting (and for a transcript fork): Responses items (``thread/inject_items``, the
+structured form) when the engine projects per turn, the app-server can inject, the turn keeps
+its tools, the runner did not ask for the text frame, and the messages convert
+(:mod:`codex_turn.projection.items`) and fit the cap; the text frame (one user message)
+otherwise. The turn machine shows the branch: ``projected_as_items`` or ``projected``, and
+``fork_failed`` back to ``reprojecting`` for the text frame.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ class ThreadFacts:
     items: bool = False  # this turn's context goes as Responses items (FORM_RULES said so)
     base_bound: bool = False  # the bound thread is a fork base (it never runs a turn)
     fork_failed: bool = False  # Codex refused this turn's fork or its items
+    can_inject: bool = False  # the app-server can fork and inject
 
 
 @attrs.frozen
@@ -134,6 +139,9 @@ class ThreadRule:
     #: The binding takes this turn's engine record and tools fingerprint (else the bound
     #: thread keeps its own, so the change still takes effect on the next turn with context).
     rebind: bool = True
+    #: The turn carries the recent transcript as its context (the engine gave none and the
+    #: bound thread, a fork base, holds no conversation).
+    transcript: bool = False
 
     def holds(self, facts: ThreadFacts) -> bool:
         return _holds(self.when, self.unless, facts)
@@ -151,6 +159,7 @@ class ThreadDecision:
     project: bool
     reason: str
     rebind: bool = True
+    transcript: bool = False
 
 
 A = ThreadAction
@@ -170,9 +179,17 @@ THREAD_RULES: tuple[ThreadRule, ...] = (
         A.FORK,
         True,
         "fork-base-without-context",
-        when=("base_bound",),
+        when=("base_bound", "engine_active", "can_inject"),
         unless=("has_context", "fork_failed"),
-        rebind=False,
+        transcript=True,
+    ),
+    ThreadRule(
+        A.ROTATE,
+        True,
+        "fork-base-unusable-without-context",
+        when=("base_bound",),
+        unless=("has_context",),
+        transcript=True,
     ),
     ThreadRule(A.ROTATE, True, "fork-base-refused", when=("base_bound", "fork_failed")),
     ThreadRule(
@@ -218,7 +235,9 @@ def decide_thread(facts: ThreadFacts) -> ThreadDecision:
     """The first rule of :data:`THREAD_RULES` that holds for ``facts``."""
     for rule in THREAD_RULES:
         if rule.holds(facts):
-            return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind)
+            return ThreadDecision(
+                rule.action, rule.project, rule.reason, rule.rebind, rule.transcript
+            )
     raise AssertionError("THREAD_RULES ends with an unconditional rule")  # pragma: no cover
 
 
@@ -289,7 +308,7 @@ class BaseFacts:
     base_bound: bool = False  # the binding names a fork base
     tools_match: bool = True  # ... built with this turn's dynamic tools
     engine_match: bool = True  # ... for this turn's engine and policy
-    items: bool = False  # the fork carries the engine's context (else the transcript's)
+    cwd_match: bool = True  # ... in this turn's workspace (its environment context)
 
 
 @attrs.frozen
@@ -313,9 +332,9 @@ B = BaseAction
 
 BASE_RULES: tuple[BaseRule, ...] = (
     BaseRule(B.NEW, "no-fork-base-bound", unless=("base_bound",)),
-    BaseRule(B.BOUND, "fork-without-context-keeps-base", unless=("items",)),
     BaseRule(B.NEW, "fork-base-tools-changed", unless=("tools_match",)),
     BaseRule(B.NEW, "fork-base-engine-changed", unless=("engine_match",)),
+    BaseRule(B.NEW, "fork-base-workspace-changed", unless=("cwd_match",)),
     BaseRule(B.BOUND, "fork-base-bound"),
 )
 
@@ -342,7 +361,10 @@ class FormFacts:
     text_requested: bool = False  # the runner asked for the text frame
     per_turn: bool = False  # the engine projects per turn (not thread_bootstrap)
     can_inject: bool = False  # the app-server can fork and inject
-    convertible: bool = True  # the assembly converts to items (checked last: it costs)
+    tools_dropped: bool = False  # a turn without the bound thread's tools (a transient one)
+    # Checked last (they cost a conversion): the messages convert, and some fit the cap.
+    convertible: bool = True
+    fits: bool = True
 
 
 @attrs.frozen
@@ -368,7 +390,9 @@ FORM_RULES: tuple[FormRule, ...] = (
     FormRule(F.TEXT, "text-frame-requested", when=("text_requested",)),
     FormRule(F.TEXT, "thread-bootstrap-projection", unless=("per_turn",)),
     FormRule(F.TEXT, "app-server-cannot-inject", unless=("can_inject",)),
+    FormRule(F.TEXT, "no-tools-transient-thread", when=("tools_dropped",)),
     FormRule(F.TEXT, "assembly-unconvertible", unless=("convertible",)),
+    FormRule(F.TEXT, "assembly-exceeds-cap", unless=("fits",)),
     FormRule(F.ITEMS, "structured-projection"),
 )
 

@@ -420,10 +420,13 @@ class _Run:
         return T.ENGINE_DECLINED if self.primary.ok else T.ENGINE_FAILED
 
     def _clear_projection(self) -> None:
-        """Drop the binding's projection block so the next turn re-projects on a fresh thread."""
+        """Drop the binding's projection block so the next turn re-projects on a fresh thread.
+
+        A fork base's block stays: it is no projection epoch (each turn re-projects anyway)
+        but the mark that the thread is a base, which must never run a turn."""
         binding = read_binding(self.params.session_file, session_id=self.params.session_id)
         block = binding.context_engine if binding is not None else None
-        if binding is None or block is None or block.projection is None:
+        if binding is None or block is None or block.projection is None or binding.fork_base:
             return
         try:
             write_binding(

@@ -33,6 +33,7 @@ I/O from its neighbours' for no reader's benefit.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
@@ -103,7 +104,10 @@ from codex_turn.harness.session import (
 from codex_turn.harness.structured import (
     ForkFailed,
     anchor_base,
+    developer_item,
+    fork_failure,
     prepare_fork,
+    release_fork,
     supports_structured,
 )
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS, MaintenanceReport
@@ -129,6 +133,7 @@ from codex_turn.harness.turn_context import (
     unhooked_prompt,
 )
 from codex_turn.projection import (
+    CodexContextProjection,
     frame_context,
     max_rendered_context_chars,
     project_context_engine_assembly,
@@ -185,8 +190,10 @@ async def read_history(ctx: TurnContext) -> TurnTrigger:
         ensure_transcript_writable(
             ctx.session_file, session_id=params.session_id, cwd=os.fspath(params.workspace_dir)
         )
-        history = read_history_sync(ctx) if wanted else []
-        return history, read_binding(ctx.session_file, session_id=params.session_id)
+        binding = read_binding(ctx.session_file, session_id=params.session_id)
+        # A fork base holds no conversation: the transcript may have to stand in for it.
+        needed = wanted or (binding is not None and binding.fork_base)
+        return (read_history_sync(ctx) if needed else []), binding
 
     try:
         history, binding = await anyio.to_thread.run_sync(read_all)
@@ -269,10 +276,16 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
 async def project(ctx: TurnContext) -> TurnTrigger:
     assembled = ctx.assembled
     assert assembled is not None
-    items = _items_if_chosen(ctx)
+    addition = assembled.result.system_prompt_addition
+    items = _as_items(
+        ctx,
+        assembled.result.messages,
+        per_turn=assembled.bootstrap_epoch is None,
+        source="assembly",
+    )
     if items is not None:
         # The structured form: the items go into a fork; no frame is rendered.
-        ctx.projected = Projected(_unframed(ctx), framed=False, items=items)
+        ctx.projected = Projected(_unframed(ctx, addition), framed=False, items=items)
         return FORM_TRIGGERS[ProjectionForm.ITEMS]
     if _frame_may_be_sent(ctx):
         projected = _render_projection(ctx)
@@ -280,7 +293,7 @@ async def project(ctx: TurnContext) -> TurnTrigger:
         # The thread decision sends the raw prompt whatever the assembly holds (the bound
         # thread carries this epoch's context): render no frame only to throw it away.
         try:
-            projected = Projected(_unframed(ctx), framed=False)
+            projected = Projected(_unframed(ctx, addition), framed=False)
         except Exception as error:
             ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
             projected = None
@@ -290,26 +303,21 @@ async def project(ctx: TurnContext) -> TurnTrigger:
     return FORM_TRIGGERS[ProjectionForm.TEXT]
 
 
-def _unframed(ctx: TurnContext) -> Any:
-    assembled = ctx.assembled
-    assert assembled is not None
+def _unframed(ctx: TurnContext, addition: str | None) -> CodexContextProjection:
     return unframed_projection(
         original_history_messages=ctx.messages,
         prompt=ctx.params.prompt,
-        system_prompt_addition=assembled.result.system_prompt_addition,
+        system_prompt_addition=addition,
     )
 
 
-def _items_cap(ctx: TurnContext) -> int | None:
-    """The cap on the items' canonical JSON: the text frame's for a stated budget; without
-    one the engine's assembly is taken whole (it assembled within its own budget)."""
-    params = ctx.params
-    if params.context_token_budget is None:
-        return None
-    return max_rendered_context_chars(params.context_token_budget, params.reserve_tokens)
+def _items_cap(ctx: TurnContext) -> int:
+    """The cap on the items' canonical JSON: the text frame's (Codex checks no context
+    window on injected items; a real model would refuse an oversized request)."""
+    return max_rendered_context_chars(ctx.params.context_token_budget, ctx.params.reserve_tokens)
 
 
-def _convert(ctx: TurnContext, messages: list[AgentMessage], what: str) -> ConvertedItems | None:
+def _convert(ctx: TurnContext, messages: list[AgentMessage], source: str) -> ConvertedItems | None:
     """``messages`` as Responses items, or ``None`` (logged with the typed reason; never the
     content) when they do not convert soundly."""
     params = ctx.params
@@ -319,43 +327,57 @@ def _convert(ctx: TurnContext, messages: list[AgentMessage], what: str) -> Conve
     if isinstance(converted, Unconvertible):
         ctx.log.warning(
             "codex structured projection unavailable; using the text frame",
-            source=what,
+            source=source,
             reason=converted.reason.value,
             message_index=converted.index,
         )
         return None
-    unsound = check_items(converted.items) if converted.items else None
-    if unsound is not None:
+    if converted.items and check_items(converted.items) is not None:
         ctx.log.warning(
             "codex structured projection unavailable; using the text frame",
-            source=what,
+            source=source,
             reason="unsound_items",
         )
         return None
     return converted
 
 
-def _items_if_chosen(ctx: TurnContext) -> ConvertedItems | None:
-    """The assembly as items when the form table chooses the structured form (asked once
-    more with ``convertible=False`` when the assembly does not convert), else ``None``."""
-    assembled = ctx.assembled
-    assert assembled is not None
+def _as_items(
+    ctx: TurnContext, messages: list[AgentMessage], *, per_turn: bool, source: str
+) -> ConvertedItems | None:
+    """``messages`` as the items to inject when the form table chooses the structured form
+    (asked again with what the conversion found: unconvertible, or nothing fits the cap),
+    else ``None``: the text form, or nothing to project."""
     params = ctx.params
     facts = FormFacts(
         text_requested=params.projection_format == "text",
-        per_turn=assembled.bootstrap_epoch is None,
+        per_turn=per_turn,
         can_inject=supports_structured(ctx.app_server),
+        tools_dropped=thread_facts(ctx).tools_dropped,
     )
     form = decide_form(facts)
     converted: ConvertedItems | None = None
     if form.form is ProjectionForm.ITEMS:
-        converted = _convert(ctx, assembled.result.messages, "assembly")
+        converted = _convert(ctx, messages, source)
         if converted is None:
             form = decide_form(attrs.evolve(facts, convertible=False))
-    ctx.log.debug("codex context projection form", form=form.form.value, reason=form.reason)
-    if converted is None or not converted.items:
-        return None  # the text path: a frame, or nothing to project
-    return newest_items(converted, _items_cap(ctx))
+        elif converted.items:
+            cut = newest_items(converted, _items_cap(ctx))
+            if not cut.items:
+                ctx.log.warning(
+                    "codex structured projection unavailable; using the text frame",
+                    source=source,
+                    reason="exceeds_cap",
+                )
+                form, converted = decide_form(attrs.evolve(facts, fits=False)), None
+            else:
+                converted = cut
+    ctx.log.debug(
+        "codex context projection form", form=form.form.value, reason=form.reason, source=source
+    )
+    if form.form is not ProjectionForm.ITEMS or converted is None or not converted.items:
+        return None
+    return converted
 
 
 def _frame_may_be_sent(ctx: TurnContext) -> bool:
@@ -371,21 +393,28 @@ def _render_projection(ctx: TurnContext) -> Projected | None:
     """The engine's assembly framed for Codex, or ``None`` (logged) when projection failed."""
     assembled = ctx.assembled
     assert assembled is not None
-    params = ctx.params
-    projector = (
-        project_thread_bootstrap_assembly
-        if assembled.bootstrap_epoch is not None
-        else project_context_engine_assembly
+    return _render_frame(
+        ctx,
+        assembled.result.messages,
+        assembled.result.system_prompt_addition,
+        bootstrap=assembled.bootstrap_epoch is not None,
     )
+
+
+def _render_frame(
+    ctx: TurnContext, messages: list[AgentMessage], addition: str | None, *, bootstrap: bool
+) -> Projected | None:
+    params = ctx.params
+    projector = project_thread_bootstrap_assembly if bootstrap else project_context_engine_assembly
     # The framed context must fit Codex's turn input next to the prompt: cap the context,
     # never cut the frame (its header and safety note are the prompt-injection guard).
     frame_and_prompt = len(frame_context("x", params.prompt.strip())) - 1
     try:
         projection = projector(
-            assembled_messages=assembled.result.messages,
+            assembled_messages=messages,
             original_history_messages=ctx.messages,
             prompt=params.prompt,
-            system_prompt_addition=assembled.result.system_prompt_addition,
+            system_prompt_addition=addition,
             token_budget=params.context_token_budget,
             reserve_tokens=params.reserve_tokens,
             max_context_chars=max(0, TURN_START_TEXT_MAX_CHARS - frame_and_prompt),
@@ -396,10 +425,38 @@ def _render_projection(ctx: TurnContext) -> Projected | None:
     return Projected(projection)
 
 
+def _recent_transcript(ctx: TurnContext) -> list[AgentMessage]:
+    """The newest transcript messages worth converting: about twice the cap in JSON (the
+    conversion cuts to the cap), starting at a message that is not a tool result."""
+    messages, budget = ctx.messages, 2 * _items_cap(ctx)
+    start, used = len(messages), 0
+    while start > 0 and used <= budget:
+        start -= 1
+        used += len(json.dumps(messages[start], ensure_ascii=False, default=str))
+    while start < len(messages) and messages[start].get("role") == "toolResult":
+        start += 1
+    return list(messages[start:])
+
+
+def _transcript_context(ctx: TurnContext, decision: ThreadDecision) -> Projected | None:
+    """The recent transcript as this turn's context, the stand-in for an engine context on a
+    session whose bound thread (a fork base) holds no conversation: items for a fork when
+    the form table allows, else the text frame of it."""
+    addition = ctx.assembled.result.system_prompt_addition if ctx.assembled is not None else None
+    recent = _recent_transcript(ctx)
+    if decision.action is ThreadAction.FORK:
+        items = _as_items(ctx, recent, per_turn=True, source="transcript")
+        if items is not None:
+            return Projected(_unframed(ctx, addition), framed=False, items=items)
+    return _render_frame(ctx, recent, addition, bootstrap=False)
+
+
 async def build_prompt(ctx: TurnContext) -> TurnTrigger:
     """The thread decision (the thread table's), then before_prompt_build hooks on the prompt
     and instructions it chose (the projected prompt, with the engine's addition)."""
     decision = decide_thread(thread_facts(ctx))
+    if decision.transcript:
+        ctx.projected = _transcript_context(ctx, decision)
     ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     if ctx.projected is not None:
         log_decision(ctx, ctx.plan)
@@ -410,12 +467,17 @@ async def reproject(ctx: TurnContext) -> TurnTrigger:
     """Codex refused the resume, or the fork: the thread table rotates, and the fresh thread
     (no native history) gets the projected context as the text frame; the hooks run again
     on the prompt now sent."""
-    if ctx.projected is not None and not ctx.projected.framed:
+    stand_in = ctx.plan is not None and ctx.plan.decision.transcript
+    if ctx.assembled is None or stand_in:
+        ctx.projected = None  # the transcript's stand-in is chosen anew for the new decision
+    elif ctx.projected is not None and not ctx.projected.framed:
         # The frame was not rendered because the resumed thread had the context, or the
         # context was to go as items; the fresh thread needs it. A failure here leaves the
         # raw prompt, as a failed projection does.
         ctx.projected = _render_projection(ctx)
     decision = decide_thread(thread_facts(ctx))
+    if decision.transcript:
+        ctx.projected = _transcript_context(ctx, decision)
     ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
     log_decision(ctx, ctx.plan)
     return T.REPROJECTED
@@ -567,30 +629,32 @@ _FORK_BASE: Final = ProjectionBinding(mode="fork_base", epoch="fork-base")
 
 async def _start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger:
     """The ``fork`` decision: fork the session's base thread (the base table says which:
-    the bound one, or a new one started, anchored and bound), inject the items into the
-    idle fork. A refused fork is ``fork_failed`` (the text frame follows); a base that
-    cannot be started fails the turn like any thread start."""
+    the bound one, or a new one started, anchored and bound), inject this turn's context and
+    its instructions into the idle fork. Codex refusing the fork is ``fork_failed`` (the text
+    frame follows); no answer (a timeout, a dead process) fails the turn like any thread
+    start, the binding kept."""
     plan, bound = ctx.plan, ctx.binding
     assert plan is not None
     port = ctx.app_server
-    if not supports_structured(port):
-        # A base bound by an earlier app-server, and this one cannot fork it.
-        return _fork_refused(ctx, ForkFailed(step="fork", error="the app-server cannot fork"))
+    if not supports_structured(port):  # pragma: no cover - the tables fork only when it can
+        raise AssertionError("a fork was decided for an app-server that cannot fork")
     facts = thread_facts(ctx)
     base = decide_base(
         BaseFacts(
             base_bound=facts.base_bound,
             tools_match=facts.tools_match,
             engine_match=facts.engine_match,
-            items=facts.items,
+            cwd_match=bound is not None and bound.cwd == settings["cwd"],
         )
     )
     binding = bound
     if base.action is BaseAction.NEW:
-        if bound is not None:
-            await _clear_binding_quietly(ctx)
         try:
-            started = await ctx.app_server.start_thread(**settings)
+            # Neutral instructions: a fork inherits its base's initial context, so the
+            # turn's instructions go into each fork instead (they may change every turn).
+            started = await ctx.app_server.start_thread(
+                **{**settings, "developer_instructions": None}
+            )
         except AppServerError as error:
             ctx.log.warning("codex app-server thread start failed", error=format_error(error))
             ctx.start_error = format_error(error)
@@ -599,7 +663,10 @@ async def _start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger
             # A rollout, so that this process and any later one can fork it.
             await anchor_base(port, started.thread_id)
         except AppServerError as error:
-            return _fork_refused(ctx, ForkFailed(step="anchor", error=format_error(error)))
+            ctx.app_server.forget_thread(started.thread_id)
+            return _fork_refused(ctx, fork_failure("anchor", error))
+        # The base never runs a turn here: nothing of it is kept locally (tools, memo).
+        ctx.app_server.forget_thread(started.thread_id)
         binding = await save_binding(
             ctx,
             started,
@@ -607,26 +674,29 @@ async def _start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger
             engine_record=engine_binding(ctx, _FORK_BASE),
             tools_fingerprint=ctx.tools_fingerprint,
         )
-        if bound is not None:
+        if bound is not None and bound.thread_id != started.thread_id:
             ctx.app_server.forget_thread(bound.thread_id)  # it runs no more turns
+        if ctx.history is not None and binding is not None:
+            # The session's thread is now the new base (a refused fork retires it).
+            ctx.history = attrs.evolve(ctx.history, binding=binding)
         base_id = started.thread_id
     else:
         assert bound is not None
         base_id = bound.thread_id
     projected = ctx.projected
-    if facts.items and projected is not None and projected.items is not None:
-        items, source = projected.items.items, "assembly"
-    else:
-        # A turn without the engine's context: the recent transcript keeps the conversation.
-        items, source = _transcript_items(ctx), "transcript"
+    items = list(projected.items.items) if projected is not None and projected.items else []
+    if plan.instructions:
+        items.append(developer_item(plan.instructions))
     prepared = await prepare_fork(
         port,
         base_id,
         items,
-        developer_instructions=settings["developer_instructions"],
+        developer_instructions=None,
         cwd=settings["cwd"],
         model=settings["model"],
         tools=ctx.tools,
+        approvals_reviewer=settings["approvals_reviewer"],
+        service_tier=settings["service_tier"],
     )
     if isinstance(prepared, ForkFailed):
         return _fork_refused(ctx, prepared)
@@ -637,14 +707,21 @@ async def _start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger
         reason=plan.decision.reason,
         base=base.reason,
         items=prepared.injected,
-        source=source,
+        source="transcript" if plan.decision.transcript else "assembly",
     )
     return T.THREAD_FORKED
 
 
 def _fork_refused(ctx: TurnContext, failed: ForkFailed) -> TurnTrigger:
-    if failed.fork_thread_id is not None:
-        ctx.app_server.forget_thread(failed.fork_thread_id)
+    if not failed.definitive:
+        # No answer says nothing about the base: keep the binding, fail this turn.
+        ctx.log.warning(
+            "codex structured projection fork failed; keeping the binding",
+            step=failed.step,
+            error=failed.error,
+        )
+        ctx.start_error = failed.error
+        return T.THREAD_START_FAILED
     ctx.log.warning(
         "codex structured projection fork failed; using the text frame",
         step=failed.step,
@@ -652,25 +729,6 @@ def _fork_refused(ctx: TurnContext, failed: ForkFailed) -> TurnTrigger:
     )
     ctx.fork_refused = True
     return T.FORK_FAILED
-
-
-def _transcript_items(ctx: TurnContext) -> tuple[dict[str, Any], ...]:
-    """The newest of the mirrored history as items, within the text frame's cap: converted
-    from a suffix that doubles until it fills the cap (a long transcript is not converted
-    whole), starting at a message that is not a tool result."""
-    messages = ctx.messages
-    cap = max_rendered_context_chars(ctx.params.context_token_budget, ctx.params.reserve_tokens)
-    take = 64
-    while True:
-        start = max(0, len(messages) - take)
-        while start < len(messages) and messages[start].get("role") == "toolResult":
-            start += 1
-        converted = _convert(ctx, list(messages[start:]), "transcript")
-        if converted is None:
-            return ()
-        if start == 0 or converted.chars >= cap:
-            return newest_items(converted, cap).items
-        take *= 2
 
 
 async def run_turn(ctx: TurnContext) -> TurnTrigger:
@@ -739,8 +797,11 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
-        if plan.decision.action in (ThreadAction.TRANSIENT, ThreadAction.FORK):
-            ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
+        port = ctx.app_server
+        if plan.decision.action is ThreadAction.FORK and supports_structured(port):
+            release_fork(port, thread.thread_id)  # it runs no other turn; Codex may drop it
+        elif plan.decision.action is ThreadAction.TRANSIENT:
+            port.forget_thread(thread.thread_id)  # it runs no other turn
     # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
     ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)

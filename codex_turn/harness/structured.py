@@ -39,6 +39,8 @@ form table (:data:`codex_turn.fsm.thread.FORM_RULES`) chooses items, the thread 
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeGuard
 
@@ -46,7 +48,8 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.harness.appserver import AppServerError, AppServerRpcError, DynamicTool
-from codex_turn.harness.appserver.types import ThreadResult
+from codex_turn.harness.appserver.types import ApprovalsReviewer, ThreadResult
+from codex_turn.projection.items import canonical_json
 
 __all__ = [
     "ANCHOR",
@@ -54,7 +57,10 @@ __all__ = [
     "PreparedFork",
     "SupportsStructured",
     "anchor_base",
+    "developer_item",
+    "fork_failure",
     "prepare_fork",
+    "release_fork",
     "supports_structured",
 ]
 
@@ -74,16 +80,23 @@ class SupportsStructured(Protocol):
         cwd: str | None = None,
         model: str | None = None,
         tools: Iterable[DynamicTool] | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
     ) -> ThreadResult: ...
 
     async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None: ...
 
+    def forget_thread(self, thread_id: str) -> None: ...
+
 
 def supports_structured(app_server: object) -> TypeGuard[SupportsStructured]:
-    """Whether ``app_server`` can fork and inject (the real :class:`AppServer` can; a test
-    fake without them cannot, and its turns use the text frame)."""
-    return callable(getattr(app_server, "fork_thread", None)) and callable(
-        getattr(app_server, "inject_items", None)
+    """Whether ``app_server`` can fork and inject: it has the methods (a test fake without
+    them cannot, and its turns use the text frame) and has not learned that its binary
+    lacks them (``AppServer.can_fork``)."""
+    return (
+        callable(getattr(app_server, "fork_thread", None))
+        and callable(getattr(app_server, "inject_items", None))
+        and getattr(app_server, "can_fork", True) is not False
     )
 
 
@@ -103,12 +116,56 @@ class PreparedFork:
 
 @attrs.frozen
 class ForkFailed:
-    """Why no fork could be prepared (the turn then falls back to the text frame)."""
+    """Why no fork could be prepared."""
 
     step: str  # "fork" | "anchor" | "inject"
-    error: str
-    #: A fork that was created before the failure (the caller forgets it).
+    error: str  # redacted; an item Codex quoted in its refusal is cut away
+    #: Codex answered (it refused the fork or the items): asking again gets the same answer,
+    #: and the turn falls back to the text frame. Otherwise (a timeout, a dead process) the
+    #: failure says nothing about the base, and the turn fails with its binding kept.
+    definitive: bool = True
+    #: A fork that was created before the failure (already forgotten locally).
     fork_thread_id: str | None = None
+
+
+# Codex's serde refusal quotes the item it could not parse: everything after the position
+# is cut (format_error hides only longer quoted prose).
+_ITEM_REFUSAL = re.compile(r"(items\[\d+\] is not a valid response item).*", re.DOTALL)
+
+
+def fork_failure(step: str, error: AppServerError, fork_thread_id: str | None = None) -> ForkFailed:
+    text = _ITEM_REFUSAL.sub(r"\1", format_error(error))
+    return ForkFailed(
+        step=step,
+        error=text,
+        definitive=isinstance(error, AppServerRpcError),
+        fork_thread_id=fork_thread_id,
+    )
+
+
+def developer_item(text: str) -> dict[str, Any]:
+    """``text`` as a developer message item, with a content-derived id (equal instructions,
+    equal item: the prompt cache's prefix is kept). A fork inherits its base's initial
+    context, so instructions that may change between turns travel as this item, after the
+    context and right before the prompt."""
+    item: dict[str, Any] = {
+        "type": "message",
+        "role": "developer",
+        "content": [{"type": "input_text", "text": text}],
+    }
+    digest = hashlib.sha256(canonical_json(item).encode("utf-8", "surrogatepass"))
+    return {**item, "id": "msg_dev_" + digest.hexdigest()[:40]}
+
+
+def release_fork(port: SupportsStructured, fork_thread_id: str) -> None:
+    """A fork ran its turn: release it (:meth:`AppServer.release_fork`: forgotten locally,
+    unsubscribed in the background so that Codex unloads it), or just forget it locally
+    on a port that cannot do more."""
+    release = getattr(port, "release_fork", None)
+    if callable(release):
+        release(fork_thread_id)
+    else:
+        port.forget_thread(fork_thread_id)
 
 
 async def anchor_base(port: SupportsStructured, base_thread_id: str) -> None:
@@ -126,12 +183,15 @@ async def prepare_fork(
     cwd: str | None = None,
     model: str | None = None,
     tools: Iterable[DynamicTool] | None = None,
+    approvals_reviewer: ApprovalsReviewer | None = None,
+    service_tier: str | None = None,
 ) -> PreparedFork | ForkFailed:
     """Fork ``base_thread_id`` (ephemeral) and inject ``items`` into the idle fork.
 
     The base must be idle. A base without a rollout (loaded in this process) is anchored
     first. Never raises :class:`AppServerError`: a failure is returned as
-    :class:`ForkFailed` (with the fork to forget, if one exists).
+    :class:`ForkFailed`; a fork created before a failure or a cancellation is forgotten
+    locally (Codex keeps it until its process ends).
     """
     tools = list(tools) if tools is not None else None
 
@@ -142,6 +202,8 @@ async def prepare_fork(
             cwd=cwd,
             model=model,
             tools=tools,
+            approvals_reviewer=approvals_reviewer,
+            service_tier=service_tier,
         )
 
     anchored = False
@@ -155,12 +217,16 @@ async def prepare_fork(
             await anchor_base(port, base_thread_id)
             thread = await fork()
     except AppServerError as error:
-        return ForkFailed(step="anchor" if anchored else "fork", error=format_error(error))
+        return fork_failure("anchor" if anchored else "fork", error)
     try:
         if items:
             await port.inject_items(thread.thread_id, items)
     except AppServerError as error:
-        return ForkFailed(step="inject", error=format_error(error), fork_thread_id=thread.thread_id)
+        port.forget_thread(thread.thread_id)
+        return fork_failure("inject", error, thread.thread_id)
+    except BaseException:
+        port.forget_thread(thread.thread_id)  # cancelled: nobody will run this fork
+        raise
     return PreparedFork(
         base_thread_id=base_thread_id, thread=thread, injected=len(items), anchored=anchored
     )

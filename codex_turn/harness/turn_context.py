@@ -52,6 +52,7 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
+from codex_turn.harness.structured import supports_structured
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
     InvalidTurnParams,
@@ -402,6 +403,7 @@ def thread_facts(ctx: TurnContext) -> ThreadFacts:
         and has_projected_context(ctx),
         base_bound=binding is not None and binding.fork_base,
         fork_failed=ctx.fork_refused,
+        can_inject=supports_structured(ctx.app_server),
     )
 
 

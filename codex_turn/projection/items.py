@@ -418,11 +418,11 @@ def convert_messages(
 
 def newest_items(converted: ConvertedItems, max_chars: int | None) -> ConvertedItems:
     """The newest of ``converted``'s items whose canonical JSON fits ``max_chars`` (``None``:
-    all of them), cut where a history may start: at a message. A call's outputs always come
-    before the next message (the converter answers an open call there), so a cut at a message
-    never leaves an output without its call (Codex would drop it) nor a call without its
-    output. Ids are kept (they name each item's place in the whole assembly), so the cut is
-    as deterministic as the conversion."""
+    all of them), cut where a history may start: at a message, with no call before the cut
+    whose output comes after it (Codex would drop the orphan output). The result may be
+    empty (nothing fits): the caller then uses the text frame, which cuts inside a part.
+    Ids are kept (they name each item's place in the whole assembly), so the cut is as
+    deterministic as the conversion."""
     items = converted.items
     if max_chars is None or converted.chars <= max_chars:
         return converted
@@ -434,10 +434,29 @@ def newest_items(converted: ConvertedItems, max_chars: int | None) -> ConvertedI
             break
         used += size
         start -= 1
-    while start < len(items) and items[start]["type"] != "message":
+    allowed = _history_starts(items)
+    while start < len(items) and not allowed[start]:
         start += 1
     kept = items[start:]
     return attrs.evolve(converted, items=kept, canonical=canonical_json(list(kept)))
+
+
+def _history_starts(items: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """For each position: may a history start there (a message, inside no call's span from
+    the call to its output)?"""
+    spans = [0] * (len(items) + 1)  # +1 where a span opens after a call, -1 at its output
+    opened: dict[Any, int] = {}
+    for index, item in enumerate(items):
+        if item["type"] == "function_call":
+            opened[item.get("call_id")] = index
+        elif item["type"] == "function_call_output" and item.get("call_id") in opened:
+            spans[opened.pop(item.get("call_id")) + 1] += 1
+            spans[index + 1] -= 1
+    allowed, depth = [], 0
+    for index, item in enumerate(items):
+        depth += spans[index]
+        allowed.append(item["type"] == "message" and depth == 0)
+    return allowed
 
 
 # --- client-side validation (Codex accepts, then silently drops, some shapes) ----------------

@@ -87,6 +87,8 @@ __all__ = [
 OFFLINE_PROVIDER_ID = "offline"
 CONFIG_FILE = "config.toml"
 CONFIG_MARKER = "# codex-turn private config (AppServerConfig.offline)"
+#: ``thread_unload_delay_secs`` in a private config.toml (see :meth:`AppServerConfig.config_data`).
+FORK_UNLOAD_DELAY_S: Final = 30
 """The first line of every config.toml this library writes: the file is ours to rewrite."""
 CONFIG_NOTE = "# Rewritten at every start of codex-turn: edits here are lost."
 _TEMP_PREFIX = ".config.toml.codex-turn-"
@@ -452,6 +454,11 @@ class AppServerConfig:
             data["model_auto_compact_token_limit"] = self.auto_compact_token_limit
         data["analytics"] = {"enabled": False}
         data["feedback"] = {"enabled": False}
+        # Codex unloads a thread this long after its last subscriber left. Structured turns
+        # run in ephemeral forks (~1.5 MB each) that can only be released that way
+        # (``thread/unsubscribe`` after the turn; see harness.structured): bound threads stay
+        # subscribed and are not affected.
+        data["thread_unload_delay_secs"] = FORK_UNLOAD_DELAY_S
         data["features"] = {
             "plugins": False,
             "remote_plugin": False,

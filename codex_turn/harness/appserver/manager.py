@@ -41,7 +41,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -54,7 +62,7 @@ from .account import check_login, should_check
 from .client import AppServerClient, NotificationListener, unwrap_single_group
 from .config import AppServerConfig
 from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
-from .errors import AppServerClosed
+from .errors import AppServerClosed, AppServerError, AppServerRpcError
 from .logsafe import capped
 from .native_compaction import CompactionResult, _KeyedLocks
 from .port import AppServerPort
@@ -69,6 +77,8 @@ from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult,
 __all__ = ["AppServer"]
 
 log = get_logger(__name__)
+_METHOD_NOT_FOUND = -32601
+_UNSUBSCRIBE_TIMEOUT_S = 10.0
 
 
 @attrs.frozen(kw_only=True)
@@ -126,6 +136,9 @@ class AppServer:
         self.auto_resume = auto_resume
         self.generation = 0
         self.restarts = 0
+        #: Whether the binary serves ``thread/fork`` and ``thread/inject_items`` (the
+        #: structured projection); learned ``False`` from a "method not found".
+        self.can_fork = True
         self.sent: list[dict[str, Any]] = []
         self.server_requests: dict[Any, str] = {}
         self._client: AppServerClient | None = None
@@ -368,23 +381,60 @@ class AppServer:
         cwd: str | None = None,
         model: str | None = None,
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
     ) -> ThreadResult:
         """An ephemeral fork of ``thread_id`` (see :meth:`AppServerClient.fork_thread`). Not
         remembered for an auto-resume: an ephemeral thread dies with its process."""
         client = await self.client()
-        return await client.fork_thread(
-            thread_id,
-            developer_instructions=developer_instructions,
-            cwd=cwd,
-            model=model,
-            tools=tools,
-        )
+        with self._learning_structured():
+            return await client.fork_thread(
+                thread_id,
+                developer_instructions=developer_instructions,
+                cwd=cwd,
+                model=model,
+                tools=tools,
+                approvals_reviewer=approvals_reviewer,
+                service_tier=service_tier,
+            )
 
     async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None:
         """Append Responses items to an idle loaded thread (see
         :meth:`AppServerClient.inject_items`)."""
         client = await self.client()
-        await client.inject_items(thread_id, items)
+        with self._learning_structured():
+            await client.inject_items(thread_id, items)
+
+    def release_fork(self, thread_id: str) -> None:
+        """A fork that ran its turn: forget it locally, and ask Codex, in the background,
+        to drop it (``thread/unsubscribe``; Codex unloads a thread without subscribers after
+        ``thread_unload_delay_secs``). An ephemeral fork can be neither deleted nor
+        archived: without this, each one stays loaded (~1.5 MB) until the process ends."""
+        self.forget_thread(thread_id)
+        client = self._client
+        if self._tg is None or self._closing or client is None or client.closed:
+            return
+        self._tg.start_soon(self._unsubscribe, client, thread_id)
+
+    async def _unsubscribe(self, client: AppServerClient, thread_id: str) -> None:
+        with anyio.move_on_after(_UNSUBSCRIBE_TIMEOUT_S):
+            try:
+                await client.request("thread/unsubscribe", {"threadId": thread_id})
+            except AppServerError as error:  # best effort: a restart drops it anyway
+                log.debug("appserver.unsubscribe_failed", error=capped(str(error)))
+
+    @contextlib.contextmanager
+    def _learning_structured(self) -> Iterator[None]:
+        """A binary without ``thread/fork`` or ``thread/inject_items`` answers "method not
+        found": from then on this pool says it cannot fork (:attr:`can_fork`), so turns use
+        the text frame instead of starting a base they cannot use."""
+        try:
+            yield
+        except AppServerRpcError as error:
+            if error.code == _METHOD_NOT_FOUND:
+                self.can_fork = False
+                log.warning("appserver.structured_unsupported", error=capped(str(error)))
+            raise
 
     async def _client_for(self, thread_id: str) -> AppServerClient:
         client = await self.client()

@@ -457,6 +457,8 @@ class _ThreadMethods(_Connection):
         cwd: str | None = None,
         model: str | None = None,
         tools: ToolRegistry | Iterable[DynamicTool] | None = None,
+        approvals_reviewer: ApprovalsReviewer | None = None,
+        service_tier: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
         """An *ephemeral* fork of ``thread_id`` (``thread/fork {ephemeral, excludeTurns}``):
@@ -467,7 +469,12 @@ class _ThreadMethods(_Connection):
         The parent need not be loaded here; it must have a rollout (a thread with neither a
         turn nor an injection has none: Codex answers "no rollout found"). Codex keeps an
         ephemeral fork loaded until the process ends (it cannot be deleted or unloaded);
-        :meth:`forget_thread` drops this process's state for it."""
+        :meth:`forget_thread` drops this process's state for it.
+
+        The fork's model-visible history begins with the *parent's* initial context (its
+        developer instructions and environment, written into the parent's rollout): the
+        ``developer_instructions`` sent here do not replace them (send changing instructions
+        as a developer item, :func:`codex_turn.harness.structured.developer_item`)."""
         params: dict[str, Any] = {"threadId": thread_id, "ephemeral": True, "excludeTurns": True}
         if developer_instructions is not None:
             params["developerInstructions"] = developer_instructions
@@ -475,6 +482,10 @@ class _ThreadMethods(_Connection):
             params["cwd"] = cwd
         if model is not None:
             params["model"] = model
+        if approvals_reviewer is not None:
+            params["approvalsReviewer"] = approvals_reviewer
+        if service_tier is not None:
+            params["serviceTier"] = service_tier
         configured = await self._configured_defaults(cwd, timeout)
         raw = await self.request("thread/fork", params, timeout=timeout)
         result = structure(raw, ThreadResult)
