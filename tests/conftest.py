@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from structlog.testing import capture_logs
 
-pytest_plugins = ["codex_fixtures", "pytester"]
+pytest_plugins = ["codex_fixtures", "scale_fixtures", "pytester"]
 
 # CI=true activates Hypothesis' built-in "ci" profile (derandomized, no deadline, no database).
 # Keep it, but explore more: the ordering proofs only mean something with enough examples.

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -40,17 +40,6 @@ CLI = Path(sys.executable).parent / "codex-turn"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/turns.sqlite"
-
-
-@pytest.fixture
-def queue(db_url: str) -> Iterator[TurnQueue]:
-    with TurnQueue(db_url) as turns:
-        yield turns
 
 
 def _params(tmp_path: Path, session: str, prompt: str) -> TurnParams:

@@ -101,6 +101,9 @@ def test_three_workers_on_postgres_run_each_turn_once_in_session_order(
         spans = [records[f"s{s}-{n}"] for n in range(1, turns + 1)]
         for earlier, later in itertools.pairwise(spans):
             assert earlier.ended_at <= later.started_at  # never two turns of a session at once
+        # Sticky: every turn of a session on the worker that ran its first one.
+        assert [r.locality for r in spans] == ["first"] + ["sticky"] * (turns - 1)
+        assert len({r.executor_id for r in spans}) == 1
 
 
 def test_a_live_peer_on_postgres_recovers_a_sigkilled_workers_turn(

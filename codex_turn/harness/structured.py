@@ -3,11 +3,14 @@
 Measured with the real binary (``benchmarks/bench_inject.py``, issue 15): of the ways to hand
 Codex an assembly as Responses items every turn, the fastest sound one is
 
-    base thread (bound, idle, never runs a turn of its own)
-      -> thread/fork {ephemeral: true, excludeTurns: true}        (~13 ms)
-      -> thread/inject_items (the whole assembly, into the idle fork)  (~10 ms + 0.05 ms/item)
+    base thread (bound, idle, never runs a turn of its own; neutral instructions)
+      -> thread/fork {ephemeral: true, excludeTurns: true}        (~10-13 ms)
+      -> thread/inject_items into the idle fork: the assembly, then the turn's developer
+         instructions as one developer item                   (~1 ms + ~0.03 ms/item)
       -> turn/start with the raw prompt, in the fork
-      -> the fork is forgotten
+      -> the fork is released: forgotten here, unsubscribed in Codex (which unloads it
+         after ``thread_unload_delay_secs``; an ephemeral fork can be neither deleted nor
+         archived, and each one holds ~1.5 MB)
 
 * *Cache.* An ephemeral fork keeps its parent's ``prompt_cache_key`` (the base thread id), so
   every turn of the session shares one key; the items carry their own deterministic ids
@@ -23,6 +26,12 @@ Codex an assembly as Responses items every turn, the fastest sound one is
 * A thread with neither a turn nor an injection has no rollout and cannot be forked (Codex:
   "no rollout found"); the base is then anchored with :data:`ANCHOR`, an ``item_reference``
   that Codex accepts, writes, and never sends to the model.
+* *Instructions.* The anchor writes the base's initial context (developer instructions,
+  environment) into its rollout, and every fork inherits it: ``developerInstructions`` sent
+  on ``thread/fork`` never reach the model. So the base is started without instructions,
+  and each fork gets the turn's own (the host's, the engine's addition) as a developer item
+  after the context (:func:`developer_item`): they may change every turn, and the context
+  before them stays a cacheable prefix.
 
 The other candidates measured (a fresh thread per turn with the text frame or with items; a
 base thread reset with ``thread/revert`` and re-injected in full or by delta; a fork of a

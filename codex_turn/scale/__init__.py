@@ -7,15 +7,22 @@ same code.
 
 * :class:`TurnQueue` submits a turn (:meth:`TurnQueue.submit`, idempotent by turn id) and
   returns a :class:`TurnHandle`; any process reads its :class:`TurnStatus` and
-  :class:`TurnRecord` later by the turn id (:meth:`TurnQueue.handle`).
-* :class:`TurnWorker` (or ``codex-turn worker --db URL``) runs them: one DBOS queue
-  partitioned by session (``partition_concurrency=1``): the turns of a session run one at a
-  time in submission order across all workers; turns of different sessions run in parallel.
-* A turn is a workflow with one durable step that calls :func:`~codex_turn.run_codex_turn`
-  with the turn id as its ``idempotency_key`` (see :mod:`codex_turn.scale._workflow` for why
-  a re-run after a crash writes nothing twice). A worker that dies mid-turn leaves the turn
-  pending; a live worker's watchdog re-enqueues it within a fraction of a second (see
-  :mod:`codex_turn.scale._watchdog`), or a worker restarted with the same executor id does.
+  :class:`TurnRecord` later by the turn id (:meth:`TurnQueue.handle`). A waiting handle is
+  woken by the worker when the turn ends (on one machine; else it polls).
+* :class:`TurnWorker` (or ``codex-turn worker --db URL``) runs them. Routing is sticky
+  (:mod:`codex_turn.scale._routing`): a session's turns go to the worker whose Codex home
+  holds the session's thread while that worker is alive and serving, to another live worker
+  when it is dead or draining (a fresh thread there, the engine's context re-projected), and
+  ``TurnRecord.locality`` says which (``"sticky"``, ``"moved"``, ``"first"``). Each worker
+  dequeues a DBOS queue of its own, partitioned by session (``partition_concurrency=1``); a
+  session's unfinished turns are always on one queue, so they run one at a time in submission
+  order, across moves too; turns of different sessions run in parallel.
+* A turn is a workflow that calls :func:`~codex_turn.run_codex_turn` with the turn id as its
+  ``idempotency_key`` (see :mod:`codex_turn.scale._workflow` for why a re-run after a crash
+  writes nothing twice). A worker that dies mid-turn leaves the turn pending; a live worker's
+  watchdog moves it and the rest of the dead worker's queue to live workers within a fraction
+  of a second (see :mod:`codex_turn.scale._watchdog`), or a worker restarted with the same
+  executor id runs it again.
 
 ``run_codex_turn`` stays the direct API; this package adds durability, not a second way to
 run a turn.

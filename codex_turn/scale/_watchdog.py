@@ -1,281 +1,124 @@
-"""The executor watchdog: a live worker recovers the turns a dead peer left running.
+"""The executor watchdog: a live worker takes over the turns a dead peer left behind.
 
 Open-source DBOS recovers an executor's pending workflows only when an executor with the same
-id starts again. Here every worker holds an advisory lock named by its executor id for as long
-as it lives, and the operating system (or Postgres) drops it the moment the process dies, even
-by SIGKILL. Each worker's watchdog looks, every ``interval`` seconds, at the executors that
-own running turns in the database; an executor whose lock it can take is dead: it re-enqueues
-that executor's pending turns (DBOS's recovery: ``PENDING`` back to ``ENQUEUED`` on their own
-queue and session partition, only while still owned by the dead executor, so two watchdogs
-recover a turn once), then lets the lock go. The queue hands the turn to a live worker, which
-runs its step again (idempotent by the turn id, see :mod:`codex_turn.scale._workflow`).
+id starts again. Here every worker holds a lock named by its executor id for as long as it
+lives (:mod:`codex_turn.scale._locks`). Each worker's watchdog looks, every ``interval``
+seconds, at the registered workers (:mod:`codex_turn.scale._routing`): a worker whose lock it
+can take is dead, and while holding that lock the watchdog moves every turn on the dead
+worker's queue, the one it was running included, to the worker each session goes to now
+(:func:`~codex_turn.scale._routing.evacuate`), then forgets the worker once nothing can reach
+its queue. The new worker runs the interrupted turn again, idempotent by the turn id (see
+:mod:`codex_turn.scale._workflow`); it does not hold the session's thread, so the harness
+starts a fresh one with the engine's context re-projected (``locality`` ``"moved"``).
 
-The locks, per backend:
+The watchdog also moves the turns of the inbox (submitted while no worker was alive) to a
+worker, holding the inbox's lock, and notices the loss of its own worker's lock.
 
-* SQLite (one machine): a lock file per executor id in ``<database>.executors/``, held with
-  ``flock`` and holding the holder's pid and host; a watchdog that takes a dead executor's
-  lock unlinks the file (a taker re-checks that the path still names the file it locked).
-* Postgres (many machines): a session-level ``pg_advisory_lock`` on a connection of its own,
-  released by the server when the holder's connection ends.
-
-A worker restarted under a dead executor's id takes its lock back (waiting while a watchdog
-holds it for the moment of a recovery) and recovers whatever no peer did yet, as DBOS does.
+The one DBOS call that moves a turn is :func:`requeue`: the public ``resume_workflow`` with a
+queue name. Its guard is the lock: a dead executor's turns change only under its lock, so no
+executor predicate is needed (DBOS's internal ``_recover_pending_workflows`` has one, but it
+can only put a turn back on its own queue, which nobody dequeues once its worker is dead).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import json
-import os
-import socket
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
-from dbos import DBOS
+from dbos import DBOSClient
 
 from codex_turn._log import format_error, get_logger
-from codex_turn.scale._workflow import QUEUE_NAME
+from codex_turn.scale._locks import (
+    ExecutorIdInUse,
+    ExecutorLockLost,
+    ExecutorLocks,
+    executor_locks_for,
+)
+from codex_turn.scale._routing import (
+    INBOX,
+    INBOX_LOCK,
+    Router,
+    evacuate,
+    statuses_of,
+    worker_queue,
+)
 
 __all__ = [
     "DEFAULT_WATCHDOG_INTERVAL_S",
+    "DbosMoves",
     "ExecutorIdInUse",
     "ExecutorLockLost",
     "ExecutorLocks",
     "Watchdog",
     "executor_locks_for",
+    "requeue",
 ]
 
 _log = get_logger(__name__)
 
 #: How often a watchdog looks for dead executors (seconds).
 DEFAULT_WATCHDOG_INTERVAL_S: Final = 0.2
-#: The first key of every Postgres advisory lock of codex-turn (the second is the executor's).
-_PG_LOCK_SPACE: Final = "codex-turn-executor"
 
 
-class ExecutorIdInUse(RuntimeError):
-    """Another live worker runs under this executor id (give each worker its own)."""
+def requeue(client: DBOSClient, turn_id: str, queue: str) -> None:
+    """Put a turn back to ``ENQUEUED`` on ``queue``, whatever it was (``PENDING`` on a dead
+    executor, or ``ENQUEUED`` on a queue nobody dequeues), keeping its partition key.
+
+    DBOS's public ``resume_workflow(workflow_id, queue_name=...)`` (DBOS 3.x): it sets a turn
+    that has not ended back to ``ENQUEUED`` on the named queue, clears its owner and start
+    time, and resets its recovery attempts (so DBOS's ``max_recovery_attempts`` counts from
+    each move: :data:`~codex_turn.scale._routing.MAX_TAKEOVERS` bounds the moves instead).
+    ``tests/test_scale_routing.py`` pins this behaviour: it fails loudly if DBOS changes it."""
+    client.resume_workflow(turn_id, queue_name=queue)
 
 
-class ExecutorLockLost(RuntimeError):
-    """This worker no longer holds its executor lock (its database connection dropped): a
-    peer may recover its turns, so it must take no new turn and shut down."""
+class DbosMoves:
+    """:class:`~codex_turn.scale._routing.TurnMoves` through a DBOS client."""
 
+    def __init__(self, client: DBOSClient) -> None:
+        self.client = client
 
-class ExecutorLocks(Protocol):
-    """One worker's liveness lock and its probes of its peers' locks."""
+    def unfinished(self, queue: str) -> Sequence[Any]:
+        return self.client.list_workflows(
+            queue_name=queue,
+            status=["ENQUEUED", "PENDING"],
+            load_input=False,
+            load_output=False,
+        )
 
-    def hold(self, executor_id: str, timeout: float) -> None:
-        """Take this worker's lock (waiting at most ``timeout`` s): ``ExecutorIdInUse``."""
+    def requeue(self, turn_id: str, queue: str) -> None:
+        requeue(self.client, turn_id, queue)
 
-    def release(self) -> None:
-        """Let this worker's lock go."""
+    def cancel(self, turn_id: str) -> None:
+        self.client.cancel_workflow(turn_id)
 
-    def verify(self, executor_id: str) -> None:
-        """Raise :class:`ExecutorLockLost` unless this worker still holds its lock."""
-
-    def claim(self, executor_id: str) -> contextlib.AbstractContextManager[bool]:
-        """While the block runs: True when ``executor_id``'s lock was free (its holder is
-        dead) and is now held here, False when a live process holds it."""
-
-
-# --- SQLite: lock files ------------------------------------------------------------------
-
-
-class FileExecutorLocks:
-    """Lock files in ``directory``, one per executor id, held with ``flock``."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self._fd: int | None = None
-        self._path: str | None = None
-
-    def _path_of(self, executor_id: str) -> str:
-        return os.path.join(self.directory, urllib.parse.quote(executor_id, safe="") + ".lock")
-
-    def _try_lock(self, path: str) -> int | None:
-        """The fd of ``path``, locked exclusively, or None if a live process holds it."""
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as error:
-                os.close(fd)
-                if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    return None
-                raise
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)  # unlinked by a watchdog meanwhile: lock the file there now
-
-    def hold(self, executor_id: str, timeout: float) -> None:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        path = self._path_of(executor_id)
-        deadline = time.monotonic() + timeout
-        while (fd := self._try_lock(path)) is None:
-            if time.monotonic() >= deadline:
-                raise ExecutorIdInUse(
-                    f"executor id {executor_id!r} is held by another live worker "
-                    f"({_holder(path)}): give each worker its own executor id"
-                )
-            time.sleep(0.02)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "executor_id": executor_id}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-        self._fd, self._path = fd, path
-
-    def release(self) -> None:
-        fd, path, self._fd, self._path = self._fd, self._path, None, None
-        if fd is None or path is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # while still locked: a taker of the old file sees it is gone
-        os.close(fd)
-
-    def verify(self, executor_id: str) -> None:
-        fd, path = self._fd, self._path
-        try:
-            same = (
-                fd is not None and path is not None and os.fstat(fd).st_ino == os.stat(path).st_ino
-            )
-        except OSError:
-            same = False
-        if not same:
-            raise ExecutorLockLost(f"the lock file of executor {executor_id!r} is gone")
-
-    @contextlib.contextmanager
-    def claim(self, executor_id: str) -> Iterator[bool]:
-        path = self._path_of(executor_id)
-        fd = self._try_lock(path)
-        if fd is None:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.close(fd)
-
-
-def _holder(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as file:
-            record = json.load(file)
-        return f"pid {record.get('pid')} on {record.get('host')}"
-    except (OSError, ValueError):
-        return "unknown holder"
-
-
-# --- Postgres: advisory locks ---------------------------------------------------------------
-
-
-class PostgresExecutorLocks:
-    """Session-level advisory locks on one connection of this worker's own."""
-
-    def __init__(self, database_url: str) -> None:
-        import psycopg
-
-        scheme, _, rest = database_url.partition("://")
-        self._url = scheme.split("+", 1)[0] + "://" + rest
-        self._connection: Any = psycopg.connect(self._url, autocommit=True)
-        self._lock = threading.Lock()  # the worker's and the watchdog's uses of the connection
-        self._held: str | None = None
-
-    def _call(self, function: str, executor_id: str) -> bool:
-        with self._lock:
-            row = self._connection.execute(
-                f"SELECT {function}(hashtext(%s), hashtext(%s))", (_PG_LOCK_SPACE, executor_id)
-            ).fetchone()
-        return bool(row[0])
-
-    def hold(self, executor_id: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self._call("pg_try_advisory_lock", executor_id):
-            if time.monotonic() >= deadline:
-                raise ExecutorIdInUse(
-                    f"executor id {executor_id!r} is held by another live worker: "
-                    "give each worker its own executor id"
-                )
-            time.sleep(0.02)
-        self._held = executor_id
-
-    def release(self) -> None:
-        self._held = None
-        with self._lock:
-            self._connection.close()  # ends the session: every lock of it goes
-
-    def verify(self, executor_id: str) -> None:
-        """The session-level lock lives only as long as its connection: ask that connection
-        whether it still holds it (a dropped connection raises, and has lost it)."""
-        if self._held != executor_id:
-            raise ExecutorLockLost(f"executor {executor_id!r} holds no lock here")
-        try:
-            with self._lock:
-                row = self._connection.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
-                    " AND classid = hashtext(%s)::oid AND objid = hashtext(%s)::oid",
-                    (_PG_LOCK_SPACE, executor_id),
-                ).fetchone()
-        except Exception as error:
-            raise ExecutorLockLost(
-                f"the database connection holding executor {executor_id!r}'s lock is gone: "
-                f"{format_error(error)}"
-            ) from error
-        if not row or not row[0]:
-            raise ExecutorLockLost(f"executor {executor_id!r}'s advisory lock is not held")
-
-    @contextlib.contextmanager
-    def claim(self, executor_id: str) -> Iterator[bool]:
-        if executor_id == self._held or not self._call("pg_try_advisory_lock", executor_id):
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            self._call("pg_advisory_unlock", executor_id)
-
-
-def executor_locks_for(database_url: str) -> ExecutorLocks:
-    """The liveness locks of the workers of ``database_url``."""
-    if database_url.startswith("sqlite:///"):
-        return FileExecutorLocks(database_url.removeprefix("sqlite:///") + ".executors")
-    if database_url.startswith(("postgresql", "postgres")):
-        return PostgresExecutorLocks(database_url)
-    raise ValueError(f"no executor locks for this database URL scheme: {database_url!r}")
-
-
-# --- the watchdog ---------------------------------------------------------------------------
+    def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
+        return statuses_of(self.client, turn_ids)
 
 
 class Watchdog:
-    """A thread that recovers the pending turns of executors whose lock it can take."""
+    """A thread that takes over the turns of dead workers and of the inbox."""
 
     def __init__(
         self,
-        locks: ExecutorLocks,
+        router: Router,
+        moves: DbosMoves,
         executor_id: str,
         *,
         interval: float = DEFAULT_WATCHDOG_INTERVAL_S,
         on_lock_lost: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self.locks = locks
+        self.router = router
+        self.locks = router.locks
+        self.moves = moves
         #: Called once (from the watchdog's thread) when this worker's own lock is found lost.
         self.on_lock_lost = on_lock_lost
         self.lock_lost: BaseException | None = None
         self.executor_id = executor_id
         self.interval = interval
-        #: ``(executor id, turns re-enqueued, monotonic time)`` of every recovery made here.
+        #: ``(executor id, turns moved, monotonic time)`` of every recovery made here.
         self.recoveries: list[tuple[str, int, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="codex-turn-watchdog", daemon=True)
@@ -292,7 +135,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             if not self.check_own_lock():
-                return  # lost: recovering others' turns is no longer this worker's business
+                return  # lost: taking over others' turns is no longer this worker's business
             try:
                 self.sweep()
             except Exception as error:  # a database hiccup: look again next time
@@ -315,25 +158,38 @@ class Watchdog:
         return True
 
     def sweep(self) -> int:
-        """One look: recover the turns of every dead executor; how many were re-enqueued."""
-        running = DBOS.list_workflows(
-            status="PENDING", queue_name=QUEUE_NAME, load_input=False, load_output=False
-        )
-        owners = {s.executor_id for s in running if s.executor_id} - {self.executor_id}
-        recovered = 0
-        for owner in sorted(owners):
+        """One look: take over the turns of every dead worker, then the inbox's; how many
+        turns were moved."""
+        moved = 0
+        for owner in sorted(self.router.workers()):
+            if owner == self.executor_id or self._stop.is_set():
+                continue
             with self.locks.claim(owner) as dead:
                 if not dead:
                     continue
-                # Open-source DBOS 3.x has no public API that recovers another executor's
-                # workflows; this classmethod is the one its own recovery paths share.
-                handles = DBOS._recover_pending_workflows([owner])
-                recovered += len(handles)
-                self.recoveries.append((owner, len(handles), time.monotonic()))
-                _log.warning(
-                    "recovered the turns of a dead executor",
-                    executor=owner,
-                    turns=len(handles),
-                    by=self.executor_id,
-                )
-        return recovered
+                count = evacuate(self.router, self.moves, worker_queue(owner))
+                closed = self.router.close_worker(owner, self.moves)
+                moved += count
+                if count:
+                    self.recoveries.append((owner, count, time.monotonic()))
+                    _log.warning(
+                        "took over the turns of a dead worker",
+                        executor=owner,
+                        turns=count,
+                        by=self.executor_id,
+                        forgotten=closed,
+                    )
+        if self._stop.is_set() or not self.moves.client.list_workflows(
+            queue_name=INBOX, status="ENQUEUED", limit=1, load_input=False, load_output=False
+        ):
+            return moved
+        with self.locks.claim(INBOX_LOCK) as mine:
+            if mine:
+                moved += evacuate(self.router, self.moves, INBOX, busy_lanes=_running)
+        return moved
+
+
+def _running(turns: Sequence[Any]) -> set[str]:
+    """Lanes with a turn running from the inbox: only a worker of an earlier version, which
+    dequeued this queue, can have one; its session stays until that turn ends."""
+    return {t.queue_partition_key for t in turns if t.status == "PENDING" and t.queue_partition_key}

@@ -16,7 +16,7 @@ import attrs
 
 from codex_turn.harness.turn_api import TurnParams, TurnResult
 
-__all__ = ["TurnRecord", "params_from_wire", "params_to_wire", "record_of"]
+__all__ = ["TurnRecord", "params_from_wire", "params_to_wire", "record_of", "session_lane"]
 
 
 def _plain(value: Any) -> Any:
@@ -28,6 +28,12 @@ def _plain(value: Any) -> Any:
         # A deep, JSON-checked copy: the database must hold exactly what is re-read.
         return json.loads(json.dumps(dict(value), allow_nan=False))
     return value
+
+
+def session_lane(params: TurnParams) -> str:
+    """The queue partition of a turn: its session (the key the session gate uses too), so
+    the turns of one session run one at a time, in submission order, across all workers."""
+    return params.session_key or params.session_id
 
 
 def params_to_wire(params: TurnParams) -> dict[str, Any]:
@@ -69,6 +75,14 @@ class TurnRecord:
     #: two turns of one session never overlap.
     started_at: float = 0.0
     ended_at: float = 0.0
+    #: Where the turn ran relative to the session's thread (:mod:`codex_turn.scale._routing`):
+    #: ``"sticky"``: on the worker that ran the session's previous turn, whose Codex home holds
+    #: its thread; ``"moved"``: on another one (that worker was dead or draining), so the
+    #: harness started a fresh thread here with the engine's context re-projected into it;
+    #: ``"first"``: no worker ran the session before. ``None``: not known (a database error).
+    locality: str | None = None
+    #: The worker that ran the session's previous turn (``None`` for a first turn).
+    previous_executor_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
