@@ -1,0 +1,130 @@
+"""Issue 14's fleet under fire: 3 ``codex-turn worker`` processes, 20 sessions x 5 turns on
+the real Codex binary and the offline model, workers SIGKILLed at random moments (at least 10
+kills, whatever stage each turn is in) and the whole fleet killed and restarted once mid-run.
+
+What must hold afterwards: every turn completed exactly once; each transcript holds each
+prompt once and each reply once, in submission order, with no repeated idempotency key; no
+two turns of one session overlapped (from the recorded spans of the attempts that ran); the
+reference engine's store holds each message of each session once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_engine_sqlite_processes import stored
+from test_scale import _messages, _params, _start_worker, _texts, _wait_log
+
+from codex_turn.engines import SqliteContextEngine
+from codex_turn.scale import TurnQueue, TurnRecord
+
+pytestmark = pytest.mark.codex
+
+SESSIONS, TURNS = 20, 5
+MIN_KILLS = 10
+
+
+class Fleet:
+    """Three workers by executor id; a killed one is restarted under the same id."""
+
+    def __init__(self, tmp_path: Path, db_url: str) -> None:
+        self.tmp_path, self.db_url = tmp_path, db_url
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.kills = 0
+
+    def start(self, executor_id: str) -> None:
+        log = self.tmp_path / f"{executor_id}.log"
+        self.procs[executor_id] = _start_worker(
+            self.db_url,
+            log,
+            "--executor-id",
+            executor_id,
+            "--offline-delay",
+            "0.4",  # each reply takes a while: kills land inside turns
+            cwd=self.tmp_path,
+        )
+        _wait_log(log, f"executor {executor_id}", timeout=60)
+
+    def kill(self, executor_id: str) -> None:
+        proc = self.procs[executor_id]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)  # reaped: a zombie's pid would still hold the session lease
+        self.kills += 1
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
+    tmp_path: Path, db_url: str
+) -> None:
+    rng = random.Random(20261201)
+    fleet = Fleet(tmp_path, db_url)
+    ids = [f"w{i}" for i in range(3)]
+    with TurnQueue(db_url) as queue:
+        try:
+            for executor_id in ids:
+                fleet.start(executor_id)
+            handles = [
+                queue.submit(_params(tmp_path, f"s{s}", f"s{s} turn {n}"), turn_id=f"s{s}-{n}")
+                for n in range(1, TURNS + 1)
+                for s in range(SESSIONS)
+            ]
+
+            def unfinished() -> int:
+                return sum(h.status().state in ("enqueued", "running") for h in handles)
+
+            fleet_restarted = False
+            while unfinished() and fleet.kills < MIN_KILLS + 3:
+                time.sleep(rng.uniform(0.3, 1.0))
+                if fleet.kills >= 5 and not fleet_restarted:
+                    for executor_id in ids:  # the whole fleet at once
+                        fleet.kill(executor_id)
+                    for executor_id in ids:
+                        fleet.start(executor_id)
+                    fleet_restarted = True
+                    continue
+                victim = rng.choice(ids)
+                fleet.kill(victim)
+                time.sleep(rng.uniform(0.0, 0.5))
+                fleet.start(victim)
+            assert fleet.kills >= MIN_KILLS, "the turns finished before the kills were done"
+            assert fleet_restarted
+            records: dict[str, TurnRecord] = {h.turn_id: h.result(timeout=600) for h in handles}
+        finally:
+            fleet.stop()
+
+    assert {r.outcome for r in records.values()} == {"completed"}
+    store = Path(SqliteContextEngine.store_next_to(tmp_path / "s0.jsonl"))
+    for s in range(SESSIONS):
+        session = tmp_path / f"s{s}.jsonl"
+        prompts = [f"s{s} turn {n}" for n in range(1, TURNS + 1)]
+        assert _texts(session, "user") == prompts  # each once, in submission order
+        replies = _texts(session, "assistant")
+        assert len(replies) == TURNS, replies
+        assert all(reply.endswith(p) for reply, p in zip(replies, prompts, strict=True))
+        keys = [m.get("idempotencyKey") for m in _messages(session)]
+        assert len(keys) == len(set(keys))
+        ran = [records[f"s{s}-{n}"] for n in range(1, TURNS + 1)]
+        spans = [r for r in ran if r.source == "ran"]
+        for earlier, later in itertools.pairwise(spans):
+            assert earlier.ended_at <= later.started_at  # never two turns of a session at once
+        # The engine saw each message once (a retried finalize adds nothing).
+        kept = stored(store, f"agent:main:s{s}")
+        user = [m for m in kept if m.get("role") == "user"]
+        assert len(user) == TURNS, user
+        assert len(kept) == len({repr(m) for m in kept})
