@@ -1,14 +1,16 @@
 """codex-turn against the protocol floor: one interleaved run on one ``codex app-server`` binary.
 
     .venv/bin/python benchmarks/bench_floor.py [--quick] [--rounds 30] [--warmup 3]
-        [--only A,B,C] [--max-history 100000] [--others-messages 1000] [--touch N]
+        [--only A,B,C|CONFIG,...] [--max-history 100000] [--others-messages 1000] [--touch N]
         [--active-rounds 10] [--conc-rounds 8] [--tmp DIR] [--log]
     .venv/bin/python benchmarks/bench_floor.py --profile CONFIG [--profile-turns 40]
         [--profile-clock cpu|wall] [--profile-out FILE]
 
 CONFIG is one of floor, sdk, no-engine, passthrough-1k|10k|100k, active-1|32|1000,
-concurrent-32|128. ``CODEX_TURN_SESSION_CACHE_BYTES`` (the harness's cache ceiling) is read
-from the environment as usual.
+concurrent-32|128. ``--only`` takes phases (A, B, C) or configuration names (e.g.
+``--only floor,no-engine,concurrent-32``: phase A with those two, phase C with 32 only; the
+floor is always measured beside a phase). ``CODEX_TURN_SESSION_CACHE_BYTES`` (the harness's
+cache ceiling) is read from the environment as usual.
 
 What is measured
 ----------------
@@ -896,6 +898,37 @@ def report_states(configs: Sequence[Config]) -> None:
 
 # --- phases -----------------------------------------------------------------------------------
 
+PHASE_CONFIGS = {
+    "A": ("floor", "sdk", "no-engine", *PASSTHROUGH_SIZES),
+    "B": tuple(ACTIVE_COUNTS),
+    "C": tuple(CONCURRENCY),
+}
+
+
+def selected(args: argparse.Namespace) -> tuple[list[str], set[str] | None]:
+    """``--only``: the phases to run, in order, and the configurations named (``None``: all
+    of each phase's)."""
+    items = [item.strip() for item in args.only.split(",") if item.strip()]
+    names = {item for item in items if item in CONFIG_NAMES}
+    unknown = [item for item in items if item not in names and item.upper() not in PHASE_CONFIGS]
+    if unknown:
+        raise SystemExit(f"--only: unknown phase or configuration {', '.join(unknown)}")
+    phases = [
+        phase
+        for phase, members in PHASE_CONFIGS.items()
+        if phase in {item.upper() for item in items} or names & set(members)
+    ]
+    explicit = {item.upper() for item in items if item not in names}
+    if not names:
+        return phases, None
+    # A phase named as a whole keeps all its configurations.
+    return phases, names | {n for phase in explicit for n in PHASE_CONFIGS.get(phase, ())}
+
+
+def wanted(args: argparse.Namespace, name: str) -> bool:
+    names: set[str] | None = selected(args)[1]
+    return names is None or name in names
+
 
 async def phase_single(world: World) -> None:
     args = world.args
@@ -903,11 +936,14 @@ async def phase_single(world: World) -> None:
     client, thread_id = await world.bare()
     floor = FloorConfig("floor", client, thread_id)
     configs: list[Config] = [floor]
-    sdk = await world.sdk()
+    sdk = await world.sdk() if wanted(args, "sdk") else None
     if sdk is not None:
         configs.append(sdk)
-    configs.append(await world.turn_config("no-engine", 0, engine=False))
+    if wanted(args, "no-engine"):
+        configs.append(await world.turn_config("no-engine", 0, engine=False))
     for name, size in PASSTHROUGH_SIZES.items():
+        if not wanted(args, name):
+            continue
         if size <= args.max_history:
             configs.append(await world.turn_config(name, size, engine=True))
         else:
@@ -925,7 +961,7 @@ async def phase_single(world: World) -> None:
 
 async def phase_active(world: World) -> None:
     args = world.args
-    counts = [c for c in ACTIVE_COUNTS.values() if c <= args.max_active]
+    counts = [c for name, c in ACTIVE_COUNTS.items() if c <= args.max_active and wanted(args, name)]
     print(
         f"\n== B. one session ({ACTIVE_SESSION_MESSAGES:,} messages, pass-through) with "
         f"{', '.join(map(str, counts))} other active sessions ==",
@@ -976,7 +1012,9 @@ async def phase_active(world: World) -> None:
 
 async def phase_concurrent(world: World) -> None:
     args = world.args
-    counts = [c for c in CONCURRENCY.values() if c <= args.max_concurrency]
+    counts = [
+        c for name, c in CONCURRENCY.items() if c <= args.max_concurrency and wanted(args, name)
+    ]
     print(
         f"\n== C. concurrency: {', '.join(map(str, counts))} turns at once on one app-server ==",
         flush=True,
@@ -1203,8 +1241,8 @@ async def main(args: argparse.Namespace) -> None:
                         "B": phase_active,
                         "C": phase_concurrent,
                     }
-                    for phase in args.only.upper().split(","):
-                        await phases[phase.strip()](world)
+                    for phase in selected(args)[0]:
+                        await phases[phase](world)
             stats = model.stats()
     finally:
         model.close()
@@ -1223,7 +1261,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run (< 3 minutes)")
     parser.add_argument("--rounds", type=int, default=None, help="measured rounds (30; quick 8)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up rounds (3; quick 2)")
-    parser.add_argument("--only", default="A,B,C", help="phases to run: A,B,C")
+    parser.add_argument("--only", default="A,B,C", help="phases (A,B,C) or configurations to run")
     parser.add_argument(
         "--others-messages", type=int, default=None, help="messages per other session (1000; 200)"
     )

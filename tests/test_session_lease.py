@@ -571,3 +571,29 @@ def test_two_event_loops_of_one_process_take_turns_on_a_session(tmp_path: Path) 
         assert order == ["first in", "first out", "second in"], (backend, events)
         second_in = dict(events)["second in"]
         assert second_in < 0.5 + 2.0  # woken by the release (polling), not by a 10 s timeout
+
+
+def test_a_child_forked_while_the_renewal_thread_lingers_renews_its_own_leases(
+    tmp_path: Path,
+) -> None:
+    # The renewal thread outlives the last lease (for the next turn); a forked child inherits
+    # its "running" mark but not the thread, and must start its own.
+    session = tmp_path / "s.jsonl"
+    session.write_text("")
+    lease = _lease.try_acquire_lease(str(session), ttl=0.4)
+    assert isinstance(lease, _lease.SessionLease)
+    _lease.release_lease(lease)
+    assert _lease._renewer._running  # lingering
+    pid = os.fork()
+    if pid == 0:  # the child: take a lease and see it renewed
+        code = 1
+        try:
+            mine = _lease.try_acquire_lease(str(session), ttl=0.4)
+            if isinstance(mine, _lease.SessionLease):
+                time.sleep(0.5)
+                code = 0 if mine.renewals >= 1 else 2
+                _lease.release_lease(mine)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -259,7 +259,9 @@ class TurnFacts:
     """What is known about the world when the turn begins; the guards read only these."""
 
     engine_active: bool = False  # a non-legacy engine is configured
-    had_session_file: bool = False  # the transcript existed before this turn wrote anything
+    #: The transcript existed before this turn wrote anything (gathered only when an engine
+    #: bootstraps or maintains: only the bootstrap guard reads it; ``False`` otherwise).
+    had_session_file: bool = False
     engine_maintains: bool = False  # the engine implements maintain()
     background_maintenance: bool = False  # maintenance is deferred to a scheduler
     engine_bootstraps: bool = True  # the engine implements bootstrap() or maintain()

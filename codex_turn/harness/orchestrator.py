@@ -41,6 +41,7 @@ second turn on the same session file, in this process or another, waits
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -302,10 +303,14 @@ async def _prepare(
 ) -> tuple[TurnContext, TurnModel]:
     handle = _engine_handle(engine)
     # had_session_file is decided before this turn writes anything (reference 2.1 step 4).
-    try:
-        had_session_file = (await anyio.Path(session_file).stat()) is not None
-    except FileNotFoundError:
-        had_session_file = False
+    # Only the bootstrap guard reads it, and only for an engine that bootstraps (or
+    # maintains): for any other turn the worker-thread hop of the stat is not taken.
+    had_session_file = False
+    if handle is not None and (handle.capabilities.bootstrap or handle.capabilities.maintain):
+        try:
+            had_session_file = (await anyio.Path(session_file).stat()) is not None
+        except FileNotFoundError:
+            had_session_file = False
     facts = TurnFacts.gather(
         engine_active=handle is not None,
         had_session_file=had_session_file,
@@ -393,15 +398,16 @@ async def _drive(
         raise ctx.cancellation
     finally:
         turn.close()
-        ctx.log.info(
-            "codex turn finished",
-            state=turn.state_name,
-            outcome=turn.outcome.value if turn.outcome else None,
-            skip_reason=turn.skip_reason.value if turn.skip_reason else None,
-            native_compactions=turn.native_compactions,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-            durations_ms={k: round(v, 2) for k, v in _result(ctx, turn).durations_ms.items()},
-        )
+        if ctx.log.is_enabled_for(logging.INFO):  # its fields cost a second result: only if shown
+            ctx.log.info(
+                "codex turn finished",
+                state=turn.state_name,
+                outcome=turn.outcome.value if turn.outcome else None,
+                skip_reason=turn.skip_reason.value if turn.skip_reason else None,
+                native_compactions=turn.native_compactions,
+                duration_ms=round((time.monotonic() - started) * 1000, 1),
+                durations_ms={k: round(v, 2) for k, v in _result(ctx, turn).durations_ms.items()},
+            )
 
 
 def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:

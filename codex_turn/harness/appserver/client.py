@@ -4,8 +4,10 @@ Layering, bottom up:
 
 1. **Transport** (:mod:`.process`): lines in, lines out; OS errors become
    :class:`AppServerClosed` there.
-2. **Protocol** (this module, the connection core of :class:`AppServerClient`): one reader task
-   parses each line and dispatches it as a *response* (``id`` + ``result``/``error``: wakes the
+2. **Protocol** (this module, the connection core of :class:`AppServerClient`): one reader
+   (the reader task, or, when the transport hands lines over itself, its read callback:
+   :meth:`~.process.AppServerProcess.serve_lines`) parses each line and dispatches it
+   synchronously as a *response* (``id`` + ``result``/``error``: wakes the
    waiting request), a *server request* (``id`` + ``method``: handled in its own task, answered
    exactly once, see :mod:`.server_requests`) or a *notification* (``method`` only: routed to
    the subscribers of its ``threadId``, and to global listeners). A line that is not JSON is
@@ -65,13 +67,14 @@ retirement share them; the groups of methods are already mixins in their own mod
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -143,6 +146,15 @@ _UNLOADING = frozenset(
     }
 )
 _UNLOADED_STATUSES = frozenset({"notLoaded", "systemError"})
+# Every method that can change what a loaded thread holds: the unloading ones, a status
+# change, and those that can carry a compaction (Notification.compaction_phase). Others
+# (deltas, token usage...) skip the check.
+_THREAD_CHANGES = _UNLOADING | {
+    "thread/status/changed",
+    "thread/compacted",
+    "item/started",
+    "item/completed",
+}
 
 # A surrogate pair (kept: it is one character), or a lone surrogate (repaired).
 _SURROGATES = re.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")
@@ -193,13 +205,104 @@ class _Pending:
 
 class _Subscription:
     """A per-thread notification queue (unbounded: the reader must never block on a slow
-    consumer; a turn's notifications are few)."""
+    consumer; a turn's notifications are few), read as an anyio memory object stream
+    (:meth:`_Connection.subscribe`)."""
+
+    __slots__ = ("send", "stream", "thread_id")
 
     def __init__(self, thread_id: str) -> None:
         self.thread_id = thread_id
         send, receive = anyio.create_memory_object_stream[Notification](math.inf)
         self.send: MemoryObjectSendStream[Notification] = send
-        self.receive: MemoryObjectReceiveStream[Notification] = receive
+        self.stream: MemoryObjectReceiveStream[Notification] = receive
+
+    def push(self, n: Notification) -> None:
+        """Queue ``n`` (the reader; never blocks); a closed receiver is simply skipped."""
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.send.send_nowait(n)
+
+    def close_send(self) -> None:
+        """No more notifications: the receiver ends with ``EndOfStream``."""
+        self.send.close()
+
+    def close(self) -> None:
+        self.send.close()
+        self.stream.close()
+
+
+class TurnNotifications:
+    """A turn's notification queue (:meth:`_Connection._turn_queue`): what a memory object
+    stream does for one reader, without its costs per notification.
+
+    A notification is always queued, never handed to a waiting receiver, so a receiver that
+    is cancelled loses nothing; :meth:`receive` takes a queued one at once (no checkpoint:
+    the reader queued it already, and a turn's notifications are finite) and otherwise waits
+    for the reader's next :meth:`push`, one wake-up. Ends as a memory stream does:
+    ``EndOfStream`` once the client closed and the queue is drained, ``ClosedResourceError``
+    once the subscription ended; :meth:`receive_nowait` raises ``WouldBlock`` when empty."""
+
+    __slots__ = ("_closed", "_ended", "_items", "_pushed", "thread_id")
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        self._items: collections.deque[Notification] = collections.deque()
+        self._ended = False  # no more notifications (the client closed)
+        self._closed = False  # the subscription ended: nothing is queued any more
+        self._pushed: anyio.Event | None = None  # set by the next push (or close)
+
+    def push(self, n: Notification) -> None:
+        """Queue ``n`` (the reader; never blocks); once the client closed (:meth:`close_send`)
+        or the subscription ended it is dropped, as a closed memory stream would."""
+        if not self._ended:
+            self._items.append(n)
+            self._wake()
+
+    def _wake(self) -> None:
+        pushed = self._pushed
+        if pushed is not None:
+            self._pushed = None
+            pushed.set()
+
+    def close_send(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = self._ended = True
+        self._items.clear()
+        self._wake()
+
+    def receive_nowait(self) -> Notification:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._items:
+            return self._items.popleft()
+        if self._ended:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    async def receive(self) -> Notification:
+        while True:
+            try:
+                return self.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            pushed = self._pushed
+            if pushed is None:
+                pushed = self._pushed = anyio.Event()
+            await pushed.wait()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Notification:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+
+_S = TypeVar("_S", _Subscription, TurnNotifications)
 
 
 class _Connection:
@@ -233,7 +336,7 @@ class _Connection:
         self.repaired_surrogates = 0
         self._next_id = 1
         self._pending: dict[int, _Pending] = {}
-        self._subs: dict[str, list[_Subscription]] = {}
+        self._subs: dict[str, list[_Subscription | TurnNotifications]] = {}
         self._listeners: list[NotificationListener] = []
         self._tools: dict[str, ToolRegistry] = {}
         self._turn_handlers: dict[str, _TurnBinding] = {}  # see server_requests.py
@@ -340,7 +443,8 @@ class _Connection:
         self._stop.set()
 
     def add_listener(self, listener: NotificationListener) -> None:
-        """Called synchronously for every notification (all threads). Keep it cheap."""
+        """Called synchronously for every notification (all threads), by the reader (on
+        asyncio, from the event loop's read callback: not inside a task). Keep it cheap."""
         self._listeners.append(listener)
 
     def _mark_closed(self, error: AppServerClosed) -> None:
@@ -353,7 +457,7 @@ class _Connection:
         self._pending.clear()
         for subs in self._subs.values():
             for sub in subs:
-                sub.send.close()
+                sub.close_send()
         self._closed.set()
 
     async def _background(self) -> None:
@@ -364,11 +468,13 @@ class _Connection:
 
     async def _read_loop(self) -> None:
         try:
+            serve_lines = getattr(self.transport, "serve_lines", None)
+            if serve_lines is not None:
+                # The process hands each line over as it is read (on asyncio, from the event
+                # loop's read callback: no reader-task round per line).
+                await serve_lines(self._on_line)
             while True:
-                line = await self.transport.receive_line()
-                if self._life is not None:
-                    self._life.set()  # a sign of life for the running probe
-                self._dispatch(line)
+                self._on_line(await self.transport.receive_line())
         except AppServerClosed as exc:
             if self._closed_error is None:
                 log.warning("appserver.closed", returncode=exc.returncode)
@@ -377,6 +483,11 @@ class _Connection:
             self._mark_closed(
                 AppServerClosed(f"codex app-server reader failed: {format_error(exc)}")
             )
+
+    def _on_line(self, line: bytes) -> None:
+        if self._life is not None:
+            self._life.set()  # a sign of life for the running probe
+        self._dispatch(line)
 
     def _dispatch(self, line: bytes) -> None:
         line = line.strip()
@@ -426,26 +537,24 @@ class _Connection:
         log.warning("appserver.garbage_message", keys=sorted(message)[:5])
 
     def _route(self, n: Notification) -> None:
-        self._note_thread_change(n)
+        thread_id = n.thread_id
+        if thread_id is not None and n.method in _THREAD_CHANGES and thread_id in self._loaded:
+            self._note_thread_change(n, thread_id)
         for listener in self._listeners:
             try:
                 listener(n)
             except Exception as exc:
                 log.warning("appserver.listener_failed", error=format_error(exc))
-        thread_id = n.thread_id
         if thread_id is None:
             return
         for sub in self._subs.get(thread_id, ()):
-            # Unbounded buffer: never blocks, and a closed receiver is simply skipped.
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                sub.send.send_nowait(n)
+            sub.push(n)  # unbounded buffer: never blocks; a closed receiver is skipped
 
-    def _note_thread_change(self, n: Notification) -> None:
+    def _note_thread_change(self, n: Notification, thread_id: str) -> None:
         """Keep :class:`~.threads.LoadedThread` true: a compaction may drop the instructions
         a resume re-sent, an unload drops the thread (both make the next turn resume)."""
-        thread_id = n.thread_id
-        loaded = self._loaded.get(thread_id) if thread_id is not None else None
-        if loaded is None or thread_id is None:
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
             return
         if n.compaction_phase is not None:
             if not loaded.compacted:
@@ -458,20 +567,30 @@ class _Connection:
     @contextlib.contextmanager
     def subscribe(self, thread_id: str) -> Iterator[MemoryObjectReceiveStream[Notification]]:
         """Receive every notification of ``thread_id`` from now on (buffered)."""
+        with self._subscribed(_Subscription(thread_id)) as sub:
+            yield sub.stream
+
+    @contextlib.contextmanager
+    def _turn_queue(self, thread_id: str) -> Iterator[TurnNotifications]:
+        """:meth:`subscribe`, as a :class:`TurnNotifications` (what a turn reads)."""
+        with self._subscribed(TurnNotifications(thread_id)) as queue:
+            yield queue
+
+    @contextlib.contextmanager
+    def _subscribed(self, sub: _S) -> Iterator[_S]:
         if self._closed_error is not None:
             raise self._closed_error
-        sub = _Subscription(thread_id)
+        thread_id = sub.thread_id
         self._subs.setdefault(thread_id, []).append(sub)
         try:
-            yield sub.receive
+            yield sub
         finally:
             subs = self._subs.get(thread_id, [])
             if sub in subs:
                 subs.remove(sub)
             if not subs:
                 self._subs.pop(thread_id, None)
-            sub.send.close()
-            sub.receive.close()
+            sub.close()
 
     # -- requests ------------------------------------------------------------------------
 

@@ -13,6 +13,11 @@ background job (draining stderr). Everything OS-level is mapped here, once:
   process closes its pipes at once, so the client notices within milliseconds instead of
   waiting for ``wait()``.
 
+On asyncio (POSIX) stdout is a plain pipe that the event loop itself reads
+(:class:`_StdoutLines`): each line is handed to the client from the loop's read callback
+(:meth:`AppServerProcess.serve_lines`), without a reader task woken per line or stream buffers
+in between; on trio it is read through anyio's streams.
+
 stderr is a pipe too, and a full pipe would block the server, so it is drained continuously.
 Its text is *not* logged by default: with ``RUST_LOG`` set, Codex traces request and tool
 content there, and the drain runs outside any turn's redaction context. Each line becomes an
@@ -35,12 +40,16 @@ also ends a stopped process, which would never act on stdin EOF or SIGTERM.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
+import contextvars
+import os
 import re
 import subprocess
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -50,6 +59,12 @@ from codex_turn._log import format_error, get_logger
 
 from .config import AppServerConfig
 from .errors import AppServerClosed, AppServerStartError
+
+_sniffio: Any
+try:  # anyio names the async library through sniffio when it is installed
+    import sniffio as _sniffio
+except ImportError:  # pragma: no cover - anyio then assumes asyncio wherever a loop runs
+    _sniffio = None
 
 __all__ = ["AppServerProcess", "LineTransport"]
 
@@ -79,7 +94,12 @@ def stderr_level(line: str) -> str | None:
 
 
 class LineTransport(Protocol):
-    """What the client needs from a transport (the process, or a test double)."""
+    """What the client needs from a transport (the process, or a test double).
+
+    A transport may also offer ``async serve_lines(on_line)``: hand every line to ``on_line``
+    as it arrives, in order, until it ends as :meth:`receive_line` would (raising
+    :class:`AppServerClosed`); an exception from ``on_line`` ends it and propagates. The
+    client reads that way when it can (:meth:`AppServerProcess.serve_lines`)."""
 
     async def send_line(self, line: bytes) -> None: ...
 
@@ -114,18 +134,123 @@ class _TokenBucket:
         return False
 
 
-class AppServerProcess:
-    """One spawned ``codex app-server`` speaking newline-delimited JSON over stdio."""
+class _StdoutLines(asyncio.Protocol):
+    """The child's stdout on asyncio, read by the loop's own pipe transport: each complete
+    line goes to the sink from the read callback itself, so a line costs no reader-task round
+    and no stream buffers in between. Lines that arrive while no sink is attached wait in
+    :attr:`queued` (:meth:`AppServerProcess.receive_line`)."""
 
-    def __init__(self, process: anyio.abc.Process, config: AppServerConfig) -> None:
+    def __init__(self) -> None:
+        self.transport: asyncio.BaseTransport | None = None
+        self.sink: Callable[[bytes], None] | None = None
+        self.queued: collections.deque[bytes] = collections.deque()
+        #: Why no more lines come ("exited", "stdout is closed", "sent an oversized line").
+        self.ended: str | None = None
+        #: What the sink raised (it ends the reading; re-raised by ``serve_lines``). Any
+        #: BaseException: the loop does not guard ``data_received``, and a line after a failed
+        #: one must never be handed over nor silently dropped with the client left open.
+        self.sink_error: BaseException | None = None
+        self.changed = asyncio.Event()  # a line queued, the end, or a sink error
+        self._partial = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended is not None or self.sink_error is not None:
+            return
+        partial = self._partial
+        if b"\n" not in data:
+            partial += data
+            if len(partial) >= MAX_LINE_BYTES:
+                self.end("sent an oversized line")
+            return
+        lines = data.split(b"\n")
+        if partial:
+            lines[0] = bytes(partial) + lines[0]
+            partial.clear()
+        partial += lines.pop()  # the unterminated rest (usually empty)
+        sink = self.sink
+        for line in lines:
+            if sink is None:
+                self.queued.append(line)
+                self.changed.set()
+                continue
+            try:
+                sink(line)
+            except BaseException as exc:
+                self.sink_error = exc
+                self.sink = None
+                self.changed.set()
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise  # recorded for serve_lines, and still the loop's to handle
+                return
+            if self.sink is not sink:  # detached meanwhile
+                sink = self.sink
+        if len(partial) >= MAX_LINE_BYTES:
+            self.end("sent an oversized line")
+
+    def eof_received(self) -> bool:
+        self.end("exited")
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.end("exited" if exc is None else "stdout is closed")
+
+    def end(self, why: str) -> None:
+        if self.ended is None:
+            self.ended = why
+            self.changed.set()
+
+
+def _in_task_context(on_line: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    """``on_line`` as the loop's read callback calls it: in the calling task's context, with
+    the async library named (sniffio's variable, which anyio reads outside a task), so that
+    what it does with anyio (set an event, start a task in a task group) works as it did in
+    the task."""
+    context = contextvars.copy_context()
+    if _sniffio is not None:
+        context.run(_sniffio.current_async_library_cvar.set, "asyncio")
+
+    def in_context(line: bytes) -> None:
+        context.run(on_line, line)
+
+    return in_context
+
+
+def _on_asyncio() -> bool:
+    """Whether the current task runs on anyio's asyncio backend (not trio), on POSIX (where
+    the event loop reads a plain pipe)."""
+    return os.name == "posix" and anyio.get_cancelled_exc_class() is asyncio.CancelledError
+
+
+class AppServerProcess:
+    """One spawned ``codex app-server`` speaking newline-delimited JSON over stdio.
+
+    On asyncio its stdout is a pipe read by the event loop itself (:class:`_StdoutLines`):
+    :meth:`serve_lines` then hands each line to the client from the read callback. Elsewhere
+    (trio) lines are read through anyio's streams."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        config: AppServerConfig,
+        *,
+        stdout_lines: _StdoutLines | None = None,
+    ) -> None:
         self._process = process
         self._config = config
         assert process.stdin is not None
-        assert process.stdout is not None
+        assert process.stdout is not None or stdout_lines is not None
         self._stdin = process.stdin
-        self._stdout = BufferedByteReceiveStream(process.stdout)
+        self._lines = stdout_lines
+        self._stdout = (
+            BufferedByteReceiveStream(process.stdout) if process.stdout is not None else None
+        )
         self._stderr = BufferedByteReceiveStream(process.stderr) if process.stderr else None
-        self._send_lock = anyio.Lock()
+        # The send checks for cancellation (and yields when the pipe is full); the lock need
+        # not yield again when it is free.
+        self._send_lock = anyio.Lock(fast_acquire=True)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.stderr_lines = 0
         self.stderr_dropped = 0
@@ -142,22 +267,48 @@ class AppServerProcess:
             raise AppServerStartError(
                 f"cannot prepare CODEX_HOME for codex app-server: {format_error(exc)}"
             ) from exc
+        lines: _StdoutLines | None = None
+        stdout: int = subprocess.PIPE
+        read_end: int | None = None
         try:
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=config.environment(),
-                cwd=str(config.codex_home),
-                umask=-1 if config.umask is None else config.umask,
-            )
+            if _on_asyncio():
+                read_end, stdout = os.pipe()  # the child's stdout; our end goes to the loop
+            try:
+                process = await anyio.open_process(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=stdout,
+                    stderr=subprocess.PIPE,
+                    env=config.environment(),
+                    cwd=str(config.codex_home),
+                    umask=-1 if config.umask is None else config.umask,
+                )
+            finally:
+                if read_end is not None:
+                    os.close(stdout)  # the child holds its own copy: EOF comes when it exits
+            if read_end is not None:
+                pipe = os.fdopen(read_end, "rb", buffering=0)
+                read_end = None  # the file object owns it now
+                try:
+                    _, lines = await asyncio.get_running_loop().connect_read_pipe(
+                        _StdoutLines, pipe
+                    )
+                except BaseException:
+                    pipe.close()
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()  # nobody could ever read it
+                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                        await process.aclose()  # reaped, its other pipes closed
+                    raise
         except OSError as exc:
             raise AppServerStartError(
                 f"cannot start codex app-server: {format_error(exc)}"
             ) from exc
+        finally:
+            if read_end is not None:
+                os.close(read_end)
         log.info("appserver.spawned", pid=process.pid)
-        return cls(process, config)
+        return cls(process, config, stdout_lines=lines)
 
     @property
     def pid(self) -> int:
@@ -180,17 +331,53 @@ class AppServerProcess:
             raise self._closed_error("stdin is closed") from exc
 
     async def receive_line(self) -> bytes:
+        lines = self._lines
+        if lines is not None:
+            while not lines.queued:
+                if lines.ended is not None:
+                    raise await self._ended(lines.ended)
+                lines.changed.clear()
+                await lines.changed.wait()
+            return lines.queued.popleft()
+        assert self._stdout is not None
         try:
             return await self._stdout.receive_until(b"\n", MAX_LINE_BYTES)
         except (anyio.IncompleteRead, anyio.EndOfStream) as exc:
-            # EOF: give the OS a moment to reap so the exit code can be reported.
-            with anyio.move_on_after(0.2):
-                await self._process.wait()
-            raise self._closed_error("exited") from exc
+            raise await self._ended("exited") from exc
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             raise self._closed_error("stdout is closed") from exc
         except anyio.DelimiterNotFound as exc:
             raise self._closed_error("sent an oversized line") from exc
+
+    async def serve_lines(self, on_line: Callable[[bytes], None]) -> None:
+        """Hand every line to ``on_line`` as it arrives, in order; raises
+        :class:`AppServerClosed` when stdout ends (as :meth:`receive_line` does) and whatever
+        ``on_line`` raised (no line is handed over after that). On asyncio the lines are
+        handed over from the event loop's read callback (see :class:`_StdoutLines`)."""
+        lines = self._lines
+        if lines is None:
+            while True:
+                on_line(await self.receive_line())
+        while lines.queued:  # arrived before anyone listened
+            on_line(lines.queued.popleft())
+        lines.sink = _in_task_context(on_line)
+        try:
+            while True:
+                if lines.sink_error is not None:
+                    raise lines.sink_error
+                if lines.ended is not None:
+                    raise await self._ended(lines.ended)
+                lines.changed.clear()
+                await lines.changed.wait()
+        finally:
+            lines.sink = None
+
+    async def _ended(self, why: str) -> AppServerClosed:
+        if why == "exited":
+            # EOF: give the OS a moment to reap so the exit code can be reported.
+            with anyio.move_on_after(0.2):
+                await self._process.wait()
+        return self._closed_error(why)
 
     async def run_background(self) -> None:
         """Drain stderr into the log until EOF, at a bounded rate."""
@@ -268,4 +455,7 @@ class AppServerProcess:
                 self.kill()
                 await self._process.wait()
             await self._process.aclose()
+            if self._lines is not None and self._lines.transport is not None:
+                self._lines.end("stdout is closed")
+                self._lines.transport.close()
             log.info("appserver.exited", pid=self.pid, returncode=self._process.returncode)

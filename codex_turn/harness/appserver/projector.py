@@ -29,6 +29,7 @@ for the turn result, and newer binaries add more.
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,32 +51,26 @@ REASONING_PREFIX = "Codex reasoning:\n"
 PLAN_PREFIX = "Codex plan:\n"
 
 
+_UNKNOWN: Any = object()  # a key that is absent
+
+
 @attrs.frozen
 class Notification:
-    """A server notification (``method`` + ``params``), with routing helpers."""
+    """A server notification (``method`` + ``params``), with routing helpers.
+
+    ``params`` is read, never changed: the thread and turn ids are looked up once (the reader,
+    the projector and the turn's observers each ask for them)."""
 
     method: str
     params: Mapping[str, Any] = attrs.field(factory=dict)
 
-    @property
+    @functools.cached_property
     def thread_id(self) -> str | None:
-        value = self.params.get("threadId", self.params.get("thread_id"))
-        if isinstance(value, str):
-            return value
-        thread = self.params.get("thread")
-        if isinstance(thread, Mapping) and isinstance(thread.get("id"), str):
-            return str(thread["id"])
-        return None
+        return _thread_id_of(self.params)
 
-    @property
+    @functools.cached_property
     def turn_id(self) -> str | None:
-        value = self.params.get("turnId")
-        if isinstance(value, str):
-            return value
-        turn = self.params.get("turn")
-        if isinstance(turn, Mapping) and isinstance(turn.get("id"), str):
-            return str(turn["id"])
-        return None
+        return _turn_id_of(self.params)
 
     @property
     def item(self) -> Mapping[str, Any] | None:
@@ -99,6 +94,28 @@ class Notification:
             if self.method == "item/completed":
                 return "completed"
         return None
+
+
+def _thread_id_of(params: Mapping[str, Any]) -> str | None:
+    value = params.get("threadId", _UNKNOWN)
+    if value is _UNKNOWN:
+        value = params.get("thread_id")
+    if isinstance(value, str):
+        return value
+    thread = params.get("thread")
+    if isinstance(thread, Mapping) and isinstance(thread.get("id"), str):
+        return str(thread["id"])
+    return None
+
+
+def _turn_id_of(params: Mapping[str, Any]) -> str | None:
+    value = params.get("turnId")
+    if isinstance(value, str):
+        return value
+    turn = params.get("turn")
+    if isinstance(turn, Mapping) and isinstance(turn.get("id"), str):
+        return str(turn["id"])
+    return None
 
 
 class CodexTurnStatus(enum.Enum):

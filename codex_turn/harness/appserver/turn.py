@@ -142,7 +142,10 @@ class _TurnClient(Protocol):
 
 
 class _NotificationSource(Protocol):
-    """The receive side of a turn's subscription (ends with ``EndOfStream``/``Closed...``)."""
+    """The receive side of a turn's subscription (ends with ``EndOfStream``/``Closed...``;
+    the client's is a :class:`~.client.TurnNotifications`). :meth:`TurnHandle.collect` takes
+    what one with ``receive_nowait`` (raising ``WouldBlock`` when empty) has buffered without
+    a timeout scope each."""
 
     async def receive(self) -> Notification: ...
 
@@ -177,6 +180,9 @@ class TurnHandle:
         self.interrupt_grace = interrupt_grace
         self.result: CodexTurnResult | None = None
         self._stream = stream
+        self._receive_nowait: Callable[[], Notification] | None = getattr(
+            stream, "receive_nowait", None
+        )
         self._phase = phase
         self._replay: collections.deque[Notification] = collections.deque()
         #: Set once the turn is active (``turn/started``) or over: ``turn/steer`` waits for it.
@@ -224,6 +230,30 @@ class TurnHandle:
                 raise self.client.closed_error or AppServerClosed() from None
             if self._absorb(n):
                 return n
+
+    def _buffered_own(self) -> Notification | None:
+        """The turn's next notification if one is already buffered (folded), else ``None``."""
+        receive_nowait = self._receive_nowait
+        if receive_nowait is None:
+            return None
+        while True:
+            try:
+                n = receive_nowait()
+            except anyio.WouldBlock:
+                return None
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise self.client.closed_error or AppServerClosed() from None
+            if self._absorb(n):
+                return n
+
+    def _ready(self) -> Notification | None:
+        """What :meth:`__anext__` would return without waiting, or ``None``: a replayed
+        notification, else a buffered one of the turn (``None`` too once the turn is over)."""
+        if self._replay:
+            return self._replay.popleft()
+        if self._phase is CodexTurnPhase.COMPLETED:
+            return None
+        return self._buffered_own()
 
     def _absorb(self, n: Notification) -> bool:
         """Fold one notification of the thread; whether it belonged to this turn."""
@@ -371,18 +401,22 @@ class TurnHandle:
         interrupt itself fails (times out, or the process died meanwhile).
         """
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        idle = idle_timeout or math.inf
         timed_out: str | None = None
         while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
-            wait = min(idle_timeout or math.inf, deadline - anyio.current_time())
-            if wait <= 0:
+            now = anyio.current_time()
+            if now >= deadline:
                 timed_out = f"codex app-server turn timed out after {timeout:g}s"
                 break
-            n: Notification | None = None
-            with anyio.move_on_after(wait):
-                try:
-                    n = await self.__anext__()
-                except StopAsyncIteration:
-                    break
+            # What is already buffered needs no wait, so no timeout scope either (one per
+            # notification was most of this loop's cost); only a wait is bounded.
+            n = self._ready()
+            if n is None:
+                with anyio.CancelScope(deadline=min(now + idle, deadline)):
+                    try:
+                        n = await self.__anext__()
+                    except StopAsyncIteration:
+                        break
             if n is None:
                 if anyio.current_time() >= deadline:
                     timed_out = f"codex app-server turn timed out after {timeout:g}s"

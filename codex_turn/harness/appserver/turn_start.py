@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from codex_turn._log import get_logger
 
@@ -46,7 +45,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .client import _Connection, _Pending
+    from .client import TurnNotifications, _Connection, _Pending
 else:
     _Connection = object
 
@@ -106,11 +105,11 @@ class _TurnMethods(_Connection):
             items = list(input)
             text = "\n".join(i.text for i in items if isinstance(i, TextInput))
         items += [ImageInput(url) for url in images]
-        with self.subscribe(thread_id) as stream, bind_turn_handlers(self, thread_id, handlers):
+        with self._turn_queue(thread_id) as queue, bind_turn_handlers(self, thread_id, handlers):
             params = TurnStartParams(thread_id=thread_id, input=items)
             sticky = self._sticky_defaults(thread_id, overrides or {})
             wire = {**sticky, **(overrides or {}), **unstructure(params)}  # its own fields win
-            raw = await self._start_turn(thread_id, wire, stream, timeout)
+            raw = await self._start_turn(thread_id, wire, queue, timeout)
             started = structure(raw, TurnStartResult)
             self._note_sticky(thread_id, wire)
             projector = TurnProjector(
@@ -124,7 +123,7 @@ class _TurnMethods(_Connection):
                 self,
                 thread_id,
                 started.turn.id,
-                stream,
+                queue,
                 projector,
                 interrupt_grace=self.interrupt_grace,
             )
@@ -169,7 +168,7 @@ class _TurnMethods(_Connection):
         self,
         thread_id: str,
         params: Mapping[str, Any],
-        stream: MemoryObjectReceiveStream[Notification],
+        stream: TurnNotifications,
         timeout: float | None,  # noqa: ASYNC109
     ) -> Any:
         """``turn/start``, without orphaning the turn when the caller leaves early.
@@ -215,7 +214,7 @@ class _TurnMethods(_Connection):
         self,
         thread_id: str,
         pending: _Pending,
-        stream: MemoryObjectReceiveStream[Notification],
+        stream: TurnNotifications,
     ) -> None:
         """Interrupt the turn an abandoned ``turn/start`` started (never raises).
 
@@ -259,7 +258,7 @@ class _TurnMethods(_Connection):
     async def _watch_turn_start(
         self,
         pending: _Pending,
-        stream: MemoryObjectReceiveStream[Notification],
+        stream: TurnNotifications,
         seen: list[Notification],
         response_id: list[str],
     ) -> str | None:

@@ -245,13 +245,18 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
 def _digests(fd: int, size: int) -> tuple[bytes, bytes]:
+    """The digests of the first and of the last :data:`_DIGEST_SPAN` bytes of ``size``."""
     head = _pread_exact(fd, min(size, _DIGEST_SPAN), 0)
-    start = max(0, size - _DIGEST_SPAN)
-    tail = head[start:] if size <= _DIGEST_SPAN else _pread_exact(fd, size - start, start)
-    return hashlib.blake2b(head, digest_size=16).digest(), hashlib.blake2b(
-        tail, digest_size=16
-    ).digest()
+    if size <= _DIGEST_SPAN:
+        digest = _digest(head)  # head and tail are the same bytes
+        return digest, digest
+    start = size - _DIGEST_SPAN
+    return _digest(head), _digest(_pread_exact(fd, size - start, start))
 
 
 def _refresh(state: _FileState) -> _View:
@@ -280,15 +285,30 @@ def _refresh_uncharged(state: _FileState) -> _View:
             _reset_state(state)
             state.dev, state.ino = st.st_dev, st.st_ino
         start = state.committed
-        data = _pread_exact(fd, st.st_size - start, start)
+        # One read from the start of the new bytes or of the last _DIGEST_SPAN bytes,
+        # whichever comes first: it holds the new bytes and the new tail to digest.
+        read_from = min(start, max(0, st.st_size - _DIGEST_SPAN))
+        chunk = _pread_exact(fd, st.st_size - read_from, read_from)
+        data = chunk[start - read_from :]
         size = start + len(data)
         complete, tail = _split_complete(data)
         if complete:
             _feed_lines(state.fold, complete[:-1], at_start=start == 0)
             state.committed = start + len(complete)
+        head_digest = state.head_digest
+        if len(chunk) != st.st_size - read_from:  # truncated under us: digest what is there
+            head_digest, tail_digest = _digests(fd, size)
+        elif size <= _DIGEST_SPAN:
+            head_digest = tail_digest = _digest(chunk)  # read_from == 0: the whole file
+        else:
+            tail_digest = _digest(chunk[-_DIGEST_SPAN:])
+            if not (reusable and state.size >= _DIGEST_SPAN):  # else the head was checked
+                head_digest = _digest(
+                    chunk[:_DIGEST_SPAN] if read_from == 0 else _pread_exact(fd, _DIGEST_SPAN, 0)
+                )
         state.size = size
         state.mtime_ns = st.st_mtime_ns
-        state.head_digest, state.tail_digest = _digests(fd, size)
+        state.head_digest, state.tail_digest = head_digest, tail_digest
     finally:
         os.close(fd)
     tentative, torn = _parse_tail(tail, at_start=state.committed == 0)

@@ -35,6 +35,7 @@ backoff, cancellably, from a worker thread.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import threading
@@ -107,9 +108,10 @@ def try_acquire_lease(
     unwritable directory, a lock path that is not a file: nothing can be written there, and
     the turn's preflight says why). Stale locks are broken on the way, with a warning."""
     absolute = os.path.abspath(os.fspath(path))
-    if create_directory:
+    directory = os.path.dirname(absolute)
+    if create_directory and not os.path.isdir(directory):  # one stat when it exists
         try:
-            os.makedirs(os.path.dirname(absolute), exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
         except OSError as error:
             return error
     target = session_path(absolute)
@@ -218,38 +220,69 @@ def _replace_lock(lease: SessionLease, lock: _PathLock) -> None:
     lease.renewals += 1
 
 
+#: How long the renewal thread outlives the last lease, waiting for the next one: a process
+#: running turn after turn keeps one thread instead of starting one per turn.
+_RENEWER_LINGER: Final = 30.0
+
+
 class _Renewer:
-    """One daemon thread renewing every lease this process holds; it ends when none is left."""
+    """One daemon thread renewing every lease this process holds; it ends once none has been
+    held for :data:`_RENEWER_LINGER` seconds (it may wake to notice that up to one renewal
+    interval later).
+
+    The thread sleeps until the earliest renewal it knows of (``_wake_at``) and is woken only
+    when a new lease is due before that: a lease given up is simply not found when the thread
+    next wakes, so a turn (one lease taken, one given up) wakes no thread in the common case.
+    """
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh renewer: also the state of a forked child, which inherits neither the
+        thread nor the leases (a fork copies only the calling thread, and the condition may
+        have been held by the renewal thread at that moment)."""
         self._wake = threading.Condition()
         self._leases: set[SessionLease] = set()
         self._running = False
+        self._wake_at = math.inf  # when the thread wakes next (monotonic); guarded by _wake
 
     def add(self, lease: SessionLease) -> None:
         with self._wake:
             self._leases.add(lease)
             if not self._running:
                 self._running = True
+                self._wake_at = math.inf
                 threading.Thread(target=self._run, name="codex-turn-lease", daemon=True).start()
-            self._wake.notify()
+            elif lease.next_renewal < self._wake_at:
+                self._wake.notify()
 
     def discard(self, lease: SessionLease) -> None:
         with self._wake:
-            self._leases.discard(lease)
-            self._wake.notify()
+            self._leases.discard(lease)  # not woken: it finds the lease gone when it wakes
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._wake:
-                if not self._leases:
-                    self._running = False
-                    return
                 now = time.monotonic()
+                if not self._leases:
+                    # Linger for the next lease (the next turn) instead of ending at once.
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= _RENEWER_LINGER:
+                        self._running = False
+                        self._wake_at = math.inf
+                        return
+                    self._wake_at = idle_since + _RENEWER_LINGER
+                    self._wake.wait(self._wake_at - now)
+                    continue
+                idle_since = None
                 due = [lease for lease in self._leases if lease.next_renewal <= now]
                 if not due:
-                    self._wake.wait(min(lease.next_renewal for lease in self._leases) - now)
+                    self._wake_at = min(lease.next_renewal for lease in self._leases)
+                    self._wake.wait(self._wake_at - now)
                     continue
+                self._wake_at = -math.inf  # renewing: it looks at every lease again after
             for lease in due:
                 try:
                     _renew(lease)
@@ -259,3 +292,5 @@ class _Renewer:
 
 
 _renewer = _Renewer()
+# The thread lingers after the last lease: a child forked meanwhile must start its own.
+os.register_at_fork(after_in_child=_renewer._reset)

@@ -252,11 +252,27 @@ def _sweep_stale_asides(lock_path: str) -> None:
         _log.info("stale session lock leftovers removed", lock=lock_path, count=removed)
 
 
+#: This process's ``/proc`` start time, read once per pid (a forked child reads its own).
+_own_starttime: tuple[int, int] | None = None
+
+
+def _own_process_starttime() -> int | None:
+    global _own_starttime
+    pid = os.getpid()
+    cached = _own_starttime
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    starttime = _process_starttime(pid)
+    if starttime is not None:  # a passing failure to read it is asked again next time
+        _own_starttime = (pid, starttime)
+    return starttime
+
+
 def lock_payload(ttl: float | None = None) -> bytes:
     """The lock file's bytes for this process now: OpenClaw's pretty JSON ``{pid, createdAt,
     starttime?}`` plus ``host`` and, for a lease, ``ttlMs``."""
     payload: dict[str, Any] = {"pid": os.getpid(), "createdAt": _utc_now_iso()}
-    starttime = _process_starttime(os.getpid())
+    starttime = _own_process_starttime()
     if starttime is not None:
         payload["starttime"] = starttime
     payload["host"] = HOST
