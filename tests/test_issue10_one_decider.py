@@ -32,7 +32,7 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.fsm.thread import ThreadAction
-from codex_turn.harness import stages
+from codex_turn.harness import forms
 from codex_turn.harness.session import mirror_turn
 from codex_turn.testing import OfflineModel
 
@@ -166,7 +166,7 @@ async def test_a_projection_failure_keeps_the_baseline_prompt_and_instructions(
     def broken(**_: Any) -> Any:
         raise ValueError("projection exploded")
 
-    monkeypatch.setattr(stages, "project_context_engine_assembly", broken)
+    monkeypatch.setattr(forms, "project_context_engine_assembly", broken)
     server = FakeAppServer()
     result = await run_codex_turn(
         params(session_file, "  question  ", base_developer_instructions="BASE"),
@@ -289,7 +289,7 @@ async def test_a_thread_started_without_the_projection_never_claims_its_epoch(
         raise ValueError("projection exploded")
 
     with monkeypatch.context() as patch:
-        patch.setattr(stages, "project_thread_bootstrap_assembly", broken)
+        patch.setattr(forms, "project_thread_bootstrap_assembly", broken)
         first = await run_codex_turn(params(session_file, "one"), app_server=server, engine=engine)
     assert server.turn_inputs() == ["one"]  # the raw prompt: no context reached the thread
     binding = read_binding(session_file)
@@ -475,13 +475,13 @@ async def test_the_frame_is_rendered_only_when_the_thread_decision_can_send_it(
     from codex_turn.harness.appserver import ThreadNotFound
 
     renders: list[int] = []
-    real = stages.project_thread_bootstrap_assembly
+    real = forms.project_thread_bootstrap_assembly
 
     def counting(**kwargs: Any) -> Any:
         renders.append(len(kwargs["assembled_messages"]))
         return real(**kwargs)
 
-    monkeypatch.setattr(stages, "project_thread_bootstrap_assembly", counting)
+    monkeypatch.setattr(forms, "project_thread_bootstrap_assembly", counting)
     _seed(session_file, "earlier question")
     engine = bootstrap_engine()
     server = FakeAppServer()

@@ -28,7 +28,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, run_codex_turn
-from codex_turn.harness import stages
+from codex_turn.harness import forms
 from codex_turn.harness.appserver import tool
 from codex_turn.harness.binding import read_binding, write_binding
 from codex_turn.harness.engine import AssembleResult
@@ -263,7 +263,7 @@ async def test_items_codex_rejects_fall_back_to_the_text_frame(
         # An item Codex's own parser refuses (-32600): the injection is what fails.
         return attrs.evolve(converted, items=bad, canonical=json.dumps(bad))
 
-    monkeypatch.setattr(stages, "newest_items", rejected)
+    monkeypatch.setattr(forms, "newest_items", rejected)
     with capture_logs() as records:
         second = await run_codex_turn(
             params(prompt="second ask"), app_server=appserver, engine=engine
