@@ -86,6 +86,8 @@ T = TurnTrigger
 
 
 def unframed(ctx: TurnContext, addition: str | None) -> CodexContextProjection:
+    """The projection without a rendered frame: the trimmed prompt and the instruction
+    addition (for items, or for a thread that already carries the context)."""
     return unframed_projection(
         original_history_messages=ctx.messages,
         prompt=ctx.params.prompt,
