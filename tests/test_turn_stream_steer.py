@@ -170,6 +170,50 @@ async def test_a_steer_during_a_long_turn_reaches_the_model_in_that_turn_and_is_
 
 
 @pytest.mark.codex
+async def test_a_steer_that_arrives_before_the_codex_turn_starts_is_delivered_to_it(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    private_texts: set[str],
+) -> None:
+    # The delivery task starts only when a message arrives; one that arrived while the turn
+    # was still assembling starts it as soon as the Codex turn runs.
+    early = "Mention the release date too"
+    private_texts.add(early)
+    offline_model.script(
+        Reply.fixed("Working on it", delay=5.0, partial_text="Working"),
+        Reply.fixed("Summary with the date."),
+    )
+    engine = RecordingEngine(delays={"assemble": 0.5})
+    events = TurnEventStream(max_buffered=math.inf)
+    seen: list[TurnEvent] = []
+    receipts: list[SteerReceipt] = []
+    turn_params_ = params()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect, events, seen)
+
+        async def runner() -> None:
+            await wait_for(
+                lambda: any(isinstance(e, StateChanged) and e.dest == "ASSEMBLING" for e in seen)
+            )
+            receipts.append(await steer_codex_turn(turn_params_.session_file, early))
+
+        tg.start_soon(runner)
+        result = await run_codex_turn(
+            turn_params_, app_server=appserver, engine=engine, events=events
+        )
+    assert result.outcome.value == "completed"
+    assert [r.status for r in receipts] == [SteerStatus.STEERED]
+    assert result.steered == (early,)
+    assert transcript_texts(turn_params_.session_file) == [
+        turn_params_.prompt,
+        early,
+        "Summary with the date.",
+    ]
+
+
+@pytest.mark.codex
 async def test_queue_and_reject_modes_leave_the_running_turn_alone(
     appserver: AppServer,
     offline_model: OfflineModel,

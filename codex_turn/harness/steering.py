@@ -58,7 +58,7 @@ import contextlib
 import enum
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -238,6 +238,9 @@ class LiveTurn:
         self._last_arrival = 0.0
         self._over = False  # the Codex turn ended (or the whole turn did): no more steering
         self._ctx: TurnContext | None = None
+        #: Starts the delivery task on the first arrival while the Codex turn runs (most
+        #: turns get no message: they pay for no task); ``None`` outside ``delivering``.
+        self._start_delivery: Callable[[], None] | None = None
         self._sent: list[_Batch] = []  # steers sent whose fate is not known yet
         self._user_items: set[str] = set()
         self._numbered = 0
@@ -411,10 +414,18 @@ class LiveTurn:
         self._ctx = ctx
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._deliver, ctx, handle)
+
+                def start_delivery() -> None:
+                    self._start_delivery = None  # once
+                    group.start_soon(self._deliver, ctx, handle)
+
+                self._start_delivery = start_delivery
+                if self._waiting:  # arrived before the Codex turn started
+                    start_delivery()
                 try:
                     yield
                 finally:
+                    self._start_delivery = None
                     group.cancel_scope.cancel()
         except BaseExceptionGroup as grouped:
             # The delivery task never raises: a lone error is the block's own.
@@ -537,6 +548,8 @@ class LiveTurn:
         self._waiting.append(waiting)
         self._last_arrival = anyio.current_time()
         self._arrived.set()
+        if self._start_delivery is not None:
+            self._start_delivery()
         await waiting.done.wait()
         assert waiting.receipt is not None
         return waiting.receipt
