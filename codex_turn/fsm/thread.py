@@ -74,6 +74,8 @@ otherwise. The turn machine shows the branch: ``projected_as_items`` or ``projec
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -151,6 +153,24 @@ def _holds(when: tuple[str, ...], unless: tuple[str, ...], facts: object) -> boo
     return all(getattr(facts, name) for name in when) and not any(
         getattr(facts, name) for name in unless
     )
+
+
+_F_contra = TypeVar("_F_contra", contravariant=True)
+
+
+class _Guarded(Protocol[_F_contra]):
+    def holds(self, facts: _F_contra) -> bool: ...
+
+
+_R = TypeVar("_R", bound=_Guarded[Any])
+
+
+def _first_holding(rules: Sequence[_R], facts: object) -> _R:
+    """The first of ``rules`` that holds for ``facts`` (every table ends unconditionally)."""
+    for rule in rules:
+        if rule.holds(facts):
+            return rule
+    raise AssertionError("a rule table ends with an unconditional rule")  # pragma: no cover
 
 
 @attrs.frozen
@@ -233,12 +253,8 @@ THREAD_RULES: tuple[ThreadRule, ...] = (
 
 def decide_thread(facts: ThreadFacts) -> ThreadDecision:
     """The first rule of :data:`THREAD_RULES` that holds for ``facts``."""
-    for rule in THREAD_RULES:
-        if rule.holds(facts):
-            return ThreadDecision(
-                rule.action, rule.project, rule.reason, rule.rebind, rule.transcript
-            )
-    raise AssertionError("THREAD_RULES ends with an unconditional rule")  # pragma: no cover
+    rule = _first_holding(THREAD_RULES, facts)
+    return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind, rule.transcript)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,10 +304,8 @@ RESUME_RULES: tuple[ResumeRule, ...] = (
 
 def decide_resume(facts: ResumeFacts) -> ResumeDecision:
     """The first rule of :data:`RESUME_RULES` that holds for ``facts``."""
-    for rule in RESUME_RULES:
-        if rule.holds(facts):
-            return ResumeDecision(rule.action, rule.reason)
-    raise AssertionError("RESUME_RULES ends with an unconditional rule")  # pragma: no cover
+    rule = _first_holding(RESUME_RULES, facts)
+    return ResumeDecision(rule.action, rule.reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,10 +355,8 @@ BASE_RULES: tuple[BaseRule, ...] = (
 
 def decide_base(facts: BaseFacts) -> BaseDecision:
     """The first rule of :data:`BASE_RULES` that holds for ``facts``."""
-    for rule in BASE_RULES:
-        if rule.holds(facts):
-            return BaseDecision(rule.action, rule.reason)
-    raise AssertionError("BASE_RULES ends with an unconditional rule")  # pragma: no cover
+    rule = _first_holding(BASE_RULES, facts)
+    return BaseDecision(rule.action, rule.reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,7 +411,5 @@ FORM_RULES: tuple[FormRule, ...] = (
 
 def decide_form(facts: FormFacts) -> FormDecision:
     """The first rule of :data:`FORM_RULES` that holds for ``facts``."""
-    for rule in FORM_RULES:
-        if rule.holds(facts):
-            return FormDecision(rule.form, rule.reason)
-    raise AssertionError("FORM_RULES ends with an unconditional rule")  # pragma: no cover
+    rule = _first_holding(FORM_RULES, facts)
+    return FormDecision(rule.form, rule.reason)

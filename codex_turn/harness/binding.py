@@ -50,6 +50,10 @@ OpenClaw's writer order, unset optionals absent (``approvalsReviewer`` is an add
 OpenClaw's fields, after ``sandbox``; OpenClaw's reader ignores it, and a binding written
 without it reads as unset). ``sessionFile`` is always the caller's argument, never trusted
 from the file. Structured via cattrs; types via attrs.
+
+Size (~600 lines): the record types, their JSON shape (OpenClaw's field order and names) and
+the one reader and writer of the sidecar, which check exactly those shapes: kept together so
+that a field and its check cannot drift apart.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ that, so a session without a binding never spawns Codex).
 
 Logging: ids, statuses, counts and durations; never summaries, prompts or transcript text.
 
-Size (~645 lines): one compaction run, its three steps and OpenClaw's result shapes, kept
+Size (~660 lines): one compaction run, its three steps and OpenClaw's result shapes, kept
 together because the result building reads every step's outcome.
 """
 

@@ -60,9 +60,11 @@ Methods take ``timeout=`` on purpose (``# noqa: ASYNC109``): the deadline must b
 inside, so that missing it surfaces as the typed :class:`AppServerTimeout` (and, for turns, as an
 interrupt plus a ``TIMED_OUT`` result) instead of a bare cancellation.
 
-Size (~680 lines): the connection core and its liveness probe stay together because the reader
+Size (~800 lines): the connection core and its liveness probe stay together because the reader
 (a line is a sign of life), every request (a missed deadline asks the question) and
-retirement share them; the groups of methods are already mixins in their own modules.
+retirement share them; the groups of methods are already mixins in their own modules. The
+per-turn notification queue (:class:`TurnNotifications`) is the one piece that could move to a
+module of its own, were the file to grow further.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ Never start two processes at the same moment on one *fresh* CODEX_HOME: Codex in
 sqlite state database there, and concurrent first starts fail. One home per process, or a
 home that one process has already initialised, is fine.
 
-Size (~725 lines): most of it is the field-by-field validation of the two config records
+Size (~740 lines): most of it is the field-by-field validation of the two config records
 (each field checked at construction, one message per bad field); it stays beside the records
 it checks, since a validator that moved away from its field would drift from it. The TOML
 writing (``render_toml``, ``toml_value``, ``override_args``) is the seam to split along
