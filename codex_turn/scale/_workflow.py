@@ -14,7 +14,10 @@ effect of a turn is idempotent by the turn id instead:
   mirror and the outcome, or the attempt was still running when the re-run started: the
   re-run waits for its hold first) and raises
   :class:`~codex_turn.harness.idempotency.TurnAlreadyCompleted`; that reply is the result and
-  Codex is not asked again (:func:`mirrored_turn` reads the same decision);
+  Codex is not asked again (:func:`mirrored_turn` reads the same decision). The engine is
+  brought up to date first: the turn's finalize (and maintenance) run for it under the
+  session hold (:mod:`codex_turn.scale._catch_up`), since the attempt may have died before
+  them, and a storing engine adds nothing for a turn it already holds;
 * the thread binding and the engine's ``after_turn`` hold the whole session, so they converge.
 
 The workflow reaches the process's app-server and engine through the worker's
@@ -36,12 +39,13 @@ import anyio
 import attrs
 from dbos import DBOS
 
-from codex_turn._log import format_error, get_logger
+from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.harness._gates import SessionBusy
 from codex_turn.harness.appserver import AppServerPort
 from codex_turn.harness.idempotency import CompletedTurn, TurnAlreadyCompleted, completed_turn
 from codex_turn.harness.orchestrator import run_codex_turn
 from codex_turn.harness.turn_api import TurnParams
+from codex_turn.scale._catch_up import catch_up_engine
 from codex_turn.scale._wake import announce
 from codex_turn.scale._wire import TurnRecord, params_from_wire, record_of, session_lane
 
@@ -165,16 +169,19 @@ async def _attempts(
     turn_id: str, params: TurnParams, runtime: WorkerRuntime, started: float
 ) -> TurnRecord:
     for attempt in range(1, BUSY_ATTEMPTS + 1):
+        engine = runtime.engine_for(params)
         try:
             # The library decides "already ran?" under the session hold (exactly once even
             # when this attempt overlaps an earlier one still running the turn).
             result = await run_codex_turn(
                 params,
                 app_server=runtime.app_server,
-                engine=runtime.engine_for(params),
+                engine=engine,
                 idempotency_key=turn_id,
             )
         except TurnAlreadyCompleted as done:
+            # The attempt that mirrored it may have died before the engine's finalize.
+            await catch_up_engine(params, engine, done.completed)
             return _recorded(
                 turn_id, done.completed, executor_id=runtime.executor_id, started=started
             )
@@ -199,7 +206,11 @@ def _note_run(runtime: WorkerRuntime, lane: str) -> asyncio.Future[tuple[str | N
         try:
             return note(lane, runtime.executor_id)
         except Exception as error:
-            _log.warning("could not note where the turn runs", lane=lane, error=format_error(error))
+            _log.warning(
+                "could not note where the turn runs",
+                lane=mask_session_key(lane),
+                error=format_error(error),
+            )
             return None, None
 
     return asyncio.ensure_future(asyncio.to_thread(run))
