@@ -9,6 +9,15 @@ best-of-N wall time and the peak traced memory of one projection (``tracemalloc`
 separate pass, because tracing slows allocation down), for the default cap (no budget, 24,000
 characters) and a large budget (1M tokens: 1,000,000 characters, nothing or little cut).
 Finally it checks that the cost grows linearly: time per message at 100k within 2x of 1k.
+
+The structured projection (``--items`` runs only this part) converts the same corpus (less
+the tool results whose call an image replaced, as ``bench_inject.Conversation`` does) into
+Responses items at 1k and 10k messages, plain dicts and deeply frozen ones (what the harness's
+transcript cache and the SQLite engine hand over): best-of-N wall time of
+``convert_messages`` + ``check_items`` from scratch, through a cold
+:class:`~codex_turn.projection.items.ConversionCache`, and through a warm one after the
+assembly grew by one turn (the prompt and the reply: 2 messages); then ``newest_items`` at the
+default cap. Goal: a warm cached turn <= 2 ms at 1k messages.
 """
 
 from __future__ import annotations
@@ -23,7 +32,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from codex_turn.harness.frozen import freeze
 from codex_turn.projection import project_context_engine_assembly
+from codex_turn.projection.budget import DEFAULT_MAX_RENDERED_CONTEXT_CHARS
+from codex_turn.projection.items import (
+    ConversionCache,
+    ConvertedItems,
+    check_items,
+    convert_messages,
+    newest_items,
+)
 
 WORDS = [
     "the",
@@ -165,7 +183,99 @@ def measure(
     return min(times) * 1000, peak / (1024 * 1024)
 
 
+def sound_messages(count: int) -> list[dict[str, Any]]:
+    """:func:`make_messages` less the tool results whose call an image replaced."""
+    messages = make_messages(count)
+    calls = {
+        part.get("id")
+        for m in messages
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for part in m["content"]
+    }
+    return [m for m in messages if m["role"] != "toolResult" or m["toolCallId"] in calls]
+
+
+def _best_ms(run: Any, repeats: int) -> float:
+    """Best wall time of ``run()`` (which times itself and returns seconds), GC off."""
+    times = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            times.append(run())
+    finally:
+        gc.enable()
+    return min(times) * 1000
+
+
+def _timed(action: Any) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def measure_items(messages: list[Any], repeats: int) -> dict[str, float]:
+    """ms per conversion (+ check) from scratch, through a cold cache, through a warm one
+    after the assembly grew by a turn, and of the cut at the default cap."""
+    prompt, policy = "what changed since yesterday?", "shape-only"
+    turn = [
+        {"role": "user", "content": "PROMPT_1"},
+        {"role": "assistant", "content": [{"type": "text", "text": "ECHO: PROMPT_1"}]},
+    ]
+    if type(messages[0]) is not dict:
+        turn = [freeze(m) for m in turn]
+    grown = [*messages, *turn]
+
+    def scratch() -> None:
+        converted = convert_messages(grown, prompt=prompt, payload_policy=policy)
+        assert isinstance(converted, ConvertedItems)
+        assert check_items(converted.items) is None
+
+    def through(cache: ConversionCache, assembly: list[Any]) -> None:
+        converted = convert_messages(assembly, prompt=prompt, payload_policy=policy, cache=cache)
+        assert isinstance(converted, ConvertedItems)
+        assert check_items(converted.items, cache=cache) is None
+
+    def warm() -> float:
+        cache = ConversionCache()
+        through(cache, messages)  # the previous turn, not timed
+        return _timed(lambda: through(cache, grown))
+
+    converted = convert_messages(grown, prompt=prompt, payload_policy=policy)
+    assert isinstance(converted, ConvertedItems)
+    return {
+        "scratch": _best_ms(lambda: _timed(scratch), repeats),
+        "cold": _best_ms(lambda: _timed(lambda: through(ConversionCache(), grown)), repeats),
+        "warm": _best_ms(warm, repeats),
+        "cut": _best_ms(
+            lambda: _timed(lambda: newest_items(converted, DEFAULT_MAX_RENDERED_CONTEXT_CHARS)),
+            repeats,
+        ),
+    }
+
+
+def main_items() -> None:
+    print("\nstructured projection: convert_messages + check_items (shape-only), best of N ms")
+    header = ("messages", "form", "items", "scratch", "cold cache", "warm +2", "cut")
+    print(f"{header[0]:>9} {header[1]:>7} {header[2]:>7} {header[3]:>9} {header[4]:>11}", end="")
+    print(f" {header[5]:>9} {header[6]:>7}")
+    for size in (1_000, 10_000):
+        base = sound_messages(size)
+        for form in ("plain", "frozen"):
+            messages = base if form == "plain" else [freeze(m) for m in base]
+            converted = convert_messages(messages, payload_policy="shape-only")
+            assert isinstance(converted, ConvertedItems)
+            ms = measure_items(messages, 20 if size <= 1_000 else 5)
+            print(f"{len(messages):>9} {form:>7} {len(converted.items):>7}", end="")
+            print(f" {ms['scratch']:>9.2f} {ms['cold']:>11.2f} {ms['warm']:>9.2f}", end="")
+            print(f" {ms['cut']:>7.2f}")
+    print("goal: a warm cached turn <= 2 ms at 1k messages")
+
+
 def main() -> None:
+    if "--items" in sys.argv:
+        main_items()
+        return
     sizes = (1_000, 10_000) if "--quick" in sys.argv else (1_000, 10_000, 100_000)
     print(f"python {sys.version.split()[0]}; best of N runs; peak = tracemalloc peak of one run")
     for label, budget in (("default cap (24,000 chars)", None), ("budget 1M tokens", 1_000_000)):
@@ -183,6 +293,7 @@ def main() -> None:
         verdict = "linear" if ratio <= 2.0 else "NOT linear"
         print(f"time per message {sizes[-1]} vs {sizes[0]}: x{ratio:.2f} -> {verdict}")
     print("\ntarget: <= 25 ms for 10k messages of typical size")
+    main_items()
 
 
 if __name__ == "__main__":
