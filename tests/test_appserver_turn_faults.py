@@ -324,6 +324,45 @@ async def test_slow_on_event_callback_is_neither_cancelled_nor_idle_time(
     assert fake.requests("turn/interrupt") == []
 
 
+class _LateStream:
+    """Hands over each notification only after the wait's deadline passed, shielded: the
+    notification is there in the very round the wait times out."""
+
+    def __init__(self, notifications: list[Notification], delay: float) -> None:
+        self._notifications = notifications
+        self._delay = delay
+
+    async def receive(self) -> Notification:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(self._delay)
+        return self._notifications.pop(0)
+
+
+async def test_a_notification_that_arrives_as_the_wait_times_out_is_handed_over(
+    anyio_backend: str,
+) -> None:
+    # collect bounds its waits with one cancel scope; a notification received in the round
+    # its deadline passed is not idleness, and on_event sees it outside the cancelled scope
+    # (never cancelled itself).
+    notes = [
+        Notification("turn/started", {"threadId": "t", "turn": {"id": "u"}}),
+        Notification(
+            "turn/completed", {"threadId": "t", "turn": {"id": "u", "status": "completed"}}
+        ),
+    ]
+    projector = TurnProjector(thread_id="t", prompt="p", turn_id="u")
+    handle = TurnHandle(_NoClient(), "t", "u", _LateStream(list(notes), 0.15), projector)
+    seen: list[str] = []
+
+    async def on_event(n: Notification) -> None:
+        await anyio.sleep(0.01)  # a checkpoint: a cancelled scope around it would cut it
+        seen.append(n.method)
+
+    result = await handle.collect(on_event=on_event, idle_timeout=0.05, timeout=5)
+    assert result.outcome is CodexTurnStatus.COMPLETED
+    assert seen == ["turn/started", "turn/completed"]
+
+
 # --- B15: a timed-out turn stays TIMED_OUT when its interrupt fails -------------------------
 
 

@@ -184,3 +184,23 @@ def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
         )
         assert (decision.form is ProjectionForm.ITEMS) == items, facts
         assert decision.reason
+
+
+def test_fork_table_continues_a_kept_fork_only_when_every_condition_holds() -> None:
+    from codex_turn.fsm.thread import FORK_RULES, ForkAction, ForkFacts, decide_fork
+
+    reasons = set()
+    for bits in itertools.product((False, True), repeat=5):
+        facts = ForkFacts(*bits)
+        decision = decide_fork(facts)
+        reasons.add(decision.reason)
+        sound = (
+            facts.kept
+            and facts.completed
+            and not facts.compacted
+            and facts.settings_match
+            and facts.extends
+        )
+        assert (decision.action is ForkAction.CONTINUE) == sound, facts
+    # Every rule decides some combination: none is shadowed by an earlier one.
+    assert reasons == {rule.reason for rule in FORK_RULES}

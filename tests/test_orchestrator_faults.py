@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import attrs
 import pytest
 from fsm_oracle import INTERNAL, turn_oracle, turn_skip_reason
@@ -1319,11 +1320,11 @@ def test_a_cancellation_while_mirroring_still_lets_the_engine_see_the_turn(
     ex = Example(script=CodexScript(reply=REPLY))
     workdir = tempfile.mkdtemp(prefix="codex-turn-faults-")
     real_mirror = orchestrator.mirror_turn
-    cancel: list[Callable[[], None]] = []
+    cancel: list[Any] = []  # the caller's cancel, and the loop's token
 
     def mirror_then_cancel(*args: Any, **kwargs: Any) -> Any:
         # Runs in a worker thread: the caller leaves (on the event loop) while it writes.
-        anyio.from_thread.run_sync(cancel[0])
+        anyio.from_thread.run_sync(cancel[0], token=cancel[1])
         return real_mirror(*args, **kwargs)
 
     monkeypatch.setattr(orchestrator, "mirror_turn", mirror_then_cancel)
@@ -1336,7 +1337,7 @@ def test_a_cancellation_while_mirroring_still_lets_the_engine_see_the_turn(
         session_file = os.path.join(workdir, "session.jsonl")
         engine = RecordingEngine()
         with anyio.CancelScope() as caller:
-            cancel.append(caller.cancel)
+            cancel.extend([caller.cancel, anyio.lowlevel.current_token()])
             await run_codex_turn(
                 _params(ex, session_file, workdir, "mirror me"),
                 app_server=FakeAppServer(scripts=[ex.script]),

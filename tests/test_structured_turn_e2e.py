@@ -7,7 +7,8 @@ an ephemeral fork of the session's base thread; the turn machine shows the branc
 the offline model's recorded requests:
 
 * the assembly arrives as role items, in order, right before the raw prompt, no text frame;
-* the binding stays on one base thread, every turn runs in a new fork of it, and
+* the binding stays on one base thread, every turn runs in a fork of it (continued while
+  the conversation only grows: tests/test_structured_continue_e2e.py), and
   ``prompt_cache_key`` is the base's id on every turn; each earlier turn appears once;
 * the fork gets this turn's tool handlers; a native compaction inside a fork dies with it;
 * a turn whose assembly does not convert, a fork Codex refuses and items Codex rejects all
@@ -97,7 +98,7 @@ async def test_per_turn_projection_runs_each_turn_in_a_fork_of_one_base(
         assert result.thread_decision is not None
         assert result.thread_decision.reason == "per-turn-projection-items"
     forks = [r.thread_id for r in results[1:]]
-    assert len(set(forks)) == 9
+    assert len(set(forks)) == 1  # a conversation that only grows continues one fork
     assert base not in forks
     requests = offline_model.turn_requests()
     assert len(requests) == 10
@@ -525,19 +526,31 @@ async def test_forks_are_released_and_codex_unloads_them(
         make_appserver_config().config_text()
     )
     config = make_appserver_config(extra_config={"thread_unload_delay_secs": 1})
-    engine = RecordingEngine()
+    turn = iter(range(100))
+
+    def assemble(p: Any) -> AssembleResult:
+        # A new instruction every turn: no fork can be continued, each turn forks afresh.
+        addition = f"ADDITION_{next(turn)}"
+        return AssembleResult(
+            messages=list(p.messages), estimated_tokens=0, system_prompt_addition=addition
+        )
+
+    engine = RecordingEngine(responses={"assemble": assemble})
     async with AppServer.start(config) as server:
         results = [
             await run_codex_turn(params(prompt=f"ask {k}"), app_server=server, engine=engine)
             for k in range(5)
         ]
-        forks = {r.thread_id for r in results[1:]}
+        kept = results[-1].thread_id  # kept loaded for the session's next turn
+        forks = {r.thread_id for r in results[1:]} - {kept}
+        assert len(forks) == 3
         assert all("thread_forked" in triggers(r) for r in results[1:])
         loaded: set[str] = set(forks)
         with anyio.fail_after(15):
             while loaded & forks:  # polling Codex's own list
                 await anyio.sleep(0.2)
                 loaded = set((await server.request("thread/loaded/list", {}))["data"])
+        assert kept in loaded
         # The session goes on: the next turn forks the (unloaded) base again.
         after = await run_codex_turn(params(prompt="ask more"), app_server=server, engine=engine)
         assert "thread_forked" in triggers(after)

@@ -62,6 +62,18 @@ there is one built for this turn's tools, engine and workspace; a new base (star
 and bound) otherwise. A base holds nothing a turn could lose, so replacing it costs only the
 warm prompt cache.
 
+Whether a fork is *continued* is a fifth (:data:`FORK_RULES`). After a turn that completed
+in a fork, the fork is kept (idle, loaded, in this app-server process) with a record of what
+it holds in the engine's terms: the ids of the items injected into it and of its turn's own
+messages, converted as the engine will hand them back. The next turn of the session
+continues that fork, injecting only the items that follow what it holds, when its own items
+*begin with* that record (the engine's assembly only grew: every earlier item reaches the
+model once, in place), the fork was made with this turn's settings and instructions, and
+Codex has not compacted it. Anything else (the engine summarised, dropped or rewrote an
+earlier message, the cap cut elsewhere, an interrupted turn, a restarted app-server) forks
+the base afresh, as every turn did before. The model of a continued fork sees its earlier
+turns in Codex's native form (as a resumed thread shows them), and nothing twice.
+
 And in which *form* context goes to Codex is the fourth (:data:`FORM_RULES`), asked when
 projecting (and for a transcript fork): Responses items (``thread/inject_items``, the
 structured form) when the engine projects per turn, the app-server can inject, the turn keeps
@@ -81,12 +93,16 @@ import attrs
 
 __all__ = [
     "BASE_RULES",
+    "FORK_RULES",
     "FORM_RULES",
     "RESUME_RULES",
     "THREAD_RULES",
     "BaseAction",
     "BaseDecision",
     "BaseFacts",
+    "ForkAction",
+    "ForkDecision",
+    "ForkFacts",
     "FormDecision",
     "FormFacts",
     "ProjectionForm",
@@ -97,6 +113,7 @@ __all__ = [
     "ThreadDecision",
     "ThreadFacts",
     "decide_base",
+    "decide_fork",
     "decide_form",
     "decide_resume",
     "decide_thread",
@@ -357,6 +374,61 @@ def decide_base(facts: BaseFacts) -> BaseDecision:
     """The first rule of :data:`BASE_RULES` that holds for ``facts``."""
     rule = _first_holding(BASE_RULES, facts)
     return BaseDecision(rule.action, rule.reason)
+
+
+# --------------------------------------------------------------------------------------------
+# Whether a kept fork is continued
+
+
+class ForkAction(enum.Enum):
+    NEW = "new"  # fork the base afresh and inject the whole context (release a kept fork)
+    CONTINUE = "continue"  # the kept fork holds a prefix of this turn's items: inject the rest
+
+
+@attrs.frozen
+class ForkFacts:
+    """What this process knows about the fork it kept after the session's last turn."""
+
+    kept: bool = False  # a fork of this turn's base is kept here, and Codex still holds it
+    completed: bool = False  # ... its turn completed (an interrupted one may hold more)
+    compacted: bool = False  # ... Codex compacted it (the items it held may be gone)
+    settings_match: bool = False  # ... it was made with this turn's settings and instructions
+    extends: bool = False  # this turn's items begin with everything it holds
+
+
+@attrs.frozen
+class ForkRule:
+    action: ForkAction
+    reason: str
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: ForkFacts) -> bool:
+        return _holds(self.when, self.unless, facts)
+
+
+@attrs.frozen
+class ForkDecision:
+    action: ForkAction
+    reason: str
+
+
+K = ForkAction
+
+FORK_RULES: tuple[ForkRule, ...] = (
+    ForkRule(K.NEW, "no-kept-fork", unless=("kept",)),
+    ForkRule(K.NEW, "kept-fork-turn-incomplete", unless=("completed",)),
+    ForkRule(K.NEW, "kept-fork-compacted", when=("compacted",)),
+    ForkRule(K.NEW, "kept-fork-settings-changed", unless=("settings_match",)),
+    ForkRule(K.NEW, "context-diverged-from-kept-fork", unless=("extends",)),
+    ForkRule(K.CONTINUE, "context-extends-kept-fork"),
+)
+
+
+def decide_fork(facts: ForkFacts) -> ForkDecision:
+    """The first rule of :data:`FORK_RULES` that holds for ``facts``."""
+    rule = _first_holding(FORK_RULES, facts)
+    return ForkDecision(rule.action, rule.reason)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,13 +1,17 @@
 """Small filesystem and process facts shared by the transcript, the binding and the gates.
 
-Three rules live here so that no caller re-derives them:
+The rules that live here so that no caller re-derives them:
 
 * **One name per session file.** :func:`session_path` is the canonical key of a transcript:
   the real path of its directory joined with its base name, which is how OpenClaw names the
   ``.lock`` file. Symlinked directories and relative paths collapse to one key, while the base
   name stays as given, so a transcript that is itself a symlink is locked under the name the
   caller uses. The in-process gates, the read cache, the write lock and the binding sidecar all
-  key on it.
+  key on it. A turn resolves the name once (:func:`pinned_session_path`): inside it, the
+  gate, the lease, the preflight, the binding and the mirror all get the name resolved when
+  the turn began, without resolving it again (each resolution is one ``lstat`` per directory
+  component), and a directory symlink swapped mid-turn cannot move the turn's writes to a
+  file its lease does not cover.
 * **One way to replace a whole file.** :func:`atomic_write` writes a temp file beside the
   target, fsyncs it, renames it over the target (``os.replace``) and fsyncs the directory: a
   reader sees the old bytes or the new, never a mix. Replacements and removals of one path are
@@ -22,16 +26,40 @@ Three rules live here so that no caller re-derives them:
   worker thread, which no cancellation could reach) and refused with
   :class:`NotRegularFileError` unless ``fstat`` says it is a regular file (a directory, a
   FIFO, a socket or a device is never read or written).
+* **File I/O leaves the event loop in one hop.** :func:`run_in_worker` runs a synchronous
+  function in a worker thread and waits for it, shielded: the work is never abandoned (a lease
+  taken by a worker nobody waits for would never be given back), the caller's cancellation is
+  raised once it is done. On asyncio it is two event-loop rounds (the worker's wake-up and
+  the waiting task's), where ``anyio.to_thread.run_sync`` takes four: its checkpoint and its
+  capacity limiter's each cost a round, and a turn makes several hops (issue 13). The workers
+  are this module's own (at most :data:`MAX_WORKERS`, each gone after
+  :data:`WORKER_IDLE_SECONDS` without work; a forked child starts afresh); the function runs
+  in a copy of the caller's context, as with anyio. Elsewhere (trio) it is anyio's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
+import contextvars
 import errno
 import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import suppress
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+try:
+    import sniffio as _sniffio
+except ImportError:  # pragma: no cover - anyio depends on it
+    _sniffio = None  # type: ignore[assignment]
 
 __all__ = [
     "NotRegularFileError",
@@ -42,6 +70,8 @@ __all__ = [
     "fsync_directory",
     "open_regular",
     "pid_alive",
+    "pinned_session_path",
+    "run_in_worker",
     "session_path",
     "write_all",
 ]
@@ -49,17 +79,49 @@ __all__ = [
 _TEMP_SUFFIX = ".tmp"
 
 
+#: The session file a turn pinned (:func:`pinned_session_path`): the spellings it was asked
+#: for (as given, absolute, canonical) and its canonical name. Context-local: it follows the
+#: turn into the tasks it starts and the worker threads it hops to (anyio copies the context).
+_pinned: contextvars.ContextVar[tuple[frozenset[str], str] | None] = contextvars.ContextVar(
+    "codex_turn_pinned_session_path", default=None
+)
+
+
 def session_path(path: str | os.PathLike[str]) -> str:
     """The canonical key of a session file: ``<realpath(dir)>/<basename>``.
 
     OpenClaw's lock key. The directory is resolved strictly; when it does not exist (or cannot
-    be resolved) the absolute, normalised directory is used instead.
+    be resolved) the absolute, normalised directory is used instead. Inside
+    :func:`pinned_session_path` the pinned file's name is the one resolved on entry.
     """
-    absolute = os.path.abspath(os.fspath(path))
+    raw = os.fspath(path)
+    pinned = _pinned.get()
+    if pinned is not None and raw in pinned[0]:
+        return pinned[1]
+    return _resolve(raw)
+
+
+def _resolve(raw: str) -> str:
+    absolute = os.path.abspath(raw)
     directory, name = os.path.split(absolute)
     with suppress(OSError):
         directory = os.path.realpath(directory, strict=True)
     return os.path.join(directory, name)
+
+
+@contextlib.contextmanager
+def pinned_session_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Resolve ``path``'s :func:`session_path` once; yield it, and within this context (this
+    task, the tasks it starts, the worker threads it hops to) answer it for ``path`` without
+    resolving again. A turn holds its session under one name from start to end (see the
+    module header). Nests; an inner pin of another file replaces the outer one meanwhile."""
+    raw = os.fspath(path)
+    key = _resolve(raw)
+    token = _pinned.set((frozenset({raw, os.path.abspath(raw), key}), key))
+    try:
+        yield key
+    finally:
+        _pinned.reset(token)
 
 
 class NotRegularFileError(OSError):
@@ -249,3 +311,122 @@ def _create_exclusive_plain(path: str, data: bytes, mode: int) -> bool:
         os.close(fd)
     fsync_directory(os.path.dirname(path))
     return True
+
+
+# --- the worker-thread hop -------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+#: At most this many worker threads (anyio's default thread limit is 40): more concurrent
+#: hops wait in line for the next free worker.
+MAX_WORKERS: Final = 32
+#: A worker with nothing to do for this long ends (anyio's own workers: 10 s).
+WORKER_IDLE_SECONDS: Final = 10.0
+
+_Job = tuple[
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+    asyncio.AbstractEventLoop,
+    "asyncio.Future[Any]",
+]
+
+
+class _Workers:
+    """The threads :func:`run_in_worker` hands its jobs to: started on demand up to
+    :data:`MAX_WORKERS`, woken one per job, ending after :data:`WORKER_IDLE_SECONDS` idle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._threads = 0
+        self._idle = 0  # workers waiting for a job
+        self._woken = 0  # of those, notified for a job and not yet awake
+
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._idle > self._woken:
+                self._woken += 1
+                self._wake.notify()
+                return
+            if self._threads >= MAX_WORKERS:
+                return  # a busy worker takes it next
+            self._threads += 1
+        threading.Thread(target=self._work, name="codex-turn-worker", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._idle += 1
+                    notified = self._wake.wait(WORKER_IDLE_SECONDS)
+                    self._idle -= 1
+                    if notified:
+                        self._woken -= 1
+                    elif not self._jobs:
+                        self._threads -= 1
+                        return
+                context, func, args, loop, future = self._jobs.popleft()
+            try:
+                result = context.run(func, *args)
+            except BaseException as error:
+                _deliver(loop, future, None, error)
+            else:
+                _deliver(loop, future, result, None)
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+) -> None:
+    with suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+_workers = _Workers()
+
+
+def _reset_workers() -> None:
+    # A forked child inherits the bookkeeping but none of the threads (nor maybe a free lock).
+    global _workers
+    _workers = _Workers()
+
+
+os.register_at_fork(after_in_child=_reset_workers)
+
+
+async def run_in_worker(func: Callable[..., _T], *args: Any) -> _T:
+    """``func(*args)`` in a worker thread, waited for shielded (see the module header).
+
+    As ``anyio.to_thread.run_sync``: a caller already cancelled does not start it; one
+    cancelled meanwhile gets the result, and the cancellation at its next checkpoint. Raises
+    what ``func`` raised. Unlike anyio's, the worker is not an AnyIO worker thread:
+    ``anyio.from_thread`` in ``func`` needs the loop's token
+    (``anyio.lowlevel.current_token()``), which the hop's file I/O never does."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio): anyio's workers, with the same shielding
+        return await anyio.to_thread.run_sync(func, *args)
+    await anyio.lowlevel.checkpoint_if_cancelled()  # no event-loop round unless cancelled
+    context = contextvars.copy_context()
+    if _sniffio is not None:
+        # As in anyio's workers: code in the worker is not in the event loop's thread.
+        context.run(_sniffio.current_async_library_cvar.set, None)
+    future: asyncio.Future[_T] = loop.create_future()
+    _workers.submit((context, func, args, loop, future))
+    with anyio.CancelScope(shield=True):
+        result = await future
+    return result

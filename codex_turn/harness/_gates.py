@@ -20,7 +20,9 @@ Waiting is the same for both layers, one deadline for the two: ``reject`` raises
 ``wait`` waits up to ``wait_timeout`` seconds in all, then raises :class:`SessionBusy`. A live
 holder is never dispossessed on a timeout. The lock file is polled from a worker thread with
 jittered backoff (:data:`_POLL_MIN` to :data:`_POLL_MAX`); the wait is cancellable. Gates and
-leases are keyed by :func:`codex_turn.harness._fs.session_path`, the key of the lock file.
+leases are keyed by :func:`codex_turn.harness._fs.session_path`, the key of the lock file. The
+lease is taken and given back in one worker-thread hop each
+(:func:`codex_turn.harness._fs.run_in_worker`, two event-loop rounds a hop).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from anyio.lowlevel import RunVar
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
-from codex_turn.harness._fs import NotRegularFileError, session_path
+from codex_turn.harness._fs import NotRegularFileError, run_in_worker, session_path
 from codex_turn.harness.session._lease import (
     LeaseBusy,
     SessionLease,
@@ -119,7 +121,7 @@ async def _take_lease(
     why). Raises :class:`SessionBusy` for a live holder at the deadline (at once: ``reject``)."""
     pause = _POLL_MIN
     while True:
-        outcome = await anyio.to_thread.run_sync(
+        outcome = await run_in_worker(
             lambda: try_acquire_lease(session_file, create_directory=create_directory)
         )
         if isinstance(outcome, SessionLease):
@@ -192,7 +194,7 @@ async def hold_session(
                 del _busy_lanes[lane]
         try:
             if lease is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(release_lease, lease)
+                with anyio.CancelScope(shield=True):  # given back, even by a cancelled turn
+                    await run_in_worker(release_lease, lease)
         finally:
             gate.release()

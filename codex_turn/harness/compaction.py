@@ -88,6 +88,7 @@ from codex_turn.harness.lifecycle import (
     harness_runtime_context,
     run_context_engine_maintenance,
 )
+from codex_turn.harness.structured import drop_kept_fork
 from codex_turn.harness.violations import engine_fault, watch_contract
 
 __all__ = [
@@ -481,7 +482,9 @@ class _Run:
         if binding.fork_base:
             # Each turn runs in a fork of this thread and re-projects the engine's context:
             # there is no native history to compact (compacting the base would put a summary
-            # of nothing into every later fork).
+            # of nothing into every later fork). The fork kept for the next turn does hold
+            # some: it is dropped, so that turn forks afresh with the engine's context.
+            drop_kept_fork(self.app_server, binding.thread_id)
             return _Native(
                 CompactResult(ok=True, compacted=False, reason=NOTHING_NATIVE_TO_COMPACT),
                 T.NATIVE_COMPACTED,

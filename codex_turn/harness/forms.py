@@ -27,15 +27,25 @@ from codex_turn.fsm import TurnTrigger
 from codex_turn.fsm.thread import (
     BaseAction,
     BaseFacts,
+    ForkAction,
+    ForkFacts,
     FormFacts,
     ProjectionForm,
     ThreadAction,
     ThreadDecision,
     decide_base,
+    decide_fork,
     decide_form,
     decide_thread,
 )
-from codex_turn.harness.appserver import AppServerError
+from codex_turn.harness.appserver import (
+    AppServerError,
+    CodexTurnResult,
+    KeptFork,
+    ThreadNotFound,
+    ThreadResult,
+    settings_key,
+)
 from codex_turn.harness.binding import ProjectionBinding
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.lifecycle import ASSEMBLE_FAILED_WARNING
@@ -43,9 +53,14 @@ from codex_turn.harness.structured import (
     ForkFailed,
     anchor_base,
     developer_item,
+    drop_kept_fork,
     fork_failure,
+    keep_fork,
+    kept_fork,
     prepare_fork,
+    release_fork,
     supports_structured,
+    take_kept_fork,
 )
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS
 from codex_turn.harness.turn_context import (
@@ -65,8 +80,10 @@ from codex_turn.projection import (
 )
 from codex_turn.projection.frame import unframed_projection
 from codex_turn.projection.items import (
+    ConversionCache,
     ConvertedItems,
     Unconvertible,
+    canonical_json,
     check_items,
     convert_messages,
     newest_items,
@@ -76,7 +93,9 @@ __all__ = [
     "as_items",
     "fork_refused",
     "frame_may_be_sent",
+    "release_kept_fork",
     "render_projection",
+    "settle_fork",
     "start_fork",
     "transcript_context",
     "unframed",
@@ -101,12 +120,17 @@ def items_cap(ctx: TurnContext) -> int:
     return max_rendered_context_chars(ctx.params.context_token_budget, ctx.params.reserve_tokens)
 
 
-def convert(ctx: TurnContext, messages: list[AgentMessage], source: str) -> ConvertedItems | None:
+def convert(
+    ctx: TurnContext,
+    messages: list[AgentMessage],
+    source: str,
+    cache: ConversionCache | None = None,
+) -> ConvertedItems | None:
     """``messages`` as Responses items, or ``None`` (logged with the typed reason; never the
     content) when they do not convert soundly."""
     params = ctx.params
     converted = convert_messages(
-        messages, prompt=params.prompt, payload_policy=params.tool_payloads
+        messages, prompt=params.prompt, payload_policy=params.tool_payloads, cache=cache
     )
     if isinstance(converted, Unconvertible):
         ctx.log.warning(
@@ -116,7 +140,7 @@ def convert(ctx: TurnContext, messages: list[AgentMessage], source: str) -> Conv
             message_index=converted.index,
         )
         return None
-    if converted.items and check_items(converted.items) is not None:
+    if converted.items and check_items(converted.items, cache=cache) is not None:
         ctx.log.warning(
             "codex structured projection unavailable; using the text frame",
             source=source,
@@ -126,8 +150,25 @@ def convert(ctx: TurnContext, messages: list[AgentMessage], source: str) -> Conv
     return converted
 
 
+def session_conversion(ctx: TurnContext) -> ConversionCache:
+    """The conversion state of the session's last assembly, kept with the fork its turn ran
+    in (an unchanged prefix is not converted again), or a fresh one."""
+    bound = ctx.binding
+    port = ctx.app_server
+    if bound is not None and bound.fork_base and supports_structured(port):
+        kept = kept_fork(port, bound.thread_id)
+        if kept is not None and isinstance(kept.memo, ConversionCache):
+            return kept.memo
+    return ConversionCache()
+
+
 def as_items(
-    ctx: TurnContext, messages: list[AgentMessage], *, per_turn: bool, source: str
+    ctx: TurnContext,
+    messages: list[AgentMessage],
+    *,
+    per_turn: bool,
+    source: str,
+    cache: ConversionCache | None = None,
 ) -> ConvertedItems | None:
     """``messages`` as the items to inject when the form table chooses the structured form
     (asked again with what the conversion found: unconvertible, or nothing fits the cap),
@@ -142,7 +183,7 @@ def as_items(
     form = decide_form(facts)
     converted: ConvertedItems | None = None
     if form.form is ProjectionForm.ITEMS:
-        converted = convert(ctx, messages, source)
+        converted = convert(ctx, messages, source, cache)
         if converted is None:
             form = decide_form(attrs.evolve(facts, convertible=False))
         elif converted.items:
@@ -287,6 +328,7 @@ async def start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger:
         )
         if bound is not None and bound.thread_id != started.thread_id:
             ctx.app_server.forget_thread(bound.thread_id)  # it runs no more turns
+            release_kept_fork(ctx, bound.thread_id)
         if ctx.history is not None and binding is not None:
             # The session's thread is now the new base (a refused fork retires it).
             ctx.history = attrs.evolve(ctx.history, binding=binding)
@@ -295,32 +337,169 @@ async def start_fork(ctx: TurnContext, settings: dict[str, Any]) -> TurnTrigger:
         assert bound is not None
         base_id = bound.thread_id
     projected = ctx.projected
-    items = list(projected.items.items) if projected is not None and projected.items else []
-    if plan.instructions:
-        items.append(developer_item(plan.instructions))
-    prepared = await prepare_fork(
-        port,
-        base_id,
-        items,
-        developer_instructions=None,
-        cwd=settings["cwd"],
-        model=settings["model"],
-        tools=ctx.tools,
-        approvals_reviewer=settings["approvals_reviewer"],
-        service_tier=settings["service_tier"],
+    converted = projected.items if projected is not None else None
+    context = list(converted.items) if converted is not None else []
+    held = tuple(map(_item_key, context))
+    record = KeptFork(
+        base_thread_id=base_id,
+        fork_thread_id="",
+        holds=held,
+        settings=settings_key(**settings),
+        completed=False,
+        memo=projected.conversion if projected is not None else None,
     )
-    if isinstance(prepared, ForkFailed):
-        return fork_refused(ctx, prepared)
-    ctx.thread = ThreadReady(result=prepared.thread, binding=binding)
-    ctx.log = ctx.log.bind(thread_id=prepared.fork_thread_id)
+    kept = take_kept_fork(port, base_id)
+    loaded = ctx.app_server.loaded_thread(kept.fork_thread_id) if kept is not None else None
+    fork_facts = ForkFacts(
+        kept=loaded is not None,
+        completed=kept is not None and kept.completed,
+        compacted=loaded is not None and loaded.compacted,
+        settings_match=kept is not None and kept.settings == record.settings,
+        extends=kept is not None and held[: len(kept.holds)] == kept.holds,
+    )
+    how = decide_fork(fork_facts)
+    continued: ThreadResult | None = None
+    if how.action is ForkAction.CONTINUE:
+        assert kept is not None
+        assert loaded is not None
+        outcome = await _continue_fork(ctx, kept, context[len(kept.holds) :])
+        if isinstance(outcome, ForkFailed):
+            return fork_refused(ctx, outcome)
+        if outcome:
+            continued, injected = loaded.result, len(context) - len(kept.holds)
+        else:  # Codex no longer holds it (a new process): the table, told so, forks afresh
+            kept, how = None, decide_fork(attrs.evolve(fork_facts, kept=False))
+    if continued is not None:
+        result = continued
+    else:
+        if kept is not None:
+            release_fork(port, kept.fork_thread_id)  # it holds what this turn must not see
+        if plan.instructions:
+            context.append(developer_item(plan.instructions))
+        prepared = await prepare_fork(
+            port,
+            base_id,
+            context,
+            developer_instructions=None,
+            cwd=settings["cwd"],
+            model=settings["model"],
+            tools=ctx.tools,
+            approvals_reviewer=settings["approvals_reviewer"],
+            service_tier=settings["service_tier"],
+        )
+        if isinstance(prepared, ForkFailed):
+            return fork_refused(ctx, prepared)
+        result, injected = prepared.thread, prepared.injected
+    record = attrs.evolve(record, fork_thread_id=result.thread_id)
+    ctx.thread = ThreadReady(result=result, binding=binding, fork=record)
+    ctx.log = ctx.log.bind(thread_id=result.thread_id)
     ctx.log.info(
         "codex app-server thread forked",
         reason=plan.decision.reason,
         base=base.reason,
-        items=prepared.injected,
+        fork=how.reason,
+        items=injected,
         source="transcript" if plan.decision.transcript else "assembly",
     )
     return T.THREAD_FORKED
+
+
+async def _continue_fork(
+    ctx: TurnContext, kept: KeptFork, tail: list[dict[str, Any]]
+) -> ForkFailed | bool:
+    """Inject what follows the kept fork's content (the turn's instructions are in it
+    already: the fork table continues only a fork made with the same ones) and bind this
+    turn's tool handlers to it: ``True``. ``False`` when Codex no longer knows the fork (its
+    process was replaced meanwhile): an answer about the fork, not the base."""
+    port = ctx.app_server
+    assert supports_structured(port)
+    try:
+        if tail:
+            await port.inject_items(kept.fork_thread_id, tail)
+    except ThreadNotFound:
+        release_fork(port, kept.fork_thread_id)
+        return False
+    except AppServerError as error:
+        release_fork(port, kept.fork_thread_id)
+        return fork_failure("inject", error, kept.fork_thread_id)
+    except BaseException:
+        release_fork(port, kept.fork_thread_id)  # cancelled: nobody will run this fork
+        raise
+    if ctx.tools:
+        ctx.app_server.bind_tools(kept.fork_thread_id, ctx.tools)
+    return True
+
+
+def settle_fork(ctx: TurnContext, ran: CodexTurnResult | None) -> None:
+    """A fork ran this turn (``ran``: its result when the turn completed): keep it for the
+    session's next turn with what it now holds (the context, then the turn's own messages,
+    converted as the engine will hand them back, numbered where they will follow the
+    context), for the fork table to judge; or release it when no exact record can be made
+    (:func:`_inexact`). An incomplete turn's fork is released at once: it is never continued,
+    and its tool handlers must not outlive the turn (a Codex turn whose interrupt went
+    unanswered could still call them)."""
+    thread, port = ctx.thread, ctx.app_server
+    assert thread is not None
+    assert thread.fork is not None
+    if not supports_structured(port):  # pragma: no cover - only a fork-capable port forks
+        return
+    record = thread.fork
+    if ran is None:
+        release_fork(port, record.fork_thread_id)
+        return
+    projected = ctx.projected
+    start = projected.items.end if projected is not None and projected.items else 0
+    own = convert_messages(
+        ran.messages_snapshot, payload_policy=ctx.params.tool_payloads, first_index=start
+    )
+    why = own.reason.value if isinstance(own, Unconvertible) else _inexact(ctx, ran, own)
+    if why is not None:
+        ctx.log.debug("codex fork released", reason=why)
+        release_fork(port, record.fork_thread_id)
+        return
+    assert isinstance(own, ConvertedItems)
+    held = record.holds + tuple(map(_item_key, own.items))
+    keep_fork(port, attrs.evolve(record, holds=held, completed=True))
+
+
+#: What a turn may have left in the fork for its mirror to stand for it: the prompt, one
+#: reply, and the reasoning and plan the mirror writes as text.
+_MIRRORED_KINDS: Final = frozenset({"userMessage", "agentMessage", "reasoning", "plan"})
+
+
+def _inexact(ctx: TurnContext, ran: CodexTurnResult, own: ConvertedItems) -> str | None:
+    """Why the turn's own items, as the engine will hand them back, are not what the fork
+    holds of the turn, or ``None``. The fork holds what was *sent*: a prompt a hook changed
+    (``prepend_context``) or cut, or images, differ from the mirrored prompt. And it holds
+    every item of the turn: tool calls and their outputs in full (the mirror keeps none of
+    them, and the engine's form follows ``tool_payloads``), commentary besides the reply.
+    Such a fork is not continued."""
+    plan = ctx.plan
+    assert plan is not None
+    kinds = ran.item_kinds
+    if not _MIRRORED_KINDS.issuperset(kinds) or kinds.count("agentMessage") > 1:
+        return "unmirrored_items"
+    first = own.items[0] if own.items else None
+    sent = [{"type": "input_text", "text": plan.prompt}]
+    if first is None or first.get("role") != "user" or list(first.get("content", ())) != sent:
+        return "prompt_differs"
+    if ctx.params.images:
+        return "images_sent"
+    if any(item.get("type") != "message" for item in own.items):
+        return "tool_calls"
+    return None
+
+
+def _item_key(item: dict[str, Any]) -> str:
+    """What names an item in a fork's record: its id (content- and position-derived, see
+    :mod:`codex_turn.projection.items`), else its canonical JSON."""
+    key = item.get("id")
+    return key if isinstance(key, str) else canonical_json(item)
+
+
+def release_kept_fork(ctx: TurnContext, base_thread_id: str) -> None:
+    """The session leaves ``base_thread_id``: release the fork kept for it, if any."""
+    drop_kept_fork(ctx.app_server, base_thread_id)
 
 
 def fork_refused(ctx: TurnContext, failed: ForkFailed) -> TurnTrigger:

@@ -22,10 +22,10 @@ given per state:
 * ``running`` (running_turn): the stage itself catches the cancellation (the client
   interrupts Codex on the way out) and ends the turn as aborted; the loop goes on;
 * ``protected`` (mirroring, finalizing): once a turn ran, its mirror and finalize always run,
-  shielded; unbounded while the caller waits, bounded by ``cleanup_timeout`` once the caller
-  is gone (one deadline shared by both stages), then ended with the table's cut-short trigger
-  (``mirror_failed``/``finalize_failed``). The user's words and the engine's view of the turn
-  are never lost to a cancellation (OpenClaw #121515);
+  shielded (in one child task for both); unbounded while the caller waits, bounded by
+  ``cleanup_timeout`` once the caller is gone (one deadline shared by both stages), then ended
+  with the table's cut-short trigger (``mirror_failed``/``finalize_failed``). The user's words
+  and the engine's view of the turn are never lost to a cancellation (OpenClaw #121515);
 * ``unless_gone`` (maintaining): maintenance does not start, or is cut, once the caller is gone.
 
 The caller's cancellation is re-raised after the result is delivered to ``on_turn_end``.
@@ -58,6 +58,7 @@ from codex_turn.fsm import (
     TurnTrigger,
 )
 from codex_turn.harness import stages, turn_context
+from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
@@ -108,55 +109,92 @@ def cancellable(stage: Stage) -> Stage:
     return sheltered
 
 
-def protected(stage: Stage) -> Stage:
-    """A cleanup stage: runs to completion despite the caller's cancellation, shielded in a
-    child task, within the shared cleanup deadline once the caller is gone."""
+class Protected:
+    """A cleanup stage (its shelter): it runs to completion despite the caller's
+    cancellation, shielded in a child task, within the shared cleanup deadline once the
+    caller is gone (:func:`_shielded`).
 
-    async def sheltered(ctx: TurnContext) -> TurnTrigger:
-        cancelled = anyio.get_cancelled_exc_class()
-        if ctx.cancellation is not None and ctx.cleanup_deadline is None:
-            ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
-        scope = anyio.CancelScope(shield=True)
-        if ctx.cleanup_deadline is not None:
-            scope.deadline = ctx.cleanup_deadline
-        done = anyio.Event()
+    Called alone, it shelters its one stage. The driver runs a turn's consecutive protected
+    states (mirroring, then finalizing) in *one* such child task instead (:func:`_clean_up`):
+    the shelter is the same, one deadline for them all, at half the tasks and event-loop
+    rounds."""
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+
+    async def __call__(self, ctx: TurnContext) -> TurnTrigger:
         returned: list[TurnTrigger] = []
-        failures: list[BaseException] = []
 
-        async def worker() -> None:
-            with scope:
-                try:
-                    returned.append(await stage(ctx))
-                except cancelled:
-                    raise  # the cleanup deadline: the scope catches it
-                except BaseException as error:
-                    # Re-raised below, outside the task group, as itself: a task group would
-                    # wrap it in an exception group the runner does not expect.
-                    failures.append(error)
-                finally:
-                    done.set()
+        async def work() -> None:
+            returned.append(await self.stage(ctx))
 
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(worker)
-                try:
+        return returned[0] if await _shielded(ctx, work) else _cut_short(ctx)
+
+
+def protected(stage: Stage) -> Protected:
+    """See :class:`Protected`."""
+    return Protected(stage)
+
+
+async def _clean_up(ctx: TurnContext, turn: TurnModel) -> None:
+    """Run the protected state the turn is in, and every protected state after it, in one
+    shielded child task; a stage the cleanup deadline cut takes its cut-short edge."""
+
+    async def work() -> None:
+        while isinstance(stage := STAGES.get(turn.state), Protected):
+            _fire(turn, await stage.stage(ctx), ctx.hooks)
+
+    if not await _shielded(ctx, work):
+        _fire(turn, _cut_short(ctx), ctx.hooks)
+
+
+async def _shielded(ctx: TurnContext, work: Callable[[], Awaitable[None]]) -> bool:
+    """``work`` in a shielded child task: unbounded while the caller waits, bounded by the
+    cleanup deadline once the caller is gone (one deadline for all cleanup stages). Whether
+    it completed (``False``: the deadline cut it). Its exception is raised as itself."""
+    cancelled = anyio.get_cancelled_exc_class()
+    if ctx.cancellation is not None and ctx.cleanup_deadline is None:
+        ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
+    scope = anyio.CancelScope(shield=True)
+    if ctx.cleanup_deadline is not None:
+        scope.deadline = ctx.cleanup_deadline
+    done = anyio.Event()
+    completed: list[bool] = []
+    failures: list[BaseException] = []
+
+    async def worker() -> None:
+        with scope:
+            try:
+                await work()
+                completed.append(True)
+            except cancelled:
+                raise  # the cleanup deadline: the scope catches it
+            except BaseException as error:
+                # Re-raised below, outside the task group, as itself: a task group would
+                # wrap it in an exception group the runner does not expect.
+                failures.append(error)
+            finally:
+                done.set()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker)
+            try:
+                await done.wait()
+            except cancelled as error:
+                # The caller left meanwhile: the work gets the cleanup bound, no more.
+                ctx.cancellation = ctx.cancellation or error
+                if ctx.cleanup_deadline is None:  # one deadline for all cleanup stages
+                    ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
+                scope.deadline = min(scope.deadline, ctx.cleanup_deadline)
+                with anyio.CancelScope(shield=True):
                     await done.wait()
-                except cancelled as error:
-                    # The caller left meanwhile: the work gets the cleanup bound, no more.
-                    ctx.cancellation = ctx.cancellation or error
-                    if ctx.cleanup_deadline is None:  # one deadline for all cleanup stages
-                        ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
-                    scope.deadline = min(scope.deadline, ctx.cleanup_deadline)
-                    with anyio.CancelScope(shield=True):
-                        await done.wait()
-                    raise
-        except cancelled as error:
-            ctx.cancellation = ctx.cancellation or error
-        if failures:
-            raise failures[0]
-        return returned[0] if returned else _cut_short(ctx)
-
-    return sheltered
+                raise
+    except cancelled as error:
+        ctx.cancellation = ctx.cancellation or error
+    if failures:
+        raise failures[0]
+    return bool(completed)
 
 
 def unless_gone(stage: Stage) -> Stage:
@@ -248,33 +286,34 @@ async def run_codex_turn(
     with watch_contract(strict=params.strict) as contract, live.ending():
         prompt_identity = turn_context.prompt_identity_for(idempotency_key)  # before any I/O
         engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
-        async with hold_session(
-            session_file,
-            lane=params.session_key or params.session_id,
-            wait=params.concurrency,
-            wait_timeout=params.session_wait_timeout,
-        ):
-            if idempotency_key is not None:
-                # Under the hold, before any stage: a re-run that overlapped the attempt that
-                # completed this turn waited for it above, and now finds its reply.
-                completed = await anyio.to_thread.run_sync(
-                    completed_turn, session_file, idempotency_key
-                )
-                if completed is not None:
-                    raise TurnAlreadyCompleted(completed)
-            with sensitive(params.prompt), live.serving(session_file):
-                ctx, turn = await _prepare(
-                    params,
-                    session_file=session_file,
-                    app_server=app_server,
-                    engine=engine,
-                    tools=tools,
-                    hooks=live.observe(hooks or TurnHooks()),
-                    scheduler=maintenance_scheduler,
-                )
-                ctx.prompt_identity = prompt_identity
-                ctx.live = live
-                result = await _drive(ctx, turn, on_turn_end)
+        # The session file's canonical name, resolved once: the gate, the lease, the
+        # preflight, the binding and the mirror of this turn all key on it.
+        with pinned_session_path(session_file):
+            async with hold_session(
+                session_file,
+                lane=params.session_key or params.session_id,
+                wait=params.concurrency,
+                wait_timeout=params.session_wait_timeout,
+            ):
+                if idempotency_key is not None:
+                    # Under the hold, before any stage: a re-run that overlapped the attempt that
+                    # completed this turn waited for it above, and now finds its reply.
+                    completed = await run_in_worker(completed_turn, session_file, idempotency_key)
+                    if completed is not None:
+                        raise TurnAlreadyCompleted(completed)
+                with sensitive(params.prompt), live.serving(session_file):
+                    ctx, turn = await _prepare(
+                        params,
+                        session_file=session_file,
+                        app_server=app_server,
+                        engine=engine,
+                        tools=tools,
+                        hooks=live.observe(hooks or TurnHooks()),
+                        scheduler=maintenance_scheduler,
+                    )
+                    ctx.prompt_identity = prompt_identity
+                    ctx.live = live
+                    result = await _drive(ctx, turn, on_turn_end)
         contract.raise_first(result)  # strict: the typed error, once the turn is delivered
         return result
 
@@ -377,7 +416,11 @@ async def _drive(
     started = time.monotonic()
     try:
         while not turn.is_terminal:
-            _fire(turn, await STAGES[turn.state](ctx), ctx.hooks)
+            stage = STAGES[turn.state]
+            if isinstance(stage, Protected):
+                await _clean_up(ctx, turn)  # this state and the protected ones after it
+            else:
+                _fire(turn, await stage(ctx), ctx.hooks)
         result = _result(ctx, turn)
         if result.maintenance.status == "skipped" and turn.state is S.DONE:
             ctx.log.info(

@@ -52,10 +52,12 @@ from codex_turn.fsm.thread import (
     decide_thread,
 )
 from codex_turn.fsm.turn import FORM_TRIGGERS, THREAD_TRIGGERS, RunEnd, run_end_trigger
+from codex_turn.harness._fs import run_in_worker
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
     AppServerRpcError,
+    CodexTurnResult,
     CodexTurnStatus,
     Notification,
     ThreadNotFound,
@@ -72,7 +74,10 @@ from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.forms import (
     as_items,
     frame_may_be_sent,
+    release_kept_fork,
     render_projection,
+    session_conversion,
+    settle_fork,
     start_fork,
     transcript_context,
     unframed,
@@ -102,10 +107,6 @@ from codex_turn.harness.session import (
     ensure_transcript_writable,
     mirror_prompt,
     mirror_turn,
-)
-from codex_turn.harness.structured import (
-    release_fork,
-    supports_structured,
 )
 from codex_turn.harness.turn_api import MaintenanceReport
 from codex_turn.harness.turn_context import (
@@ -178,7 +179,7 @@ async def read_history(ctx: TurnContext) -> TurnTrigger:
         return (read_history_sync(ctx) if needed else []), binding
 
     try:
-        history, binding = await anyio.to_thread.run_sync(read_all)
+        history, binding = await run_in_worker(read_all)
     except SessionError as error:
         # Nothing has reached Codex: refuse now rather than run a turn nobody can keep.
         ctx.log.warning("codex turn refused: transcript unwritable", error=format_error(error))
@@ -209,7 +210,7 @@ async def bootstrap(ctx: TurnContext) -> TurnTrigger:
     failed = outcome is None or outcome.status == "failed"
     # Bootstrap may have written to the transcript (OpenClaw test A3): read it again, keeping
     # the previous history if the re-read fails.
-    reread = await anyio.to_thread.run_sync(read_history_sync, ctx)
+    reread = await run_in_worker(read_history_sync, ctx)
     if reread is not None:
         ctx.history = attrs.evolve(ctx.history, messages=reread)
     ctx.log.info(
@@ -259,15 +260,19 @@ async def project(ctx: TurnContext) -> TurnTrigger:
     assembled = ctx.assembled
     assert assembled is not None
     addition = assembled.result.system_prompt_addition
+    conversion = session_conversion(ctx)
     items = as_items(
         ctx,
         assembled.result.messages,
         per_turn=assembled.bootstrap_epoch is None,
         source="assembly",
+        cache=conversion,
     )
     if items is not None:
         # The structured form: the items go into a fork; no frame is rendered.
-        ctx.projected = Projected(unframed(ctx, addition), framed=False, items=items)
+        ctx.projected = Projected(
+            unframed(ctx, addition), framed=False, items=items, conversion=conversion
+        )
         return FORM_TRIGGERS[ProjectionForm.ITEMS]
     if frame_may_be_sent(ctx):
         projected = render_projection(ctx)
@@ -337,7 +342,7 @@ async def _run_hooks(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildR
 async def _clear_binding_quietly(ctx: TurnContext) -> None:
     """A binding is an optimisation: failing to remove one never fails a turn."""
     try:
-        await anyio.to_thread.run_sync(clear_binding, ctx.session_file)
+        await run_in_worker(clear_binding, ctx.session_file)
     except Exception as error:
         ctx.log.warning("failed to clear codex app-server binding", error=format_error(error))
 
@@ -422,6 +427,8 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     if decision.action is ThreadAction.ROTATE and bound is not None:
         retired = bound.thread_id
         await _clear_binding_quietly(ctx)
+        if bound.fork_base:
+            release_kept_fork(ctx, bound.thread_id)  # no turn forks that base again
     try:
         result = await ctx.app_server.start_thread(**settings)
     except AppServerError as error:
@@ -469,10 +476,11 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     handle_box: list[TurnHandlePort] = []
     cancelled = anyio.get_cancelled_exc_class()
     end = RunEnd.FAILED
+    completed: CodexTurnResult | None = None  # the turn's result, when it completed
     try:
         # The user's words are durable before the model sees them: a host that dies during
         # the turn still leaves the prompt in the transcript (the mirror dedups it later).
-        await anyio.to_thread.run_sync(_mirror_prompt, ctx, thread.thread_id)
+        await run_in_worker(_mirror_prompt, ctx, thread.thread_id)
         async with ctx.app_server.turn(
             thread.thread_id,
             plan.prompt,
@@ -505,6 +513,8 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
                     on_event=on_event, idle_timeout=params.idle_timeout, timeout=params.turn_timeout
                 )
             end = RunEnd(codex.outcome.value)
+            if end is RunEnd.COMPLETED:
+                completed = codex
     except cancelled as error:
         ctx.cancellation = error
         codex = partial_result(ctx, handle_box, CodexTurnStatus.INTERRUPTED, None)
@@ -524,13 +534,15 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
-        port = ctx.app_server
-        if plan.decision.action is ThreadAction.FORK and supports_structured(port):
-            release_fork(port, thread.thread_id)  # it runs no other turn; Codex may drop it
+        if thread.fork is not None and completed is None:
+            settle_fork(ctx, None)  # kept as incomplete: the fork table will not continue it
         elif plan.decision.action is ThreadAction.TRANSIENT:
-            port.forget_thread(thread.thread_id)  # it runs no other turn
+            ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
     # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
     ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)
+    if thread.fork is not None and completed is not None:
+        # Kept with what it now holds (steered messages included, as mirrored).
+        settle_fork(ctx, ctx.ran.codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
@@ -634,7 +646,7 @@ async def mirror(ctx: TurnContext) -> TurnTrigger:
     codex = ctx.ran.codex
     params = ctx.params
     try:
-        await anyio.to_thread.run_sync(
+        await run_in_worker(
             lambda: mirror_turn(
                 ctx.session_file,
                 _with_prompt_key(ctx, codex.messages_snapshot),
@@ -661,7 +673,7 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
     assert ctx.ran is not None
     codex = ctx.ran.codex
     mirrored = ctx.mirror is not None and ctx.mirror.ok
-    snapshot = await anyio.to_thread.run_sync(read_history_sync, ctx) if mirrored else None
+    snapshot = await run_in_worker(read_history_sync, ctx) if mirrored else None
     fallback = snapshot is None
     if snapshot is None:
         snapshot = [*ctx.messages, *codex.messages_snapshot]

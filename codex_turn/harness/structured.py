@@ -8,21 +8,23 @@ Codex an assembly as Responses items every turn, the fastest sound one is
       -> thread/inject_items into the idle fork: the assembly, then the turn's developer
          instructions as one developer item                   (~1 ms + ~0.03 ms/item)
       -> turn/start with the raw prompt, in the fork
-      -> the fork is released: forgotten here, unsubscribed in Codex (which unloads it
-         after ``thread_unload_delay_secs``; an ephemeral fork can be neither deleted nor
-         archived, and each one holds ~1.5 MB)
+      -> the fork is kept for the session's next turn (below), or released: forgotten
+         here, unsubscribed in Codex (which unloads it after ``thread_unload_delay_secs``; an
+         ephemeral fork can be neither deleted nor archived, and each one holds ~1.5 MB)
 
 * *Cache.* An ephemeral fork keeps its parent's ``prompt_cache_key`` (the base thread id), so
   every turn of the session shares one key; the items carry their own deterministic ids
   (:mod:`codex_turn.projection.items`), so a conversation that only grows sends a request
   whose content is the previous request's plus the new messages.
-* *No snowball.* The base never runs a turn and the fork is discarded, so nothing projected
+* *No snowball.* The base never runs a turn, and a fork is continued only while the engine's
+  items begin with everything it holds (otherwise it is discarded), so nothing projected
   accumulates in Codex's native history: each assembled message reaches the model once per
   turn, whatever the number of turns.
 * *Never into a running turn.* Items are injected into the fork before its ``turn/start``
   (injection into a running turn would force an extra model call).
-* *Compaction.* A native compaction inside the fork dies with the fork; the next turn forks
-  the base again and injects the assembly in full: it always re-projects.
+* *Compaction.* A native compaction inside the fork dies with the fork (a compacted fork is
+  never continued); the next turn forks the base again and injects the assembly in full: it
+  always re-projects.
 * A thread with neither a turn nor an injection has no rollout and cannot be forked (Codex:
   "no rollout found"); the base is then anchored with :data:`ANCHOR`, an ``item_reference``
   that Codex accepts, writes, and never sends to the model.
@@ -38,6 +40,13 @@ base thread reset with ``thread/revert`` and re-injected in full or by delta; a 
 base that accumulates the assembly) cost 1.7x to 8x the protocol floor at 1,000 messages, or
 gave a new cache key every turn, or snowballed (a revert keeps items injected before the
 first reverted turn, so "reset and re-inject in full" duplicates the context every turn).
+
+*Continued forks.* A fork that ran a completed turn is kept (``AppServer.keep_fork``) with
+what it holds; the session's next turn continues it, injecting only what follows, when the
+fork table (:data:`codex_turn.fsm.thread.FORK_RULES`) says so: the engine's items begin with
+everything the fork holds, and nothing else changed. A conversation that only grows then
+costs what a plain follow-up turn costs (no fork, no re-injection), with the prompt cache's
+prefix intact; anything else forks afresh.
 
 This module performs the protocol steps and reports typed failures; it decides nothing
 about the turn. The turn machine does: ``projecting`` exits ``projected_as_items`` when the
@@ -57,6 +66,7 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.harness.appserver import AppServerError, AppServerRpcError, DynamicTool
+from codex_turn.harness.appserver.threads import KeptFork
 from codex_turn.harness.appserver.types import ApprovalsReviewer, ThreadResult
 from codex_turn.projection.items import canonical_json
 
@@ -67,10 +77,14 @@ __all__ = [
     "SupportsStructured",
     "anchor_base",
     "developer_item",
+    "drop_kept_fork",
     "fork_failure",
+    "keep_fork",
+    "kept_fork",
     "prepare_fork",
     "release_fork",
     "supports_structured",
+    "take_kept_fork",
 ]
 
 #: Accepted and persisted by ``thread/inject_items``, never sent to the model.
@@ -175,6 +189,44 @@ def release_fork(port: SupportsStructured, fork_thread_id: str) -> None:
         release(fork_thread_id)
     else:
         port.forget_thread(fork_thread_id)
+
+
+def keep_fork(port: SupportsStructured, kept: KeptFork) -> None:
+    """Keep a fork that ran its turn for the base's next turn (``AppServer.keep_fork``), or
+    release it on a port that cannot keep forks."""
+    keep = getattr(port, "keep_fork", None)
+    if callable(keep):
+        keep(kept)
+    else:
+        release_fork(port, kept.fork_thread_id)
+
+
+def take_kept_fork(port: SupportsStructured, base_thread_id: str) -> KeptFork | None:
+    """The fork kept for ``base_thread_id``, handed over to the caller (who continues or
+    releases it), or ``None``."""
+    take = getattr(port, "take_kept_fork", None)
+    kept = take(base_thread_id) if callable(take) else None
+    return kept if isinstance(kept, KeptFork) else None
+
+
+def drop_kept_fork(port: object, base_thread_id: str) -> bool:
+    """Release the fork kept for ``base_thread_id``, if ``port`` keeps one (whether it did):
+    the session leaves that base, or its native history must go (a compaction)."""
+    take = getattr(port, "take_kept_fork", None)
+    kept = take(base_thread_id) if callable(take) else None
+    if not isinstance(kept, KeptFork):
+        return False
+    release = getattr(port, "release_fork", None)
+    if callable(release):
+        release(kept.fork_thread_id)
+    return True
+
+
+def kept_fork(port: SupportsStructured, base_thread_id: str) -> KeptFork | None:
+    """The fork kept for ``base_thread_id``, left kept (a look at what it holds), or ``None``."""
+    look = getattr(port, "kept_fork", None)
+    kept = look(base_thread_id) if callable(look) else None
+    return kept if isinstance(kept, KeptFork) else None
 
 
 async def anchor_base(port: SupportsStructured, base_thread_id: str) -> None:

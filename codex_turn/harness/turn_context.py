@@ -22,17 +22,20 @@ import attrs
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnFacts, TurnOutcome, TurnTrigger
 from codex_turn.fsm.thread import ThreadDecision, ThreadFacts
+from codex_turn.harness._fs import run_in_worker
 from codex_turn.harness.appserver import (
     AppServerPort,
     CodexTurnResult,
     CodexTurnStatus,
     DynamicTool,
+    KeptFork,
     ThreadResult,
     TurnHandlePort,
     TurnProjector,
 )
 from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
+    BINDING_SCHEMA_VERSION,
     ContextEngineBinding,
     ProjectionBinding,
     ThreadBinding,
@@ -70,7 +73,7 @@ from codex_turn.projection import (
     max_rendered_context_chars,
     truncate_older,
 )
-from codex_turn.projection.items import ConvertedItems
+from codex_turn.projection.items import ConversionCache, ConvertedItems
 
 __all__ = [
     "Assembled",
@@ -128,6 +131,9 @@ class Projected:
     framed: bool = True
     #: The structured form: the assembly as Responses items, for a fork (``None``: text).
     items: ConvertedItems | None = None
+    #: The conversion state ``items`` came from, carried to the session's next turn with the
+    #: fork kept after this one (an unchanged prefix is not converted again).
+    conversion: ConversionCache | None = None
 
 
 @attrs.frozen
@@ -147,6 +153,9 @@ class ThreadReady:
     binding: ThreadBinding | None
     #: A thread_bootstrap projection to record once Codex accepted this turn's input.
     pending_projection: ProjectionBinding | None = None
+    #: The turn runs in a fork of the session's base: what it holds before the turn (kept
+    #: for the next turn, with the turn's own items, once the turn ends; see forms.settle_fork).
+    fork: KeptFork | None = None
 
     @property
     def thread_id(self) -> str:
@@ -499,15 +508,16 @@ async def save_binding(
     }
     if previous is not None:
         fields["created_at"] = previous.created_at
+        if previous.schema_version == BINDING_SCHEMA_VERSION and all(
+            getattr(previous, name) == value for name, value in fields.items()
+        ):
+            # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn,
+            # and the binding that would be built only to be compared. ``updatedAt``
+            # therefore says when the binding last changed; ``session_file`` is the caller's.
+            return previous
     binding = ThreadBinding(**fields)
-    if previous is not None and binding == attrs.evolve(
-        previous, session_file=binding.session_file, updated_at=binding.updated_at
-    ):
-        # A resume that changed nothing: skip the atomic rewrite (two fsyncs) every turn.
-        # ``updatedAt`` therefore says when the binding last changed.
-        return previous
     try:
-        await anyio.to_thread.run_sync(write_binding, ctx.session_file, binding)
+        await run_in_worker(write_binding, ctx.session_file, binding)
     except Exception as error:
         ctx.log.warning("failed to write codex app-server binding", error=format_error(error))
         return previous

@@ -74,7 +74,7 @@ from .server_requests import (
     UserInputRequest,
     decline_all,
 )
-from .threads import LoadedThread, settings_key
+from .threads import KeptFork, LoadedThread, settings_key
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
@@ -122,6 +122,7 @@ __all__ = [
     "DynamicToolSpec",
     "ImageInput",
     "InvalidAppServerConfig",
+    "KeptFork",
     "LineTransport",
     "LoadedThread",
     "LocalImageInput",

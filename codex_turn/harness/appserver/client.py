@@ -496,7 +496,9 @@ class _Connection:
         if not line:
             return
         try:
-            message = json.loads(line)
+            # Decoded here: json.loads would first sniff the encoding of bytes (in Python),
+            # and Codex writes UTF-8 (surrogatepass: as json.loads decodes bytes).
+            message = json.loads(line.decode("utf-8", "surrogatepass"))
         except ValueError:
             self.garbage_lines += 1
             log.warning("appserver.garbage_line", length=len(line))

@@ -12,6 +12,7 @@ from typing import Final
 __all__ = [
     "INTERRUPT_GRACE_S",
     "LIVENESS_TIMEOUT_S",
+    "MAX_KEPT_FORKS",
     "MAX_LOGGED_ID_CHARS",
     "MAX_REMEMBERED_THREADS",
     "NATIVE_COMPACTION_TIMEOUT_S",
@@ -28,6 +29,12 @@ MAX_REMEMBERED_THREADS: Final = 256
 """How many threads :class:`~.manager.AppServer` remembers resume parameters for (an LRU:
 the least recently used thread is forgotten first; a forgotten thread is simply no longer
 re-resumed automatically after a process restart)."""
+
+MAX_KEPT_FORKS: Final = 32
+"""How many idle forks :class:`~.manager.AppServer` keeps loaded for their session's next
+turn (the structured projection's continued fork; an LRU: the least recently kept one is
+released first). Each costs Codex ~1.5 MB plus its history, and the harness a record of the
+items it holds."""
 
 LIVENESS_TIMEOUT_S: Final = 10.0
 """How long a process that just missed a deadline has to show any sign of life (a line on

@@ -25,6 +25,11 @@ client" plus two policies:
   with should be released with :meth:`AppServer.forget_thread` (the memo *and* the live
   client's tool registry); an LRU eviction only drops the memo (the thread is then no longer
   re-resumed after a restart).
+* **Kept forks.** An ephemeral fork that ran a turn of the structured projection may be kept
+  loaded for its session's next turn (:meth:`AppServer.keep_fork`,
+  :meth:`AppServer.take_kept_fork`): an LRU of ``max_kept_forks`` (default
+  :data:`~.defaults.MAX_KEPT_FORKS`), one per base thread; an evicted or replaced one is
+  released (:meth:`AppServer.release_fork`).
 * **Login.** Each process the manager spawns from the real binary is asked for its account
   state right after ``initialize`` (:mod:`.account`): a configuration that needs an OpenAI
   login and has none raises :class:`~.errors.CodexLoginRequired` from :meth:`AppServer.start`
@@ -61,7 +66,12 @@ from codex_turn._log import format_error, get_logger
 from .account import check_login, should_check
 from .client import AppServerClient, NotificationListener, unwrap_single_group
 from .config import AppServerConfig
-from .defaults import INTERRUPT_GRACE_S, MAX_REMEMBERED_THREADS, NATIVE_COMPACTION_TIMEOUT_S
+from .defaults import (
+    INTERRUPT_GRACE_S,
+    MAX_KEPT_FORKS,
+    MAX_REMEMBERED_THREADS,
+    NATIVE_COMPACTION_TIMEOUT_S,
+)
 from .errors import AppServerClosed, AppServerError, AppServerRpcError
 from .logsafe import capped
 from .native_compaction import CompactionResult, _KeyedLocks
@@ -69,7 +79,7 @@ from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
 from .server_requests import ApprovalPolicy, TurnRequestHandlers, UserInputHandler, decline_all
-from .threads import LoadedThread
+from .threads import KeptFork, LoadedThread
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .turn import TurnHandle
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
@@ -125,11 +135,15 @@ class AppServer:
         auto_resume: bool = True,
         transport_factory: Callable[[AppServerConfig], Awaitable[LineTransport]] | None = None,
         max_threads: int = MAX_REMEMBERED_THREADS,
+        max_kept_forks: int = MAX_KEPT_FORKS,
     ) -> None:
         if max_threads < 1:
             raise ValueError(f"max_threads must be at least 1, got {max_threads}")
+        if max_kept_forks < 0:
+            raise ValueError(f"max_kept_forks must not be negative, got {max_kept_forks}")
         self.config = config
         self.max_threads = max_threads
+        self.max_kept_forks = max_kept_forks
         self.approval_policy = approval_policy
         self.user_input_handler = user_input_handler
         self.record_sent = record_sent
@@ -145,6 +159,7 @@ class AppServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._threads: collections.OrderedDict[str, _ThreadMemo] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[str, KeptFork] = collections.OrderedDict()
         self._listeners: list[NotificationListener] = []
         self._closing = False
         self._compaction_locks = _KeyedLocks()
@@ -415,6 +430,27 @@ class AppServer:
         if self._tg is None or self._closing or client is None or client.closed:
             return
         self._tg.start_soon(self._unsubscribe, client, thread_id)
+
+    def keep_fork(self, kept: KeptFork) -> None:
+        """Keep an idle fork that ran its turn for the next turn on its base (see the module
+        header): it replaces (and releases) one kept for that base, and the least recently
+        kept beyond ``max_kept_forks`` is released."""
+        previous = self._kept.pop(kept.base_thread_id, None)
+        if previous is not None and previous.fork_thread_id != kept.fork_thread_id:
+            self.release_fork(previous.fork_thread_id)
+        self._kept[kept.base_thread_id] = kept
+        while len(self._kept) > self.max_kept_forks:
+            _, evicted = self._kept.popitem(last=False)
+            self.release_fork(evicted.fork_thread_id)
+
+    def take_kept_fork(self, base_thread_id: str) -> KeptFork | None:
+        """The fork kept for ``base_thread_id``, handed over (no longer kept: the caller
+        continues it or releases it), or ``None``."""
+        return self._kept.pop(base_thread_id, None)
+
+    def kept_fork(self, base_thread_id: str) -> KeptFork | None:
+        """The fork kept for ``base_thread_id``, left kept (a look, e.g. at its memo)."""
+        return self._kept.get(base_thread_id)
 
     async def _unsubscribe(self, client: AppServerClient, thread_id: str) -> None:
         with anyio.move_on_after(_UNSUBSCRIBE_TIMEOUT_S):

@@ -32,7 +32,7 @@ import enum
 import functools
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -75,7 +75,8 @@ class Notification:
     @property
     def item(self) -> Mapping[str, Any] | None:
         item = self.params.get("item")
-        return item if isinstance(item, Mapping) else None
+        # A JSON object is a dict: checked first, the (slow) abstract Mapping only otherwise.
+        return item if isinstance(item, (dict, Mapping)) else None
 
     @property
     def item_type(self) -> str | None:
@@ -86,14 +87,16 @@ class Notification:
     def compaction_phase(self) -> str | None:
         """``"started"``/``"completed"`` for a contextCompaction item (or legacy
         ``thread/compacted``), else ``None``. The orchestrator's compaction hooks key on it."""
-        if self.method == "thread/compacted":
+        method = self.method
+        if method == "thread/compacted":
             return "completed"
-        if self.item_type == "contextCompaction":
-            if self.method == "item/started":
-                return "started"
-            if self.method == "item/completed":
-                return "completed"
+        # Asked of every notification (the reader, the turn's observers): the method first.
+        if method in _ITEM_PHASES and self.item_type == "contextCompaction":
+            return _ITEM_PHASES[method]
         return None
+
+
+_ITEM_PHASES: Final = {"item/started": "started", "item/completed": "completed"}
 
 
 def _thread_id_of(params: Mapping[str, Any]) -> str | None:
@@ -145,6 +148,9 @@ class CodexTurnResult:
     partial_text: str | None
     error_info: Any = None
     duration_ms: int | None = None
+    #: The type of each item of ``item_ids`` (``agentMessage``, ``reasoning``,
+    #: ``dynamicToolCall``, ...): what the thread now holds of the turn, natively.
+    item_kinds: list[str] = attrs.field(factory=list)
 
     @property
     def aborted(self) -> bool:
@@ -199,6 +205,7 @@ class TurnProjector:
         self._deltas: dict[str, list[str]] = {}
         self._started: dict[str, str] = {}
         self._completed: list[str] = []
+        self._kinds: list[str] = []  # the type of each completed item, in order
         self._reasoning: dict[str, dict[str, str]] = {}
         self._reasoning_order: list[str] = []
         self._plans: dict[str, str] = {}
@@ -239,6 +246,7 @@ class TurnProjector:
         kind = item.get("type")
         self._started.pop(item_id, None)
         self._completed.append(item_id)
+        self._kinds.append(str(kind))
         if kind == "agentMessage":
             text = item.get("text")
             if not isinstance(text, str):
@@ -418,6 +426,7 @@ class TurnProjector:
             idempotency_scope=f"codex-app-server:{self.thread_id}",
             compaction_item_ids=list(self._compactions),
             item_ids=list(self._completed),
+            item_kinds=list(self._kinds),
             dangling_item_ids=dangling,
             partial_text=partial,
             error_info=self._error_info,

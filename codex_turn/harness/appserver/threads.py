@@ -69,6 +69,7 @@ else:
 __all__ = [
     "INJECT_BATCH",
     "STICKY_TURN_FIELDS",
+    "KeptFork",
     "LoadedThread",
     "configured_defaults",
     "loaded_defaults",
@@ -81,6 +82,7 @@ log = get_logger(__name__)
 #: Items per ``thread/inject_items`` request (smaller batches keep each line of the transport
 #: well under its limits; a batch is atomic, the injection as a whole is not).
 INJECT_BATCH: Final = 2000
+_NOT_LOADED: Final = "thread not found:"
 #: The settings key of an ephemeral fork: it never matches a turn's, so a fork is never reused.
 _FORK_SETTINGS: Final = "ephemeral-fork"
 
@@ -104,6 +106,22 @@ class LoadedThread:
     #: ``turn/start`` of this process, or restored from the rollout by the load): the next
     #: turn without its own value sends the default explicitly.
     overridden: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class KeptFork:
+    """An idle ephemeral fork kept loaded after its turn, for the session's next turn (see
+    :data:`codex_turn.fsm.thread.FORK_RULES`): what it holds, in the harness's terms."""
+
+    base_thread_id: str
+    fork_thread_id: str
+    #: The ids of the items it holds, in order: the context injected into it and its
+    #: turn's own messages, converted as the engine hands them back.
+    holds: tuple[str, ...]
+    settings: str  # settings_key() of what it was forked with, instructions included
+    completed: bool  # its turn completed
+    #: The harness's state for the next conversion (opaque here).
+    memo: object = None
 
 
 def loaded_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -513,9 +531,19 @@ class _ThreadMethods(_Connection):
         """``thread/inject_items``: append raw Responses items to an *idle* thread's
         model-visible history (into a running turn they would force an extra model call), in
         batches of :data:`INJECT_BATCH` (each atomic: Codex refuses a batch with one invalid
-        item whole). The thread must be loaded in this process."""
+        item whole). The thread must be loaded in this process: Codex's answer for one that is
+        not is raised as :class:`~.errors.ThreadNotFound`."""
         for start in range(0, len(items), INJECT_BATCH):
             batch = [dict(item) for item in items[start : start + INJECT_BATCH]]
-            await self.request(
-                "thread/inject_items", {"threadId": thread_id, "items": batch}, timeout=timeout
-            )
+            try:
+                await self.request(
+                    "thread/inject_items", {"threadId": thread_id, "items": batch}, timeout=timeout
+                )
+            except AppServerRpcError as exc:
+                # About the thread, not the items: it is not loaded here (for an ephemeral
+                # fork, gone). Codex 0.163: -32600 "thread not found: <id>".
+                if exc.message.startswith(_NOT_LOADED):
+                    raise ThreadNotFound(
+                        exc.code or 0, exc.message, method=exc.method, thread_id=thread_id
+                    ) from exc
+                raise

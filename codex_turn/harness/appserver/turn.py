@@ -126,6 +126,14 @@ _TURN_TABLE: Final[Mapping[CodexTurnPhase, Mapping[_TurnInput, CodexTurnPhase]]]
 }
 
 
+class _CollectEnd(enum.Enum):
+    """How :meth:`TurnHandle._collect_within` ended."""
+
+    OVER = "over"  # turn/completed, and every notification handed over
+    DEADLINE = "deadline"  # the turn's deadline passed between two waits
+    WAITED_OUT = "waited_out"  # a wait hit its deadline (idle, or the turn's)
+
+
 class _TurnClient(Protocol):
     """What a :class:`TurnHandle` needs from its client (tests' fakes provide the same)."""
 
@@ -381,6 +389,43 @@ class TurnHandle:
         recent = anyio.current_time() - binding.answered_at < idle_timeout
         return bool(binding.pending > 0 or recent)
 
+    async def _collect_within(
+        self,
+        waiting: anyio.CancelScope,
+        on_event: Callable[[Notification], Awaitable[None]] | None,
+        idle: float,
+        deadline: float,
+    ) -> tuple[_CollectEnd, Notification | None]:
+        """:meth:`collect`'s loop inside one cancel scope, ``waiting`` (entered by the
+        caller): how it ended, and a notification still to hand to ``on_event``.
+
+        Only a wait is bounded: what is already buffered is taken without one, and
+        ``waiting`` has a deadline only while :meth:`__anext__` waits, lifted before
+        ``on_event`` runs (unbounded). That is two timer updates a wait instead of a scope
+        entered and left for each (once most of this loop's cost). A wait cut by the
+        deadline raises out of here (the caller's scope catches it; nothing was taken from
+        the queue). A notification that arrived in the same loop round as the deadline is
+        returned as ``(WAITED_OUT, n)``: ``waiting`` is cancelled then, and would cancel
+        ``on_event``."""
+        while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
+            now = anyio.current_time()
+            if now >= deadline:
+                return _CollectEnd.DEADLINE, None
+            n = self._ready()
+            if n is None:
+                waiting.deadline = min(now + idle, deadline)
+                try:
+                    n = await self.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    waiting.deadline = math.inf
+                if waiting.cancel_called:
+                    return _CollectEnd.WAITED_OUT, n
+            if on_event is not None:
+                await on_event(n)
+        return _CollectEnd.OVER, None
+
     async def collect(
         self,
         *,
@@ -403,30 +448,28 @@ class TurnHandle:
         deadline = math.inf if timeout is None else anyio.current_time() + timeout
         idle = idle_timeout or math.inf
         timed_out: str | None = None
-        while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
-            now = anyio.current_time()
-            if now >= deadline:
-                timed_out = f"codex app-server turn timed out after {timeout:g}s"
+        while True:
+            # One scope for the waits until one of them times out (a cancelled scope cannot
+            # be used again): see _collect_within.
+            end = _CollectEnd.WAITED_OUT  # unless it returns: a wait cut by ``waiting``
+            late: Notification | None = None
+            with anyio.CancelScope() as waiting:
+                end, late = await self._collect_within(waiting, on_event, idle, deadline)
+            if late is not None:
+                # It arrived just as the wait's deadline passed: Codex is not idle. Handed
+                # over here, outside the scope that is now cancelled.
+                if on_event is not None:
+                    await on_event(late)
+                continue
+            if end is _CollectEnd.OVER:
                 break
-            # What is already buffered needs no wait, so no timeout scope either (one per
-            # notification was most of this loop's cost); only a wait is bounded.
-            n = self._ready()
-            if n is None:
-                with anyio.CancelScope(deadline=min(now + idle, deadline)):
-                    try:
-                        n = await self.__anext__()
-                    except StopAsyncIteration:
-                        break
-            if n is None:
-                if anyio.current_time() >= deadline:
-                    timed_out = f"codex app-server turn timed out after {timeout:g}s"
-                elif self._host_answering(idle_timeout or math.inf):
+            if end is _CollectEnd.WAITED_OUT and anyio.current_time() < deadline:
+                if self._host_answering(idle_timeout or math.inf):
                     continue  # Codex waits for the host's answer: not idle
-                else:
-                    timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
-                break
-            if on_event is not None:
-                await on_event(n)
+                timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
+            else:
+                timed_out = f"codex app-server turn timed out after {timeout:g}s"
+            break
         if timed_out is not None:
             log.warning(
                 "appserver.turn_timeout",

@@ -223,6 +223,9 @@ def _replace_lock(lease: SessionLease, lock: _PathLock) -> None:
 #: How long the renewal thread outlives the last lease, waiting for the next one: a process
 #: running turn after turn keeps one thread instead of starting one per turn.
 _RENEWER_LINGER: Final = 30.0
+#: While it lingers, the thread wakes this often: a lease taken meanwhile that is due later
+#: than that (a default lease is due after a quarter of its ttl, 15 s) needs no wake-up.
+_LINGER_SLICE: Final = 5.0
 
 
 class _Renewer:
@@ -232,7 +235,9 @@ class _Renewer:
 
     The thread sleeps until the earliest renewal it knows of (``_wake_at``) and is woken only
     when a new lease is due before that: a lease given up is simply not found when the thread
-    next wakes, so a turn (one lease taken, one given up) wakes no thread in the common case.
+    next wakes. While it lingers it sleeps in slices of :data:`_LINGER_SLICE`, so a lease due
+    later than the end of the slice wakes nothing either: a turn (one lease taken, one given
+    up) wakes no thread, which would cost a thread switch on every turn.
     """
 
     def __init__(self) -> None:
@@ -273,7 +278,7 @@ class _Renewer:
                         self._running = False
                         self._wake_at = math.inf
                         return
-                    self._wake_at = idle_since + _RENEWER_LINGER
+                    self._wake_at = min(idle_since + _RENEWER_LINGER, now + _LINGER_SLICE)
                     self._wake.wait(self._wake_at - now)
                     continue
                 idle_since = None
