@@ -185,3 +185,44 @@ def test_method_not_found_turns_the_structured_form_off(tmp_path: Path) -> None:
     with pytest.raises(AppServerRpcError), other._learning_structured():
         raise AppServerRpcError(-32600, "items must not be empty")
     assert supports_structured(other)
+
+
+def test_kept_forks_are_one_per_base_in_a_bounded_lru(tmp_path: Path) -> None:
+    from codex_turn.harness.appserver import KeptFork
+    from codex_turn.harness.structured import drop_kept_fork
+
+    server = AppServer(
+        AppServerConfig.offline(tmp_path / "home", "http://127.0.0.1:9/v1"), max_kept_forks=2
+    )
+    released: list[str] = []
+    server.release_fork = released.append  # type: ignore[method-assign]
+
+    def kept(base: str, fork: str) -> KeptFork:
+        return KeptFork(
+            base_thread_id=base, fork_thread_id=fork, holds=(), settings="s", completed=True
+        )
+
+    server.keep_fork(kept("b1", "f1"))
+    server.keep_fork(kept("b1", "f2"))  # replaces (and releases) the one kept for b1
+    assert released == ["f1"]
+    server.keep_fork(kept("b2", "f3"))
+    server.keep_fork(kept("b3", "f4"))  # beyond 2: the least recently kept goes
+    assert released == ["f1", "f2"]
+    assert server.kept_fork("b2") == kept("b2", "f3")  # a look leaves it kept
+    assert server.take_kept_fork("b2") == kept("b2", "f3")  # taken: no longer kept
+    assert server.take_kept_fork("b2") is None
+    assert drop_kept_fork(server, "b3")
+    assert released == ["f1", "f2", "f4"]
+    assert not drop_kept_fork(server, "b3")
+    none = AppServer(
+        AppServerConfig.offline(tmp_path / "home2", "http://127.0.0.1:9/v1"), max_kept_forks=0
+    )
+    none.release_fork = released.append  # type: ignore[method-assign]
+    none.keep_fork(kept("b9", "f9"))  # keeps nothing: released at once
+    assert released[-1] == "f9"
+    assert none.kept_fork("b9") is None
+    with pytest.raises(ValueError, match="max_kept_forks"):
+        AppServer(
+            AppServerConfig.offline(tmp_path / "home3", "http://127.0.0.1:9/v1"),
+            max_kept_forks=-1,
+        )

@@ -201,7 +201,7 @@ def keep_fork(port: SupportsStructured, kept: KeptFork) -> None:
         release_fork(port, kept.fork_thread_id)
 
 
-def take_kept_fork(port: SupportsStructured, base_thread_id: str) -> KeptFork | None:
+def take_kept_fork(port: object, base_thread_id: str) -> KeptFork | None:
     """The fork kept for ``base_thread_id``, handed over to the caller (who continues or
     releases it), or ``None``."""
     take = getattr(port, "take_kept_fork", None)
@@ -212,9 +212,8 @@ def take_kept_fork(port: SupportsStructured, base_thread_id: str) -> KeptFork | 
 def drop_kept_fork(port: object, base_thread_id: str) -> bool:
     """Release the fork kept for ``base_thread_id``, if ``port`` keeps one (whether it did):
     the session leaves that base, or its native history must go (a compaction)."""
-    take = getattr(port, "take_kept_fork", None)
-    kept = take(base_thread_id) if callable(take) else None
-    if not isinstance(kept, KeptFork):
+    kept = take_kept_fork(port, base_thread_id)
+    if kept is None:
         return False
     release = getattr(port, "release_fork", None)
     if callable(release):
