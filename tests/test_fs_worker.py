@@ -206,6 +206,9 @@ def test_a_directory_swapped_mid_turn_keeps_the_turn_on_its_name(tmp_path: Path)
 def test_a_turn_lease_wakes_no_renewal_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A renewer of its own: the process-wide one may be lingering near the end of its 30 s
+    # from an earlier test, and then wakes before any lease is due (nothing to notify).
+    monkeypatch.setattr(_lease, "_renewer", _lease._Renewer())
     session = str(tmp_path / "s.jsonl")
     first = _lease.try_acquire_lease(session)  # the renewal thread runs from here on
     assert isinstance(first, _lease.SessionLease)
