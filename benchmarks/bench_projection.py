@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codex_turn.harness.frozen import freeze
+from codex_turn.frozen import freeze
 from codex_turn.projection import project_context_engine_assembly
 from codex_turn.projection.budget import DEFAULT_MAX_RENDERED_CONTEXT_CHARS
 from codex_turn.projection.items import (

@@ -24,6 +24,7 @@ import anyio
 import attrs
 import pytest
 
+from codex_turn.frozen import thaw
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AssembleParams,
@@ -40,7 +41,6 @@ from codex_turn.harness.engine import (
     IngestParams,
     IngestResult,
 )
-from codex_turn.harness.frozen import thaw
 from codex_turn.harness.session import load_session_messages
 from codex_turn.testing import (
     CONFORMANCE_CHECKS,

@@ -34,6 +34,7 @@ from codex_turn.engines import (
 )
 from codex_turn.engines._messages import message_tokens
 from codex_turn.engines._plan import summary_text
+from codex_turn.frozen import freeze
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AssembleParams,
@@ -44,7 +45,6 @@ from codex_turn.harness.engine import (
     IngestParams,
     MaintainParams,
 )
-from codex_turn.harness.frozen import freeze
 from codex_turn.harness.session import clear_session_cache, load_session_messages, mirror_turn
 
 pytestmark = pytest.mark.anyio

@@ -27,8 +27,8 @@ from codex_turn import (
     TurnParams,
     run_codex_turn,
 )
+from codex_turn.frozen import FrozenDict, freeze, thaw
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
-from codex_turn.harness.frozen import FrozenDict, freeze, thaw
 from codex_turn.harness.session import clear_session_cache, load_session_messages
 
 pytestmark = pytest.mark.anyio

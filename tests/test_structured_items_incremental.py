@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_structured_items import conversations, policies
 
-from codex_turn.harness.frozen import FrozenDict, freeze, thaw
+from codex_turn.frozen import FrozenDict, freeze, thaw
 from codex_turn.projection.items import (
     ConversionCache,
     ConvertedItems,

@@ -100,6 +100,7 @@ from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
     Summarizer,
 )
+from codex_turn.frozen import freeze
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AgentMessage,
@@ -119,7 +120,6 @@ from codex_turn.harness.engine import (
     MaintainParams,
     MaintenanceResult,
 )
-from codex_turn.harness.frozen import freeze
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import SessionError, iter_session_messages
 

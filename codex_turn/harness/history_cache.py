@@ -4,7 +4,7 @@ A transcript read is O(new bytes) (the session read cache), but stripping hidden
 runtime-context messages is a pass over the whole history; doing it per read made every
 turn O(history). :class:`StrippedHistories` keeps, per session file, the stripped history of
 the last read and extends it by what was appended since (``MessageHistory.appended_since``).
-Its messages are frozen (:mod:`codex_turn.harness.frozen`) as they enter, once each, so
+Its messages are frozen (:mod:`codex_turn.frozen`) as they enter, once each, so
 engines and hooks cannot edit this shared copy (nor the read cache's) in place.
 
 Memory: each entry is charged to the byte ledger shared with the read cache
@@ -19,8 +19,8 @@ import collections
 import threading
 import weakref
 
+from codex_turn.frozen import freeze
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.frozen import freeze
 from codex_turn.harness.runtime_context import (
     RuntimeContextFree,
     strip_runtime_context_messages,

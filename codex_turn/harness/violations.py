@@ -27,7 +27,7 @@ Classification
   ``assemble`` returning ``None`` or a malformed assembly, ``bootstrap`` / ``maintain`` /
   ``compact`` returning a malformed result;
 * an edit of a read-only message it was handed (the :class:`TypeError` of
-  :mod:`~codex_turn.harness.frozen`);
+  :mod:`~codex_turn.frozen`);
 * any other exception escaping an engine method (``TypeError``, ``KeyError``,
   ``RuntimeError``, a method that cannot be awaited ...): a bug, from the host's side;
 * a result the lifecycle has always tolerated but the contract does not allow: ``bootstrap``

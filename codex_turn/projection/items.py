@@ -64,15 +64,15 @@ scratch, ids included. What depends on what follows lies after a boundary, so it
 converted afresh: the outputs closing the calls still open (emitted when the next user,
 assistant or summary message starts, unless that user message answers calls, or at the end).
 The trailing prompt is dropped before the comparison, which is on the messages kept. "The
-previous call's" means the very same :class:`~codex_turn.harness.frozen.FrozenDict` (deeply
+previous call's" means the very same :class:`~codex_turn.frozen.FrozenDict` (deeply
 read-only by contract), or a message whose pickle (taken before its conversion: immutable,
 never loaded) is the same as then: exact about types where ``==`` is not (``True == 1 ==
 1.0`` and ``0.0 == -0.0`` convert differently); a message without one ends the prefix. A new
 policy or ``first_index`` starts afresh; a refusal keeps the record up to the refused
 message; a cache's items are frozen (they are also the next call's). :func:`check_items`
 resumes the same way from a prefix it accepted (only the calls made and open there matter).
-``FrozenDict`` comes from ``codex_turn.harness.frozen``, which imports nothing, as the
-package's ``__init__`` does not: no import cycle.
+``FrozenDict`` comes from :mod:`codex_turn.frozen`, a leaf module shared with the harness
+(projection stays pure: it imports nothing of the harness).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from codex_turn.harness.frozen import FrozenDict, FrozenList
+from codex_turn.frozen import FrozenDict, FrozenList
 from codex_turn.projection.frame import _drop_duplicate_prompt, _trim
 from codex_turn.projection.payload import input_shape, redact_secrets, redacted_payload
 

@@ -51,6 +51,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from codex_turn.frozen import freeze
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AgentMessage,
@@ -76,7 +77,6 @@ from codex_turn.harness.engine import (
     optional_method,
     to_json,
 )
-from codex_turn.harness.frozen import freeze
 from codex_turn.harness.runtime_context import build_runtime_context
 from codex_turn.harness.session import load_session_messages, mirror_turn
 
