@@ -485,8 +485,6 @@ def _inexact(ctx: TurnContext, ran: CodexTurnResult, own: ConvertedItems) -> str
         return "prompt_differs"
     if ctx.params.images:
         return "images_sent"
-    if any(item.get("type") != "message" for item in own.items):
-        return "tool_calls"
     return None
 
 

@@ -40,6 +40,10 @@ client" plus two policies:
   retires the process before that lock is released (see :meth:`AppServer.compact_thread`).
 
 ``transport_factory`` replaces spawning the binary (tests plug an in-process fake Codex in).
+
+Size (~600 lines): every policy above owns state of "the current client" (its generation, the
+thread memo, the kept forks, the compaction locks) and is read under the same restart rules;
+split apart they would share that state through each other's internals.
 """
 
 from __future__ import annotations
