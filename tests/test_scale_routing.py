@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 import signal
 import subprocess
 import threading
@@ -22,7 +23,7 @@ import pytest
 from test_scale import _messages, _params, _start_worker, _texts, _wait_for, _wait_log
 
 from codex_turn import AppServer, AppServerConfig
-from codex_turn.scale import TurnQueue, TurnRecord, TurnWorker
+from codex_turn.scale import TurnQueue, TurnRecord, TurnWorker, session_lane
 from codex_turn.scale._routing import INBOX, Router, statuses_of, worker_queue
 from codex_turn.scale._wake import Wakes, announce, wake_directory
 from codex_turn.scale._watchdog import requeue
@@ -126,6 +127,39 @@ def test_a_session_sticks_to_its_worker_and_moves_with_its_context_when_it_dies(
     _assert_once_in_order(
         tmp_path / "s1.jsonl", ["turn one", "turn two", "turn three", "turn four", "turn five"]
     )
+
+
+def test_a_turn_submitted_while_a_peer_cleans_up_after_its_dead_worker_moves(
+    tmp_path: Path, db_url: str, queue: TurnQueue
+) -> None:
+    """A live peer's watchdog holds a dead worker's lock while it cleans up after it: a turn
+    submitted meanwhile must not take that for the worker being alive (and go to its queue,
+    ``sticky``): it moves."""
+    from codex_turn.scale._locks import FileExecutorLocks, executor_locks_for
+
+    lane = session_lane(_params(tmp_path, "s1", "-"))
+    home, other, watchdog = (executor_locks_for(db_url) for _ in range(3))
+    assert isinstance(home, FileExecutorLocks)
+    router = Router(db_url, statuses=lambda ids: {})
+    try:
+        home.hold("w1", 1)
+        other.hold("w2", 1)
+        router.set_worker("w1", "serving")
+        router.set_worker("w2", "serving")
+        router.note_run(lane, "w1")  # s1's thread lives in w1's home
+        fd, home._fd, home._path = home._fd, None, None  # w1 dies: its lock goes, its file
+        assert fd is not None  # and record stay
+        os.close(fd)
+        with watchdog.claim("w1") as dead:  # w2's watchdog, cleaning up after w1
+            assert dead
+            handle = queue.submit(_params(tmp_path, "s1", "turn two"), turn_id="s1-2")
+        assert handle.routed == "moved"
+        with router.locked(lane) as (_, route):
+            assert route is not None
+            assert route.queue == worker_queue("w2")
+    finally:
+        other.release()
+        router.close()
 
 
 def test_a_draining_worker_sends_new_turns_elsewhere_and_its_queued_ones_after_its_last(

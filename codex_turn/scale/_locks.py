@@ -5,11 +5,20 @@ operating system (or Postgres) drops it the moment the process dies, even by SIG
 can take a worker's lock knows that worker is dead (:meth:`ExecutorLocks.claim`), and holds it
 while it cleans up after it, so a worker restarted under that id waits until it is done.
 
+So a held lock is not a live worker: it may be a claim, a peer cleaning up after the dead one
+(a watchdog holds it while it moves the dead worker's turns). A claim marks itself, and the
+liveness probe (:meth:`ExecutorLocks.alive`, what routing asks) reads a lock held under that
+mark as dead: else a turn submitted during a peer's cleanup went to the dead worker's queue.
+
 * SQLite (one machine): a lock file per executor id in ``<database>.executors/``, held with
-  ``flock`` and holding the holder's pid and host; a taker of a dead executor's lock unlinks
-  the file (a taker re-checks that the path still names the file it locked).
+  ``flock`` and holding a record of who holds it (pid, host, pid namespace, and whether it is a
+  claim); a taker of a dead executor's lock unlinks the file (a taker re-checks that the path
+  still names the file it locked). The probe also reads a lock as dead when the pid it
+  records is gone from this host's pid namespace (the instant before a claimer's record is
+  written; a child forked without exec that kept the dead holder's open file).
 * Postgres (many machines): a session-level ``pg_advisory_lock`` on a connection of its own,
-  released by the server when the holder's connection ends.
+  released by the server when the holder's connection ends; a claim's mark is a second
+  advisory lock, and the probe reads ``pg_locks`` (taking nothing).
 
 The same locks name things that are not executors (the inbox's mover,
 :data:`codex_turn.scale._routing.INBOX_LOCK`): a claim is then a plain mutual exclusion.
@@ -42,6 +51,8 @@ __all__ = [
 
 #: The first key of every Postgres advisory lock of codex-turn (the second is the executor's).
 _PG_LOCK_SPACE: Final = "codex-turn-executor"
+#: The first key of a claim's mark (held with the executor's lock while a claim holds it).
+_PG_CLAIM_SPACE: Final = "codex-turn-executor-claim"
 
 
 class ExecutorIdInUse(RuntimeError):
@@ -67,7 +78,12 @@ class ExecutorLocks(Protocol):
 
     def claim(self, executor_id: str) -> contextlib.AbstractContextManager[bool]:
         """While the block runs: True when ``executor_id``'s lock was free (its holder is
-        dead) and is now held here, False when a live process holds it."""
+        dead) and is now held here (marked as a claim), False when another process holds it
+        (its holder, or another claim)."""
+
+    def alive(self, executor_id: str) -> bool:
+        """Whether ``executor_id``'s holder lives: its lock is held, and not by a claim (a
+        claim proves the holder dead). Takes the lock of a dead one only for an instant."""
 
 
 # --- SQLite: lock files ------------------------------------------------------------------
@@ -114,9 +130,7 @@ class FileExecutorLocks:
                     f"({_holder(path)}): give each worker its own executor id"
                 )
             time.sleep(0.02)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "executor_id": executor_id}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        _write_record(fd, _record(executor_id, claim=False))
         self._fd, self._path = fd, path
 
     def release(self) -> None:
@@ -147,20 +161,95 @@ class FileExecutorLocks:
             yield False
             return
         try:
+            # The mark: a probe that finds the lock held reads that its holder is dead.
+            with contextlib.suppress(OSError):
+                _write_record(fd, _record(executor_id, claim=True))
             yield True
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             os.close(fd)
 
+    def alive(self, executor_id: str) -> bool:
+        path = self._path_of(executor_id)
+        if path == self._path:
+            return True  # this worker's own
+        with self.claim(executor_id) as dead:
+            if dead:
+                return False
+        return _holder_may_live(_read_record(path))
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (Linux), so a pid is looked up only where it means the
+    same process; ``None`` elsewhere."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _record(executor_id: str, *, claim: bool) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "pid_namespace": _pid_namespace(),
+        "executor_id": executor_id,
+        "claim": claim,
+    }
+
+
+def _write_record(fd: int, record: dict[str, Any]) -> None:
+    """Replace the record of the lock file ``fd`` (locked here). Overwritten in place, then
+    cut to length: a reader sees the old record or the new one as the file's leading JSON
+    object, never an empty file."""
+    data = json.dumps(record).encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as file:  # a new open file: closing it drops no flock
+            text = file.read(4096).decode()
+        record, _ = json.JSONDecoder().raw_decode(text)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _holder_may_live(record: dict[str, Any] | None) -> bool:
+    """Whether the process recorded in a lock file found locked may live: not when the record
+    is a claim's, nor when its pid is gone from this host's pid namespace (the lock is then
+    held by a claimer yet to write its record, or by a process that inherited the dead
+    holder's open file). An unreadable record (being written) may live."""
+    if record is None:
+        return True
+    if record.get("claim") is True:
+        return False
+    pid = record.get("pid")
+    if (
+        type(pid) is not int
+        or pid <= 0
+        or record.get("host") != socket.gethostname()
+        or record.get("pid_namespace") != _pid_namespace()
+    ):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists (another user's)
+        return True
+    return True
+
 
 def _holder(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as file:
-            record = json.load(file)
-        return f"pid {record.get('pid')} on {record.get('host')}"
-    except (OSError, ValueError):
+    record = _read_record(path)
+    if record is None:
         return "unknown holder"
+    claimer = "a peer cleaning up: " if record.get("claim") is True else ""
+    return f"{claimer}pid {record.get('pid')} on {record.get('host')}"
 
 
 # --- Postgres: advisory locks ---------------------------------------------------------------
@@ -178,11 +267,12 @@ class PostgresExecutorLocks:
         self._lock = threading.Lock()  # the worker's and the watchdog's uses of the connection
         self._held: str | None = None
 
-    def _call(self, function: str, executor_id: str) -> bool:
+    def _call(self, function: str, executor_id: str, space: str = _PG_LOCK_SPACE) -> bool:
+        return self._select(f"SELECT {function}(hashtext(%s), hashtext(%s))", (space, executor_id))
+
+    def _select(self, query: str, params: tuple[str, ...]) -> bool:
         with self._lock:
-            row = self._connection.execute(
-                f"SELECT {function}(hashtext(%s), hashtext(%s))", (_PG_LOCK_SPACE, executor_id)
-            ).fetchone()
+            row = self._connection.execute(query, params).fetchone()
         return bool(row[0])
 
     def hold(self, executor_id: str, timeout: float) -> None:
@@ -228,9 +318,28 @@ class PostgresExecutorLocks:
             yield False
             return
         try:
+            # The mark: free whenever the lock is (taken after it, dropped before it).
+            self._call("pg_try_advisory_lock", executor_id, _PG_CLAIM_SPACE)
             yield True
         finally:
-            self._call("pg_advisory_unlock", executor_id)
+            self._select(  # both, the mark first (two columns: no short circuit)
+                "SELECT pg_advisory_unlock(hashtext(%s), hashtext(%s)),"
+                " pg_advisory_unlock(hashtext(%s), hashtext(%s))",
+                (_PG_CLAIM_SPACE, executor_id, _PG_LOCK_SPACE, executor_id),
+            )
+
+    def alive(self, executor_id: str) -> bool:
+        if executor_id == self._held:
+            return True
+        # Held, and not marked as a claim, in this database (advisory locks are per database).
+        return self._select(
+            "SELECT coalesce(bool_or(classid = hashtext(%s)::oid), false)"
+            " AND NOT coalesce(bool_or(classid = hashtext(%s)::oid), false)"
+            " FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+            " AND objid = hashtext(%s)::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (_PG_LOCK_SPACE, _PG_CLAIM_SPACE, executor_id),
+        )
 
 
 def executor_locks_for(database_url: str) -> ExecutorLocks:

@@ -246,9 +246,9 @@ class Router:
     # --- liveness ---------------------------------------------------------------------------
 
     def alive(self, executor_id: str) -> bool:
-        """Whether a live process holds ``executor_id``'s lock."""
-        with self.locks.claim(executor_id) as dead:
-            return not dead
+        """Whether ``executor_id`` lives: its own process holds its lock (a peer's claim,
+        cleaning up after it, says it is dead)."""
+        return self.locks.alive(executor_id)
 
     def _serving(self, conn: sa.Connection, executor_id: str) -> bool:
         """``executor_id`` says it is serving (its row locked against deletion meanwhile)."""
