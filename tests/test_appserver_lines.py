@@ -150,3 +150,37 @@ async def test_a_waiting_turn_queue_wakes_when_closed() -> None:
             await anyio.wait_all_tasks_blocked()
             queue.close_send()
     assert outcome == [anyio.EndOfStream]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_bounded_wait_on_a_turn_queue_says_whether_something_came(
+    anyio_backend: str,
+) -> None:
+    """``wait(deadline)`` (what a turn's collect bounds its waits with) takes nothing: True at
+    once when something is queued, True when a push comes before the deadline, False only
+    once the clock reached the deadline; a cancelled wait leaves nothing behind."""
+    queue = TurnNotifications("t1")
+    n = Notification("a", {"threadId": "t1"})
+    started = anyio.current_time()
+    assert await queue.wait(started + 0.05) is False
+    assert anyio.current_time() >= started + 0.05  # not a timer's early wake-up
+    async with anyio.create_task_group() as tg:
+        woke: list[bool] = []
+
+        async def waiter() -> None:
+            woke.append(await queue.wait(anyio.current_time() + 30))
+
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        queue.push(n)
+    assert woke == [True]
+    assert await queue.wait(anyio.current_time() + 30) is True  # queued: at once
+    assert queue.receive_nowait() is n  # the waits took nothing
+    with anyio.move_on_after(0.01):
+        await queue.wait()
+    assert queue._waiters == []  # the cancelled wait is forgotten
+    queue.push(n)
+    assert queue.receive_nowait() is n
+    queue.close_send()
+    assert await queue.wait(anyio.current_time() + 30) is True  # ended: the receive says so

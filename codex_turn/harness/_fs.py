@@ -33,18 +33,22 @@ The rules that live here so that no caller re-derives them:
   the waiting task's), where ``anyio.to_thread.run_sync`` takes four: its checkpoint and its
   capacity limiter's each cost a round, and a turn makes several hops (issue 13). The workers
   are this module's own (at most :data:`MAX_WORKERS`, each gone after
-  :data:`WORKER_IDLE_SECONDS` without work; a forked child starts afresh); the function runs
-  in a copy of the caller's context, as with anyio. Elsewhere (trio) it is anyio's.
+  :data:`WORKER_IDLE_SECONDS` without work; a forked child starts afresh; jobs reach them
+  through a ``queue.SimpleQueue``, whose C ``put``/``get`` halve a hop's CPU against a
+  ``threading.Condition``); the function runs in a copy of the caller's context, as with
+  anyio. Elsewhere (trio) it is anyio's. :func:`run_in_worker_then` lets the worker go on
+  with a follow-up after handing the result back: the prompt's ``fsync`` overlaps
+  ``turn/start`` that way, for no extra hop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
 import errno
 import os
+import queue
 import secrets
 import stat
 import threading
@@ -55,6 +59,8 @@ from typing import Any, Final, TypeVar
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+
+from codex_turn._log import get_logger
 
 try:
     import sniffio as _sniffio
@@ -72,6 +78,7 @@ __all__ = [
     "pid_alive",
     "pinned_session_path",
     "run_in_worker",
+    "run_in_worker_then",
     "session_path",
     "write_all",
 ]
@@ -317,6 +324,8 @@ def _create_exclusive_plain(path: str, data: bytes, mode: int) -> bool:
 
 _T = TypeVar("_T")
 
+_log = get_logger(__name__)
+
 #: At most this many worker threads (anyio's default thread limit is 40): more concurrent
 #: hops wait in line for the next free worker.
 MAX_WORKERS: Final = 32
@@ -329,52 +338,74 @@ _Job = tuple[
     tuple[Any, ...],
     asyncio.AbstractEventLoop,
     "asyncio.Future[Any]",
+    "Callable[[Any], None] | None",
 ]
 
 
 class _Workers:
     """The threads :func:`run_in_worker` hands its jobs to: started on demand up to
-    :data:`MAX_WORKERS`, woken one per job, ending after :data:`WORKER_IDLE_SECONDS` idle."""
+    :data:`MAX_WORKERS`, ending after :data:`WORKER_IDLE_SECONDS` idle.
+
+    Jobs go through a ``queue.SimpleQueue`` (its ``put``/``get`` are C code: half the cost of
+    a hop through a ``threading.Condition``, which runs in Python and allocates a lock per
+    wait). Every queued job is accounted for, so that a job never waits while fewer than
+    :data:`MAX_WORKERS` threads exist: it either *claims* an idle worker (``_idle``, workers
+    that will take a job without being started) or, with every thread busy, is counted in
+    ``_backlog`` and taken by the next worker to finish, which then does not count itself
+    idle. A worker whose ``get`` timed out ends only if no job claimed it meanwhile (``_idle``
+    still counts it); otherwise a job is in the queue for it, and it goes back for it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._jobs: collections.deque[_Job] = collections.deque()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._threads = 0
-        self._idle = 0  # workers waiting for a job
-        self._woken = 0  # of those, notified for a job and not yet awake
+        self._idle = 0  # workers free for a job and not claimed by one
+        self._backlog = 0  # jobs queued while every worker was busy
 
     def submit(self, job: _Job) -> None:
         with self._lock:
-            self._jobs.append(job)
-            if self._idle > self._woken:
-                self._woken += 1
-                self._wake.notify()
+            self._jobs.put(job)
+            if self._idle:
+                self._idle -= 1  # that worker takes it
                 return
             if self._threads >= MAX_WORKERS:
-                return  # a busy worker takes it next
+                self._backlog += 1  # the next worker to finish takes it
+                return
             self._threads += 1
         threading.Thread(target=self._work, name="codex-turn-worker", daemon=True).start()
 
     def _work(self) -> None:
+        jobs = self._jobs
         while True:
-            with self._lock:
-                while not self._jobs:
-                    self._idle += 1
-                    notified = self._wake.wait(WORKER_IDLE_SECONDS)
-                    self._idle -= 1
-                    if notified:
-                        self._woken -= 1
-                    elif not self._jobs:
+            try:
+                context, func, args, loop, future, then = jobs.get(timeout=WORKER_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle:  # unclaimed: nobody queued a job for this worker
+                        self._idle -= 1
                         self._threads -= 1
                         return
-                context, func, args, loop, future = self._jobs.popleft()
+                continue  # claimed just as the wait ended: its job is in the queue
             try:
                 result = context.run(func, *args)
             except BaseException as error:
                 _deliver(loop, future, None, error)
             else:
                 _deliver(loop, future, result, None)
+                if then is not None:
+                    _run_then(context, then, result)
+            with self._lock:
+                if self._backlog:
+                    self._backlog -= 1
+                else:
+                    self._idle += 1
+
+
+def _run_then(context: contextvars.Context, then: Callable[[Any], None], result: Any) -> None:
+    try:
+        context.run(then, result)
+    except Exception as error:  # nobody waits for it: said here, never lost silently
+        _log.warning("worker follow-up failed", error=type(error).__name__)
 
 
 def _deliver(
@@ -416,17 +447,42 @@ async def run_in_worker(func: Callable[..., _T], *args: Any) -> _T:
     what ``func`` raised. Unlike anyio's, the worker is not an AnyIO worker thread:
     ``anyio.from_thread`` in ``func`` needs the loop's token
     (``anyio.lowlevel.current_token()``), which the hop's file I/O never does."""
+    return await _hop(func, args, None)
+
+
+async def run_in_worker_then(func: Callable[..., _T], then: Callable[[_T], None], *args: Any) -> _T:
+    """:func:`run_in_worker`, and then ``then(result)`` in the same worker thread *after* the
+    caller has resumed with ``result``: work the caller must not wait for (an ``fsync`` that
+    may overlap what the caller does next). ``then`` runs only when ``func`` returned, and
+    reports its own outcome (an exception it lets out is logged by type, never raised); the
+    caller waits for it through whatever ``then`` signals. On trio both run before the caller
+    resumes (anyio's workers have no follow-up)."""
+    return await _hop(func, args, then)
+
+
+async def _hop(
+    func: Callable[..., _T], args: tuple[Any, ...], then: Callable[[_T], None] | None
+) -> _T:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # not asyncio (trio): anyio's workers, with the same shielding
-        return await anyio.to_thread.run_sync(func, *args)
+        return await anyio.to_thread.run_sync(_with_then, func, args, then)
     await anyio.lowlevel.checkpoint_if_cancelled()  # no event-loop round unless cancelled
     context = contextvars.copy_context()
     if _sniffio is not None:
         # As in anyio's workers: code in the worker is not in the event loop's thread.
         context.run(_sniffio.current_async_library_cvar.set, None)
     future: asyncio.Future[_T] = loop.create_future()
-    _workers.submit((context, func, args, loop, future))
+    _workers.submit((context, func, args, loop, future, then))
     with anyio.CancelScope(shield=True):
         result = await future
+    return result
+
+
+def _with_then(
+    func: Callable[..., _T], args: tuple[Any, ...], then: Callable[[_T], None] | None
+) -> _T:
+    result = func(*args)
+    if then is not None:
+        _run_then(contextvars.copy_context(), then, result)
     return result

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
@@ -53,7 +54,7 @@ from codex_turn.fsm.thread import (
     decide_thread,
 )
 from codex_turn.fsm.turn import FORM_TRIGGERS, THREAD_TRIGGERS, RunEnd, run_end_trigger
-from codex_turn.harness._fs import run_in_worker
+from codex_turn.harness._fs import run_in_worker, run_in_worker_then
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -104,10 +105,12 @@ from codex_turn.harness.maintenance import (
 )
 from codex_turn.harness.runtime_controls import turn_request_handlers, turn_start_overrides
 from codex_turn.harness.session import (
+    MirrorResult,
     SessionError,
     ensure_transcript_writable,
     mirror_prompt,
     mirror_turn,
+    sync_appended,
 )
 from codex_turn.harness.turn_api import MaintenanceReport
 from codex_turn.harness.turn_context import (
@@ -478,10 +481,14 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     cancelled = anyio.get_cancelled_exc_class()
     end = RunEnd.FAILED
     completed: CodexTurnResult | None = None  # the turn's result, when it completed
+    prompt_sync: _PromptSync | None = None
     try:
-        # The user's words are durable before the model sees them: a host that dies during
-        # the turn still leaves the prompt in the transcript (the mirror dedups it later).
-        await run_in_worker(_mirror_prompt, ctx, thread.thread_id)
+        # The user's words are in the transcript before the model sees them: a host that dies
+        # during the turn still leaves the prompt there (the mirror dedups it later). Its
+        # fsync overlaps turn/start and is waited for before this stage ends.
+        written = _PromptSync()
+        await run_in_worker_then(_mirror_prompt, written, ctx, thread.thread_id)
+        prompt_sync = written  # runs (or ran) only now that the prompt is written
         async with ctx.app_server.turn(
             thread.thread_id,
             plan.prompt,
@@ -539,6 +546,10 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             settle_fork(ctx, None)  # kept as incomplete: the fork table will not continue it
         elif plan.decision.action is ThreadAction.TRANSIENT:
             ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
+    if prompt_sync is not None:
+        # Shielded: a cancelled caller's turn is still mirrored, after its prompt is durable.
+        with anyio.CancelScope(shield=True):
+            await prompt_sync.wait(ctx)
     # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
     ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)
     if thread.fork is not None and completed is not None:
@@ -548,16 +559,45 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
 
-def _mirror_prompt(ctx: TurnContext, thread_id: str) -> None:
+def _mirror_prompt(ctx: TurnContext, thread_id: str) -> MirrorResult:
     prompt = partial_result(ctx, [], CodexTurnStatus.INTERRUPTED, None).messages_snapshot[0]
-    mirror_prompt(
+    return mirror_prompt(
         ctx.session_file,
         _with_prompt_key(ctx, [prompt])[0],
         scope=f"codex-app-server:{thread_id}",
         identity=ctx.prompt_identity,
         session_id=ctx.params.session_id,
         cwd=os.fspath(ctx.params.workspace_dir),
+        sync=False,  # _PromptSync, in the same worker, once turn/start may go
     )
+
+
+class _PromptSync:
+    """The prompt's fsync, run by the worker that wrote the prompt right after handing the
+    turn back (:func:`~codex_turn.harness._fs.run_in_worker_then`): it overlaps ``turn/start``
+    and the model's turn instead of delaying them. ``wait`` ends it before the turn does."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: OSError | None = None
+
+    def __call__(self, mirrored: MirrorResult) -> None:
+        try:
+            sync_appended(mirrored)
+        except OSError as error:
+            self._error = error
+        finally:
+            self._done.set()
+
+    async def wait(self, ctx: TurnContext) -> None:
+        # Set long before a turn ends (an fsync is milliseconds): no worker hop then.
+        if not self._done.is_set():
+            await run_in_worker(self._done.wait)
+        if self._error is not None:
+            # The mirror's own fsync, of the same file, follows; an error it meets is reported.
+            ctx.log.warning(
+                "failed to sync the prompt to the transcript", error=format_error(self._error)
+            )
 
 
 def _with_prompt_key(ctx: TurnContext, messages: list[AgentMessage]) -> list[AgentMessage]:

@@ -69,6 +69,7 @@ module of its own, were the file to grow further.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import json
@@ -241,16 +242,36 @@ class TurnNotifications:
     the reader queued it already, and a turn's notifications are finite) and otherwise waits
     for the reader's next :meth:`push`, one wake-up. Ends as a memory stream does:
     ``EndOfStream`` once the client closed and the queue is drained, ``ClosedResourceError``
-    once the subscription ended; :meth:`receive_nowait` raises ``WouldBlock`` when empty."""
+    once the subscription ended; :meth:`receive_nowait` raises ``WouldBlock`` when empty.
 
-    __slots__ = ("_closed", "_ended", "_items", "_pushed", "thread_id")
+    :meth:`wait` is the one place a receiver waits, optionally until a deadline (what
+    :meth:`~.turn.TurnHandle.collect` bounds its waits with). On asyncio a wait is one bare
+    future of the loop, expired by one timer of the loop: no event object nor cancel scope
+    per wait (an ``anyio.Event`` is an asyncio ``Event`` holding such a future anyway, and
+    cancelling the waiting task cancels the future alike). Elsewhere (trio) it is an
+    ``anyio.Event`` inside a cancel scope with that deadline."""
+
+    __slots__ = (
+        "_closed",
+        "_ended",
+        "_items",
+        "_loop",
+        "_probed",
+        "_pushed",
+        "_waiters",
+        "thread_id",
+    )
 
     def __init__(self, thread_id: str) -> None:
         self.thread_id = thread_id
         self._items: collections.deque[Notification] = collections.deque()
         self._ended = False  # no more notifications (the client closed)
         self._closed = False  # the subscription ended: nothing is queued any more
-        self._pushed: anyio.Event | None = None  # set by the next push (or close)
+        # On asyncio: the futures of the receivers waiting for the next push (or close).
+        self._waiters: list[asyncio.Future[bool]] = []
+        self._pushed: anyio.Event | None = None  # elsewhere: set by the next push (or close)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the receivers' asyncio loop
+        self._probed = False  # whether the receivers' backend is known (the first wait)
 
     def push(self, n: Notification) -> None:
         """Queue ``n`` (the reader; never blocks); once the client closed (:meth:`close_send`)
@@ -260,6 +281,12 @@ class TurnNotifications:
             self._wake()
 
     def _wake(self) -> None:
+        waiters = self._waiters
+        if waiters:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(True)
+            waiters.clear()
         pushed = self._pushed
         if pushed is not None:
             self._pushed = None
@@ -284,15 +311,54 @@ class TurnNotifications:
         raise anyio.WouldBlock
 
     async def receive(self) -> Notification:
-        while True:
-            try:
-                return self.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            pushed = self._pushed
-            if pushed is None:
-                pushed = self._pushed = anyio.Event()
+        while not (self._items or self._ended):
+            await self.wait()
+        return self.receive_nowait()
+
+    async def wait(self, deadline: float = math.inf) -> bool:
+        """Return once a notification is queued or the queue ended (at once if so already):
+        ``True``; ``False`` when the event loop's clock (``anyio.current_time()``) reached
+        ``deadline`` first. Takes nothing from the queue; a cancelled wait loses nothing."""
+        if self._items or self._ended:
+            return True
+        if not self._probed:
+            self._probed = True
+            if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
+                self._loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            return await self._wait_event(deadline)
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if deadline == math.inf else loop.call_at(deadline, _expire, waiter)
+        try:
+            if await waiter:
+                return True
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._waiters:  # not woken by a push (expired, or cancelled): forget it
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        if self._items or self._ended:
+            return True  # came in the same loop round as the deadline: not idle after all
+        # Expired. The loop runs a timer up to its clock resolution early; a cancel scope
+        # waits for the deadline itself, and so does this (it decides "idle" or "timed out").
+        if loop.time() >= deadline:
+            return False
+        return await self.wait(deadline)
+
+    async def _wait_event(self, deadline: float) -> bool:
+        pushed = self._pushed
+        if pushed is None:
+            pushed = self._pushed = anyio.Event()
+        if deadline == math.inf:
             await pushed.wait()
+            return True
+        with anyio.CancelScope(deadline=deadline):
+            await pushed.wait()
+            return True
+        return False
 
     def __aiter__(self) -> Self:
         return self
@@ -302,6 +368,12 @@ class TurnNotifications:
             return await self.receive()
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    """A :meth:`TurnNotifications.wait` reached its deadline (unless a push came first)."""
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 _S = TypeVar("_S", _Subscription, TurnNotifications)

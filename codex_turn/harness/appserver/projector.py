@@ -52,17 +52,25 @@ PLAN_PREFIX = "Codex plan:\n"
 
 
 _UNKNOWN: Any = object()  # a key that is absent
+_set_slot = object.__setattr__  # sets a cached property's slot of a frozen class
 
 
 @attrs.frozen
 class Notification:
     """A server notification (``method`` + ``params``), with routing helpers.
 
-    ``params`` is read, never changed: the thread and turn ids are looked up once (the reader,
-    the projector and the turn's observers each ask for them)."""
+    ``params`` is read, never changed: the thread and turn ids are looked up once, when it is
+    made (the reader, the projector and the turn's observers each ask for them: a cached
+    property of a slotted attrs class is first computed through ``__getattr__``, after a
+    missed attribute lookup, several times the cost of the lookup itself)."""
 
     method: str
     params: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        params = self.params
+        _set_slot(self, "thread_id", _thread_id_of(params))
+        _set_slot(self, "turn_id", _turn_id_of(params))
 
     @functools.cached_property
     def thread_id(self) -> str | None:

@@ -32,6 +32,7 @@ not list is a bug in this module and raises ``RuntimeError``.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import enum
@@ -126,14 +127,6 @@ _TURN_TABLE: Final[Mapping[CodexTurnPhase, Mapping[_TurnInput, CodexTurnPhase]]]
 }
 
 
-class _CollectEnd(enum.Enum):
-    """How :meth:`TurnHandle._collect_within` ended."""
-
-    OVER = "over"  # turn/completed, and every notification handed over
-    DEADLINE = "deadline"  # the turn's deadline passed between two waits
-    WAITED_OUT = "waited_out"  # a wait hit its deadline (idle, or the turn's)
-
-
 class _TurnClient(Protocol):
     """What a :class:`TurnHandle` needs from its client (tests' fakes provide the same)."""
 
@@ -153,9 +146,19 @@ class _NotificationSource(Protocol):
     """The receive side of a turn's subscription (ends with ``EndOfStream``/``Closed...``;
     the client's is a :class:`~.client.TurnNotifications`). :meth:`TurnHandle.collect` takes
     what one with ``receive_nowait`` (raising ``WouldBlock`` when empty) has buffered without
-    a timeout scope each."""
+    waiting, and one that also has ``wait(deadline) -> bool`` (see
+    :meth:`~.client.TurnNotifications.wait`) bounds its own waits; any other is received
+    from inside a cancel scope per wait."""
 
     async def receive(self) -> Notification: ...
+
+
+def _loop_clock() -> Callable[[], float]:
+    """``anyio.current_time``; on asyncio the running loop's ``time`` (the same clock,
+    without a lookup of the async backend per call)."""
+    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
+        return asyncio.get_running_loop().time
+    return anyio.current_time
 
 
 class TurnHandle:
@@ -191,11 +194,15 @@ class TurnHandle:
         self._receive_nowait: Callable[[], Notification] | None = getattr(
             stream, "receive_nowait", None
         )
+        self._wait: Callable[[float], Awaitable[bool]] | None = (
+            getattr(stream, "wait", None) if self._receive_nowait is not None else None
+        )
         self._phase = phase
         self._replay: collections.deque[Notification] = collections.deque()
         #: Set once the turn is active (``turn/started``) or over: ``turn/steer`` waits for it.
         self._active = anyio.Event()
-        if phase is not CodexTurnPhase.STARTING:
+        self._activated = phase is not CodexTurnPhase.STARTING  # whether _active is set
+        if self._activated:
             self._active.set()
 
     def __repr__(self) -> str:
@@ -271,7 +278,8 @@ class TurnHandle:
             self._fire(_TurnInput.STARTED)
         if self.projector.done:
             self._fire(_TurnInput.COMPLETED)
-        if self._phase is not CodexTurnPhase.STARTING:
+        if not self._activated and self._phase is not CodexTurnPhase.STARTING:
+            self._activated = True
             self._active.set()
         return True
 
@@ -389,42 +397,19 @@ class TurnHandle:
         recent = anyio.current_time() - binding.answered_at < idle_timeout
         return bool(binding.pending > 0 or recent)
 
-    async def _collect_within(
-        self,
-        waiting: anyio.CancelScope,
-        on_event: Callable[[Notification], Awaitable[None]] | None,
-        idle: float,
-        deadline: float,
-    ) -> tuple[_CollectEnd, Notification | None]:
-        """:meth:`collect`'s loop inside one cancel scope, ``waiting`` (entered by the
-        caller): how it ended, and a notification still to hand to ``on_event``.
-
-        Only a wait is bounded: what is already buffered is taken without one, and
-        ``waiting`` has a deadline only while :meth:`__anext__` waits, lifted before
-        ``on_event`` runs (unbounded). That is two timer updates a wait instead of a scope
-        entered and left for each (once most of this loop's cost). A wait cut by the
-        deadline raises out of here (the caller's scope catches it; nothing was taken from
-        the queue). A notification that arrived in the same loop round as the deadline is
-        returned as ``(WAITED_OUT, n)``: ``waiting`` is cancelled then, and would cancel
-        ``on_event``."""
-        while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
-            now = anyio.current_time()
-            if now >= deadline:
-                return _CollectEnd.DEADLINE, None
-            n = self._ready()
-            if n is None:
-                waiting.deadline = min(now + idle, deadline)
-                try:
-                    n = await self.__anext__()
-                except StopAsyncIteration:
-                    break
-                finally:
-                    waiting.deadline = math.inf
-                if waiting.cancel_called:
-                    return _CollectEnd.WAITED_OUT, n
-            if on_event is not None:
-                await on_event(n)
-        return _CollectEnd.OVER, None
+    async def _wait_until(self, until: float) -> bool:
+        """Wait until more of the turn may be ready (:meth:`_ready`): ``False`` once the clock
+        reached ``until`` first. A source with its own bounded wait uses it (nothing is taken
+        from it); any other is received from inside a cancel scope with that deadline, and
+        what arrives is kept for :meth:`_ready` (also when it came in the same loop round as
+        the deadline: Codex was not idle)."""
+        wait = self._wait
+        if wait is not None:
+            return await wait(until)
+        with anyio.CancelScope(deadline=until):
+            self._replay.append(await self._receive_own())
+            return True
+        return False
 
     async def collect(
         self,
@@ -445,31 +430,37 @@ class TurnHandle:
         given the interrupt grace to end; the result is ``TIMED_OUT`` even when that
         interrupt itself fails (times out, or the process died meanwhile).
         """
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        clock = _loop_clock()
+        deadline = math.inf if timeout is None else clock() + timeout
         idle = idle_timeout or math.inf
         timed_out: str | None = None
-        while True:
-            # One scope for the waits until one of them times out (a cancelled scope cannot
-            # be used again): see _collect_within.
-            end = _CollectEnd.WAITED_OUT  # unless it returns: a wait cut by ``waiting``
-            late: Notification | None = None
-            with anyio.CancelScope() as waiting:
-                end, late = await self._collect_within(waiting, on_event, idle, deadline)
-            if late is not None:
-                # It arrived just as the wait's deadline passed: Codex is not idle. Handed
-                # over here, outside the scope that is now cancelled.
-                if on_event is not None:
-                    await on_event(late)
-                continue
-            if end is _CollectEnd.OVER:
-                break
-            if end is _CollectEnd.WAITED_OUT and anyio.current_time() < deadline:
-                if self._host_answering(idle_timeout or math.inf):
-                    continue  # Codex waits for the host's answer: not idle
-                timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
-            else:
+        # The deadline of the running wait: kept while only other turns' notifications come
+        # (they are no sign of this turn), a fresh idle window after each of its own.
+        until: float | None = None
+        while self._replay or self._phase is not CodexTurnPhase.COMPLETED:
+            now = clock()
+            if now >= deadline:
                 timed_out = f"codex app-server turn timed out after {timeout:g}s"
-            break
+                break
+            n = self._ready()
+            if n is None:
+                # Only a wait is bounded (what is already buffered is taken without one),
+                # and nothing bounds on_event: no cancel scope is left open around it.
+                if until is None:
+                    until = min(now + idle, deadline)
+                if await self._wait_until(until):
+                    continue
+                until = None
+                if clock() >= deadline:
+                    timed_out = f"codex app-server turn timed out after {timeout:g}s"
+                elif self._host_answering(idle_timeout or math.inf):
+                    continue  # Codex waits for the host's answer: not idle
+                else:
+                    timed_out = f"codex app-server turn idle for {idle_timeout:g}s"
+                break
+            until = None
+            if on_event is not None:
+                await on_event(n)
         if timed_out is not None:
             log.warning(
                 "appserver.turn_timeout",

@@ -20,9 +20,9 @@ One private module per concern; this package re-exports the public names of each
 * ``_writable.py``: :func:`ensure_transcript_writable`, the preflight made before anything
   reaches Codex (:class:`TranscriptUnwritable`), and the recovery of a transcript that holds
   only a torn header.
-* ``_mirror.py``: :func:`mirror_prompt` (the user's prompt, durable before ``turn/start``),
-  :func:`mirror_turn` (one idempotent append per turn under the write lock) and
-  :func:`reset_session`.
+* ``_mirror.py``: :func:`mirror_prompt` (the user's prompt, written before ``turn/start``;
+  :func:`sync_appended` makes it durable meanwhile), :func:`mirror_turn` (one idempotent
+  append per turn under the write lock) and :func:`reset_session`.
 
 The dependency order is ``_format`` <- ``_lock`` <- ``_budget`` <- ``_cache`` <- ``_stream``,
 ``_writable`` <- ``_mirror``;
@@ -73,6 +73,7 @@ from codex_turn.harness.session._mirror import (
     mirror_prompt,
     mirror_turn,
     reset_session,
+    sync_appended,
 )
 from codex_turn.harness.session._stream import iter_session_messages
 from codex_turn.harness.session._writable import ensure_transcript_writable
@@ -108,4 +109,5 @@ __all__ = [
     "session_cache_usage",
     "session_write_lock",
     "set_session_cache_limit",
+    "sync_appended",
 ]

@@ -15,6 +15,13 @@ header already complete (:func:`codex_turn.harness._fs.create_exclusive`: a temp
 ``turn/start`` under the key the turn's mirror will use for it (a run-unique identity, since
 Codex's turn id is not known yet), so a host killed mid-turn still has the user's words, and
 the completed turn's :func:`mirror_turn` skips the prompt and appends the rest, exactly once.
+The write is what must precede ``turn/start``: once ``write`` returned, the bytes are the
+kernel's and survive the death of the host process. Its ``fsync`` (which only an OS crash
+needs) may overlap the model's turn: ``mirror_prompt(sync=False)`` leaves it to the caller,
+who runs :func:`sync_appended` meanwhile and waits for it before the turn returns (the turn
+runs it in the worker thread that wrote the prompt, after ``turn/start`` was let go). An
+``fsync`` on the critical path costs 1 to 4 ms here, a turn's only other one being the
+mirror's own.
 
 **What cannot take a mirror is refused, what holds nothing is recovered** (``_writable.py``):
 a directory, a FIFO or a dangling symbolic link at the path is :class:`TranscriptUnwritable`
@@ -64,7 +71,14 @@ from codex_turn.harness.session._format import (
 from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
 from codex_turn.harness.session._writable import _settle_header, _unwritable_reason
 
-__all__ = ["MirrorInputError", "MirrorResult", "mirror_prompt", "mirror_turn", "reset_session"]
+__all__ = [
+    "MirrorInputError",
+    "MirrorResult",
+    "mirror_prompt",
+    "mirror_turn",
+    "reset_session",
+    "sync_appended",
+]
 
 _log = get_logger(__name__)
 
@@ -106,18 +120,33 @@ def _new_entry_id(existing: Mapping[str, object], fresh: set[str]) -> str:
     return candidate
 
 
-def _append(path: str, data: bytes) -> int:
-    """One ``O_APPEND`` write (plus a separating newline after a torn tail), then fsync."""
+def _append(path: str, data: bytes, *, sync: bool) -> int:
+    """One ``O_APPEND`` write (plus a separating newline after a torn tail), then fsync
+    (``sync``; else the caller's :func:`sync_appended`)."""
     fd = open_regular(path, os.O_RDWR | os.O_APPEND)
     try:
         size = os.fstat(fd).st_size
         if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data  # isolate the torn line instead of gluing our entry onto it
         write_all(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     return len(data)
+
+
+def sync_appended(mirrored: MirrorResult) -> None:
+    """``fsync`` what a ``sync=False`` mirror appended (nothing to do when it appended nothing,
+    or created the file: a new file is made durable as it is created). Raises
+    :class:`OSError`; the turn's own mirror, which fsyncs the same file, follows anyway."""
+    if mirrored.bytes_written == 0 or mirrored.created:
+        return
+    fd = open_regular(mirrored.path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _IDENTITY_KINDS: Final = frozenset({"prompt", "reasoning", "plan", "assistant"})
@@ -171,6 +200,7 @@ def mirror_turn(
     session_id: str,
     cwd: str,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    sync: bool = True,
 ) -> MirrorResult:
     """Append one turn's messages to the transcript, idempotently and crash-safely.
 
@@ -184,11 +214,14 @@ def mirror_turn(
     replaced by a fresh header first); a file whose first object is not a valid session
     header is refused with :class:`SessionFormatError`, a path that cannot take writes
     (a directory, a FIFO, a dangling symbolic link, no permission) with
-    :class:`TranscriptUnwritable`, other failures with :class:`SessionError`.
+    :class:`TranscriptUnwritable`, other failures with :class:`SessionError`. ``sync=False``
+    leaves the append's ``fsync`` to the caller (:func:`sync_appended`).
     """
     _validate_mirror_input(messages, scope, identities)
     try:
-        return _mirror_locked(path, messages, scope, identities, session_id, cwd, lock_timeout)
+        return _mirror_locked(
+            path, messages, scope, identities, session_id, cwd, lock_timeout, sync=sync
+        )
     except OSError as error:  # mapped once, here, at the boundary
         where = os.fspath(path)
         why = _unwritable_reason(error)
@@ -208,6 +241,7 @@ def mirror_prompt(
     session_id: str,
     cwd: str,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    sync: bool = True,
 ) -> MirrorResult:
     """Make the user's prompt durable before the model sees it (one append + fsync).
 
@@ -218,7 +252,8 @@ def mirror_prompt(
     one the caller keeps for the turn's mirror (``<runId>:prompt``), in place of the
     projector's ``<turnId>:prompt``. A host that dies mid-turn leaves the prompt in the
     transcript; a retried pre-mirror appends nothing. Raises as :func:`mirror_turn` does, and
-    :class:`MirrorInputError` unless ``prompt_message`` is a ``user`` message.
+    :class:`MirrorInputError` unless ``prompt_message`` is a ``user`` message. ``sync=False``:
+    written, not yet fsynced; the caller runs :func:`sync_appended` (module header).
     """
     if not isinstance(prompt_message, dict) or prompt_message.get("role") != "user":
         raise MirrorInputError("the prompt message must be a dict with role 'user'")
@@ -230,6 +265,7 @@ def mirror_prompt(
         session_id=session_id,
         cwd=cwd,
         lock_timeout=lock_timeout,
+        sync=sync,
     )
 
 
@@ -242,6 +278,7 @@ def _mirror_locked(
     cwd: str,
     lock_timeout: float,
     *,
+    sync: bool = True,
     may_retry: bool = True,
 ) -> MirrorResult:
     with session_write_lock(path, timeout=lock_timeout) as target:
@@ -310,7 +347,7 @@ def _mirror_locked(
             if appended:
                 payload = b"".join(lines)
                 if view.exists:
-                    written = _append(target, payload)
+                    written = _append(target, payload, sync=sync)
                 elif create_exclusive(target, payload):
                     written = len(payload)
                 else:
@@ -322,7 +359,15 @@ def _mirror_locked(
             # re-entrant) and dedupes against whatever the other writer put there. Once: a
             # name that exists yet cannot be opened is refused by the retry's header check.
             return _mirror_locked(
-                path, messages, scope, identities, session_id, cwd, lock_timeout, may_retry=False
+                path,
+                messages,
+                scope,
+                identities,
+                session_id,
+                cwd,
+                lock_timeout,
+                sync=sync,
+                may_retry=False,
             )
     _log.debug(
         "session turn mirrored",
