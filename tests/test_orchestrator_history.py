@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from codex_turn.harness.session import (
     MessageHistory,
     clear_session_cache,
@@ -50,7 +52,11 @@ def test_reads_extend_the_stripped_history_incrementally(tmp_path: Path) -> None
     assert [m["content"] for m in second] == ["one", "two", "three", "four"]
     # Incremental: the earlier view is a prefix of the later one.
     assert view.appended_since(view) == []
-    second.append(msg("user", "mutated by a caller"))
+    # Shared with every reader, read-only: a caller cannot change it (it copies to edit).
+    with pytest.raises(TypeError, match="read-only"):
+        second.append(msg("user", "mutated by a caller"))
+    mine = list(second)
+    mine.append(msg("user", "mutated by a caller"))
     assert [m["content"] for m in cache.read(str(path))] == ["one", "two", "three", "four"]
 
 

@@ -5,7 +5,12 @@ runtime-context messages is a pass over the whole history; doing it per read mad
 turn O(history). :class:`StrippedHistories` keeps, per session file, the stripped history of
 the last read and extends it by what was appended since (``MessageHistory.appended_since``).
 Its messages are frozen (:mod:`codex_turn.frozen`) as they enter, once each, so
-engines and hooks cannot edit this shared copy (nor the read cache's) in place.
+engines and hooks cannot edit this shared copy (nor the read cache's) in place; the list
+itself is a read-only :class:`~codex_turn.harness.runtime_context.FrozenHistory` handed to
+every reader as it is (a copy of a 100k-message history costs ~0.3 ms, and a turn read it
+twice and copied each read). An engine is handed a copy of its own
+(:class:`~codex_turn.harness.runtime_context.HarnessHistory`, pristine: handed back
+unchanged, it needs no check).
 
 Memory: each entry is charged to the byte ledger shared with the read cache
 (``codex_turn.harness.session._budget``, one ceiling for both, least recently used out): a
@@ -22,6 +27,7 @@ import weakref
 from codex_turn.frozen import freeze
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.runtime_context import (
+    FrozenHistory,
     RuntimeContextFree,
     strip_runtime_context_messages,
 )
@@ -40,12 +46,13 @@ class StrippedHistories:
     def __init__(self, capacity: int = 4096) -> None:
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._entries: collections.OrderedDict[str, tuple[MessageHistory, RuntimeContextFree]] = (
+        self._entries: collections.OrderedDict[str, tuple[MessageHistory, FrozenHistory]] = (
             collections.OrderedDict()
         )
 
     def read(self, session_file: str) -> list[AgentMessage]:
-        """A fresh, stripped list of the session's messages."""
+        """The session's stripped messages: a read-only :class:`FrozenHistory`, shared with
+        every other read of the same transcript state (``list(...)`` gives a mutable copy)."""
         # load_session_context raises SessionError on a read failure (load_session_messages
         # would return [] and hide it).
         history = load_session_context(session_file).messages
@@ -55,12 +62,15 @@ class StrippedHistories:
             previous = self._entries.get(session_file)
         added = history.appended_since(previous[0]) if previous is not None else None
         if previous is not None and added is not None:
-            fresh = strip_runtime_context_messages(added)
-            stripped = RuntimeContextFree(previous[1] + list(map(freeze, fresh)))
+            # One copy of the kept list per change, none when nothing was appended (the
+            # history is long; what was appended is short).
+            if added:
+                stripped = FrozenHistory(previous[1])
+                list.extend(stripped, map(freeze, strip_runtime_context_messages(added)))
+            else:
+                stripped = previous[1]
         else:
-            stripped = RuntimeContextFree(
-                map(freeze, strip_runtime_context_messages(history.to_list()))
-            )
+            stripped = FrozenHistory(map(freeze, strip_runtime_context_messages(history.to_list())))
         dropped: list[str] = []
         with self._lock:
             self._entries[session_file] = (history, stripped)
@@ -75,9 +85,9 @@ class StrippedHistories:
             + 8 * len(stripped)
         )
         _budget.charge((id(self), session_file), nbytes, _evictor(self, session_file, stripped))
-        return RuntimeContextFree(stripped)  # the caller's own copy
+        return stripped  # shared, read-only: no copy per read
 
-    def _evict(self, session_file: str, stripped: RuntimeContextFree) -> object | None:
+    def _evict(self, session_file: str, stripped: FrozenHistory) -> object | None:
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -90,7 +100,7 @@ class StrippedHistories:
 
 
 def _evictor(
-    owner: StrippedHistories, session_file: str, stripped: RuntimeContextFree
+    owner: StrippedHistories, session_file: str, stripped: FrozenHistory
 ) -> _budget.Evictor:
     ref = weakref.ref(owner)  # the ledger must not keep a dropped cache alive
 

@@ -108,6 +108,7 @@ from codex_turn.harness.runtime_context import (
     build_runtime_context,
     build_runtime_context_from_usage,
     harness_runtime_context,
+    is_pristine_history,
     strip_runtime_context_messages,
 )
 from codex_turn.harness.violations import engine_fault, tolerated_violation
@@ -339,7 +340,12 @@ async def assemble_context_engine(
         assemble = optional_method(engine, "assemble")
         if assemble is None:
             raise InvalidEngineResult(engine_id(engine), "assemble", "the engine has no assemble")
-        result = ensure_assemble_result(await assemble(params), engine_id=engine_id(engine))
+        handed = params.messages  # a pass-through hands it back: then no walk over it
+        known = handed if is_pristine_history(handed) else None
+        returned = await assemble(params)
+        if known is not None and not is_pristine_history(known):
+            known = None  # changed by the engine meanwhile
+        result = ensure_assemble_result(returned, engine_id=engine_id(engine), known_messages=known)
     except Exception as err:
         error = engine_fault(
             _log,
@@ -398,14 +404,17 @@ async def finalize_context_engine_turn(
             **engine_log_fields(engine, session_key),
         )
     count = max(0, min(pre_prompt_message_count, len(messages_snapshot)))
-    before: list[AgentMessage]
-    new: list[AgentMessage]
+    messages: list[AgentMessage]
     if isinstance(messages_snapshot, RuntimeContextFree):  # already stripped: no rescan
-        before, new = messages_snapshot[:count], messages_snapshot[count:]
+        # One copy (the engine's own list), not three: the split is only its count.
+        messages, before_count = strip_runtime_context_messages(messages_snapshot), count
     else:
         before = strip_runtime_context_messages(messages_snapshot[:count])
-        new = strip_runtime_context_messages(messages_snapshot[count:])
-    messages = before + new
+        messages, before_count = (
+            before + strip_runtime_context_messages(messages_snapshot[count:]),
+            len(before),
+        )
+    new = messages[before_count:]
 
     succeeded = True
     failures = 0
@@ -421,7 +430,7 @@ async def finalize_context_engine_turn(
                     session_key=session_key,
                     session_file=session_file,
                     messages=messages,
-                    pre_prompt_message_count=len(before),
+                    pre_prompt_message_count=before_count,
                     is_heartbeat=is_heartbeat,
                     token_budget=token_budget,
                     runtime_context=runtime_context,

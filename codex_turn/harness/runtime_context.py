@@ -10,19 +10,23 @@ OpenClaw's hidden ``openclaw.runtime-context`` custom messages from a history.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, NoReturn
 
 from codex_turn.harness.engine import AgentMessage, RuntimeContext
 from codex_turn.harness.usage import Usage
 
 __all__ = [
     "RUNTIME_CONTEXT_CUSTOM_TYPE",
+    "FrozenHistory",
+    "HarnessHistory",
     "RuntimeContextFree",
     "build_runtime_context",
     "build_runtime_context_from_usage",
     "harness_runtime_context",
+    "is_pristine_history",
     "strip_runtime_context_messages",
 ]
 
@@ -42,8 +46,83 @@ class RuntimeContextFree(list[AgentMessage]):
     """
 
 
+def _noting_change(method: Callable[..., Any]) -> Callable[..., Any]:
+    def changing(self: HarnessHistory, *args: Any, **kwargs: Any) -> Any:
+        self.pristine = False
+        return method(self, *args, **kwargs)
+
+    changing.__name__ = method.__name__
+    return changing
+
+
+class HarnessHistory(RuntimeContextFree):
+    """A stripped history of the harness's own read-only messages that notes being changed.
+
+    ``pristine`` holds while the list is as the harness made it: every item one of its frozen
+    messages (:mod:`codex_turn.frozen`, a ``dict`` nobody can edit). A change through any of
+    the list's methods clears it (the list itself stays an ordinary, mutable list). What it
+    buys: an engine's ``assemble`` that hands the history back as it was given (a
+    pass-through) is checked in O(1), not by a pass over every message of a long session.
+    """
+
+    __slots__ = ("pristine",)
+
+    def __init__(self, messages: Iterable[AgentMessage] = (), *, pristine: bool = False) -> None:
+        super().__init__(messages)
+        self.pristine = pristine
+
+    __setitem__ = _noting_change(list.__setitem__)
+    __delitem__ = _noting_change(list.__delitem__)
+    __iadd__ = _noting_change(list.__iadd__)
+    __imul__ = _noting_change(list.__imul__)
+    append = _noting_change(list.append)
+    extend = _noting_change(list.extend)
+    insert = _noting_change(list.insert)
+    pop = _noting_change(list.pop)
+    remove = _noting_change(list.remove)
+    reverse = _noting_change(list.reverse)
+    sort = _noting_change(list.sort)
+    clear = _noting_change(list.clear)
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
+    raise TypeError("a shared history is read-only; copy it (list(history)) before changing it")
+
+
+class FrozenHistory(RuntimeContextFree):
+    """The stripped history the harness keeps per session and shares, read-only.
+
+    Every item is one of the harness's frozen messages, and the list refuses every change
+    (``TypeError``): so a turn's stages can share it without a copy each (a copy of a long
+    history is a pass over it). Engines never get it: what they are handed is their own
+    :class:`HarnessHistory` copy (:func:`strip_runtime_context_messages`), pristine.
+    """
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = reverse = sort = clear = _refuse
+
+    def __copy__(self) -> HarnessHistory:
+        return HarnessHistory(self, pristine=True)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[AgentMessage]:
+        return [copy.deepcopy(message, memo) for message in self]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenHistory, (list(self),))
+
+
+def is_pristine_history(messages: object) -> bool:
+    """Whether ``messages`` is a :class:`HarnessHistory` still as the harness made it."""
+    return type(messages) is HarnessHistory and messages.pristine
+
+
 def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> RuntimeContextFree:
     """``messages`` without OpenClaw's hidden ``openclaw.runtime-context`` custom messages."""
+    if type(messages) is FrozenHistory:  # the harness's own: a pristine copy
+        return HarnessHistory(messages, pristine=True)
+    if type(messages) is HarnessHistory:  # a copy, pristine if the original still is
+        return HarnessHistory(messages, pristine=messages.pristine)
     if isinstance(messages, RuntimeContextFree):
         return RuntimeContextFree(messages)
     # Test the exact type first (JSON messages are plain dicts): the abstract Mapping check
