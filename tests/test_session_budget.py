@@ -99,6 +99,7 @@ def test_a_read_after_eviction_equals_the_read_before_and_a_fresh_parse(
             data += b"\n"  # the mirror isolates a torn tail the same way
         path.write_bytes(data + line(obj))
 
+    held: list[tuple[list[Any], list[Any]]] = []  # (a read handed out, its contents then)
     for op, arg in ops:
         before = list(load_session_context(path).messages)
         if op == "append":
@@ -144,7 +145,11 @@ def test_a_read_after_eviction_equals_the_read_before_and_a_fresh_parse(
         expected = fresh(path)
         assert list(load_session_context(path).messages) == expected
         assert streamed(path) == expected
-        assert histories.read(str(path)) == list(strip_runtime_context_messages(expected))
+        read = histories.read(str(path))
+        assert read == list(strip_runtime_context_messages(expected))
+        held.append((read, list(read)))
+        # A read is shared and read-only: what a running turn holds never changes under it.
+        assert all(kept == contents for kept, contents in held)
     clear_session_cache()
     assert list(load_session_context(path).messages) == fresh(path)
 

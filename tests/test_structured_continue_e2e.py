@@ -11,7 +11,8 @@ test asserts on what the model received (the offline model's recorded requests):
 * an engine that adds a message where the next assembly keeps it: only that message is
   injected, once, in place;
 * an engine that drops or rewrites an earlier message, changed instructions, an interrupted
-  turn and an evicted fork: a fresh fork, and nothing stale reaches the model.
+  turn, an evicted fork and a steer whose answer was lost: a fresh fork, and nothing stale
+  reaches the model.
 """
 
 from __future__ import annotations
@@ -273,6 +274,49 @@ async def test_a_prompt_a_hook_changed_is_not_continued(
     recalls = [t for t in last.user_messages if "RECALL_" in t]
     assert len(recalls) == 1  # this turn's only: earlier hook context does not pile up
     assert last.user_messages.count("HOOK_3_ASK") == 1
+
+
+async def test_a_fork_a_steer_went_to_unconfirmed_is_not_continued(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Turn 2's turn/steer gets no answer in time and its message never shows up: Codex may
+    # still hold it in that fork, where neither the mirror nor the fork's record has it. The
+    # fork is released (a runner that sends the message again must not see it twice there).
+    from codex_turn.harness import steering
+    from codex_turn.harness.appserver import AppServerTimeout
+    from codex_turn.harness.appserver.turn import TurnHandle
+
+    async def lost_answer(self: TurnHandle, *_: Any, **__: Any) -> str:
+        raise AppServerTimeout("turn/steer got no response", method="turn/steer", seconds=0.1)
+
+    monkeypatch.setattr(TurnHandle, "steer", lost_answer)
+    monkeypatch.setattr(steering, "INTERRUPT_GRACE_S", 0.05)
+    offline_model.script(Reply.fixed("slow enough to steer", delay=1.5), user_contains="LOST_2_ASK")
+    engine = RecordingEngine()
+    receipts: list[Any] = []
+
+    async def steer_during(session_file: Path) -> None:
+        # Turn 2's request is in (the model holds its reply): the Codex turn is running.
+        await anyio.to_thread.run_sync(lambda: offline_model.wait_for_requests(2, timeout=20))
+        receipts.append(await steering.steer_codex_turn(session_file, "STEER_LOST"))
+
+    with capture_logs() as logs:
+        for k in range(1, 5):
+            p = params(prompt=f"LOST_{k}_ASK")
+            async with anyio.create_task_group() as tg:
+                if k == 2:
+                    tg.start_soon(steer_during, p.session_file)
+                result = await run_codex_turn(p, app_server=appserver, engine=engine)
+            assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
+    assert [r.status for r in receipts] == [steering.SteerStatus.UNKNOWN]
+    # Turn 3 forks afresh (the fork of turn 2 was released); turn 4 continues turn 3's.
+    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork", "context-extends-kept-fork"]
+    released = [e for e in logs if e.get("event") == "codex fork released"]
+    assert [e["reason"] for e in released] == ["steer_unconfirmed"]
+    assert "STEER_LOST" not in repr(logs)  # the message itself is never logged
 
 
 async def test_a_turn_with_tool_calls_is_not_continued(

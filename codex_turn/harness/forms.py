@@ -473,9 +473,13 @@ def _inexact(ctx: TurnContext, ran: CodexTurnResult, own: ConvertedItems) -> str
     (``prepend_context``) or cut, or images, differ from the mirrored prompt. And it holds
     every item of the turn: tool calls and their outputs in full (the mirror keeps none of
     them, and the engine's form follows ``tool_payloads``), commentary besides the reply.
+    Nor a fork a steer went to whose fate stayed unknown: Codex may hold it where no record
+    or mirror does (a runner that sends it again would show it twice).
     Such a fork is not continued."""
     plan = ctx.plan
     assert plan is not None
+    if ctx.live is not None and ctx.live.unconfirmed:
+        return "steer_unconfirmed"
     kinds = ran.item_kinds
     if not _MIRRORED_KINDS.issuperset(kinds) or kinds.count("agentMessage") > 1:
         return "unmirrored_items"

@@ -232,6 +232,9 @@ class LiveTurn:
         self.steered: list[SteeredMessage] = []
         #: Messages Codex took but the turn ended before answering (``UNANSWERED``).
         self.unanswered: list[SteeredMessage] = []
+        #: How many messages went out in a steer whose fate stayed unknown (``UNKNOWN``): the
+        #: thread may hold them although nothing mirrored them.
+        self.unconfirmed = 0
         self._waiting: list[_Waiting] = []
         self._arrived = anyio.Event()
         self._first_arrival = 0.0
@@ -338,6 +341,7 @@ class LiveTurn:
         ctx = self._ctx
         turn_id = batch.accepted or self._turn_id
         if status is SteerStatus.UNKNOWN:
+            self.unconfirmed += len(batch.texts)
             if ctx is not None:
                 ctx.log.warning(
                     "codex turn steer unconfirmed; the turn ended without it",
