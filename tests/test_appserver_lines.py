@@ -184,3 +184,25 @@ async def test_a_bounded_wait_on_a_turn_queue_says_whether_something_came(
     assert queue.receive_nowait() is n
     queue.close_send()
     assert await queue.wait(anyio.current_time() + 30) is True  # ended: the receive says so
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_bounded_wait_that_expires_with_something_queued_is_not_idle(
+    anyio_backend: str,
+) -> None:
+    """A notification queued in the very round the deadline passed: the wait says True (Codex
+    was not idle), on trio's event-and-scope path as on asyncio's future."""
+    queue = TurnNotifications("t1")
+    n = Notification("a", {"threadId": "t1"})
+    async with anyio.create_task_group() as tg:
+        woke: list[bool] = []
+
+        async def waiter() -> None:
+            woke.append(await queue.wait(anyio.current_time() + 0.05))
+
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        queue._items.append(n)  # queued without a wake-up: as if in the deadline's round
+    assert woke == [True]
+    assert queue.receive_nowait() is n

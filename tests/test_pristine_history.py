@@ -223,6 +223,7 @@ def test_a_pass_through_of_the_history_is_accepted_without_a_walk(
     ("change", "accepted"),
     [
         (lambda m: m.append("not an object"), False),
+        (lambda m: list.append(m, "not an object"), False),  # C code: seen by the count
         (lambda m: m.__setitem__(1, 7), False),
         (lambda m: m.append({"role": "user", "content": "added"}), True),
         (lambda m: m[-2:], True),  # a slice: a plain list, walked

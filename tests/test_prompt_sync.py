@@ -288,21 +288,34 @@ def test_the_caller_resumes_before_the_follow_up_runs_in_the_same_worker() -> No
     assert ran["then"] == (ran["work"], "written")
 
 
-def test_a_failing_follow_up_is_logged_by_type_and_the_worker_goes_on() -> None:
+@pytest.mark.parametrize("error", [ValueError("secret detail"), SystemExit(3)])
+def test_a_failing_follow_up_is_logged_by_type_and_the_worker_goes_on(
+    error: BaseException,
+) -> None:
     def then(_: object) -> None:
-        raise ValueError("secret detail")
+        raise error
 
     async def main() -> list[int]:
         results = [await run_in_worker_then(lambda: 1, then)]
         results.append(await run_in_worker(lambda: 2))
         return results
 
+    threads = _fs._workers._threads
     with capture_logs() as logs:
         assert anyio.run(main, backend="asyncio") == [1, 2]
         deadline = time.monotonic() + 5
         while not logs and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert [(e["event"], e["error"]) for e in logs] == [("worker follow-up failed", "ValueError")]
+    assert [(e["event"], e["error"]) for e in logs] == [
+        ("worker follow-up failed", type(error).__name__)
+    ]
+    assert "secret" not in repr(logs)
+    # The worker that ran it lives on (a thread that died would hold its slot forever).
+    deadline = time.monotonic() + 5
+    while _fs._workers._idle < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _fs._workers._idle >= 1
+    assert _fs._workers._threads <= max(threads, 1) + 1
 
 
 def test_no_follow_up_when_the_work_raised() -> None:

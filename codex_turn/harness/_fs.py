@@ -404,7 +404,7 @@ class _Workers:
 def _run_then(context: contextvars.Context, then: Callable[[Any], None], result: Any) -> None:
     try:
         context.run(then, result)
-    except Exception as error:  # nobody waits for it: said here, never lost silently
+    except BaseException as error:  # nobody waits for it: said here; the worker lives on
         _log.warning("worker follow-up failed", error=type(error).__name__)
 
 

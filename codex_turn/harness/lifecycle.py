@@ -342,9 +342,10 @@ async def assemble_context_engine(
             raise InvalidEngineResult(engine_id(engine), "assemble", "the engine has no assemble")
         handed = params.messages  # a pass-through hands it back: then no walk over it
         known = handed if is_pristine_history(handed) else None
+        handed_count = len(handed)
         returned = await assemble(params)
-        if known is not None and not is_pristine_history(known):
-            known = None  # changed by the engine meanwhile
+        if known is not None and not (is_pristine_history(known) and len(known) == handed_count):
+            known = None  # changed by the engine meanwhile (the count: by C code, too)
         result = ensure_assemble_result(returned, engine_id=engine_id(engine), known_messages=known)
     except Exception as err:
         error = engine_fault(

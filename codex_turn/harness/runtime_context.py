@@ -63,6 +63,8 @@ class HarnessHistory(RuntimeContextFree):
     the list's methods clears it (the list itself stays an ordinary, mutable list). What it
     buys: an engine's ``assemble`` that hands the history back as it was given (a
     pass-through) is checked in O(1), not by a pass over every message of a long session.
+    The methods are Python's: C code that edits the list directly (``list.append(history,
+    x)``, ``heapq``) is not seen, except a change of its length, which the check compares.
     """
 
     __slots__ = ("pristine",)
@@ -93,7 +95,8 @@ class FrozenHistory(RuntimeContextFree):
     """The stripped history the harness keeps per session and shares, read-only.
 
     Every item is one of the harness's frozen messages, and the list refuses every change
-    (``TypeError``): so a turn's stages can share it without a copy each (a copy of a long
+    (``TypeError``; through its methods: C code calling ``list``'s own, such as ``heapq``,
+    is not stopped): so a turn's stages can share it without a copy each (a copy of a long
     history is a pass over it). Engines never get it: what they are handed is their own
     :class:`HarnessHistory` copy (:func:`strip_runtime_context_messages`), pristine.
     """

@@ -542,14 +542,15 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
+        if prompt_sync is not None:
+            # However the stage ends, and shielded: the prompt is durable before it does (a
+            # cancelled caller's turn is still mirrored, after it).
+            with anyio.CancelScope(shield=True):
+                await prompt_sync.wait(ctx)
         if thread.fork is not None and completed is None:
             settle_fork(ctx, None)  # kept as incomplete: the fork table will not continue it
         elif plan.decision.action is ThreadAction.TRANSIENT:
             ctx.app_server.forget_thread(thread.thread_id)  # it runs no other turn
-    if prompt_sync is not None:
-        # Shielded: a cancelled caller's turn is still mirrored, after its prompt is durable.
-        with anyio.CancelScope(shield=True):
-            await prompt_sync.wait(ctx)
     # Steered messages are mirrored after the prompt, in order (the engine's finalize sees them).
     ctx.ran = CodexRan(ctx.live.with_steered(codex) if ctx.live is not None else codex)
     if thread.fork is not None and completed is not None:

@@ -314,12 +314,18 @@ class PostgresExecutorLocks:
 
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
-        if executor_id == self._held or not self._call("pg_try_advisory_lock", executor_id):
+        # The lock and its mark in one statement (the mark only with the lock: CASE does not
+        # evaluate a branch it does not take; "IS NOT NULL", as "OR true" would be folded
+        # away unevaluated), so that no probe finds the lock held unmarked between two round
+        # trips. The mark is free whenever the lock is (dropped before it).
+        if executor_id == self._held or not self._select(
+            "SELECT CASE WHEN pg_try_advisory_lock(hashtext(%s), hashtext(%s))"
+            " THEN pg_try_advisory_lock(hashtext(%s), hashtext(%s)) IS NOT NULL ELSE false END",
+            (_PG_LOCK_SPACE, executor_id, _PG_CLAIM_SPACE, executor_id),
+        ):
             yield False
             return
         try:
-            # The mark: free whenever the lock is (taken after it, dropped before it).
-            self._call("pg_try_advisory_lock", executor_id, _PG_CLAIM_SPACE)
             yield True
         finally:
             self._select(  # both, the mark first (two columns: no short circuit)

@@ -358,7 +358,7 @@ class TurnNotifications:
         with anyio.CancelScope(deadline=deadline):
             await pushed.wait()
             return True
-        return False
+        return bool(self._items or self._ended)  # came in the deadline's round: not idle
 
     def __aiter__(self) -> Self:
         return self
