@@ -6,6 +6,12 @@ and :func:`build_runtime_context_from_usage` are OpenClaw's ``buildAfterTurnRunt
 for other runners. Absent is not zero: ``tokenBudget``, ``currentTokenCount`` and
 ``promptCache`` are present only when known. :func:`strip_runtime_context_messages` drops
 OpenClaw's hidden ``openclaw.runtime-context`` custom messages from a history.
+
+The stripped histories the harness hands around are lists of three kinds, so that a long
+history is walked only where it must be: :class:`RuntimeContextFree` (known stripped: not
+scanned again), :class:`FrozenHistory` (the harness's own, shared and read-only: never
+copied per reader) and :class:`HarnessHistory` (an engine's own copy of it, which notes any
+change: handed back unchanged, it is not checked message by message).
 """
 
 from __future__ import annotations
