@@ -16,11 +16,11 @@ change: handed back unchanged, it is not checked message by message).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
+from codex_turn.frozen import FrozenList
 from codex_turn.harness.engine import AgentMessage, RuntimeContext
 from codex_turn.harness.usage import Usage
 
@@ -93,29 +93,21 @@ class HarnessHistory(RuntimeContextFree):
     clear = _noting_change(list.clear)
 
 
-def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
-    raise TypeError("a shared history is read-only; copy it (list(history)) before changing it")
-
-
-class FrozenHistory(RuntimeContextFree):
+class FrozenHistory(FrozenList, RuntimeContextFree):
     """The stripped history the harness keeps per session and shares, read-only.
 
-    Every item is one of the harness's frozen messages, and the list refuses every change
-    (``TypeError``; through its methods: C code calling ``list``'s own, such as ``heapq``,
-    is not stopped): so a turn's stages can share it without a copy each (a copy of a long
-    history is a pass over it). Engines never get it: what they are handed is their own
-    :class:`HarnessHistory` copy (:func:`strip_runtime_context_messages`), pristine.
+    Every item is one of the harness's frozen messages, and the list refuses every change as
+    any :class:`~codex_turn.frozen.FrozenList` does (``TypeError``; through its methods: C
+    code calling ``list``'s own, such as ``heapq``, is not stopped): so a turn's stages can
+    share it without a copy each (a copy of a long history is a pass over it). Engines never
+    get it: what they are handed is their own :class:`HarnessHistory` copy
+    (:func:`strip_runtime_context_messages`), pristine; ``copy.copy`` gives the same.
     """
 
     __slots__ = ()
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
-    append = extend = insert = pop = remove = reverse = sort = clear = _refuse
 
     def __copy__(self) -> HarnessHistory:
         return HarnessHistory(self, pristine=True)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> list[AgentMessage]:
-        return [copy.deepcopy(message, memo) for message in self]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenHistory, (list(self),))

@@ -60,7 +60,7 @@ Methods take ``timeout=`` on purpose (``# noqa: ASYNC109``): the deadline must b
 inside, so that missing it surfaces as the typed :class:`AppServerTimeout` (and, for turns, as an
 interrupt plus a ``TIMED_OUT`` result) instead of a bare cancellation.
 
-Size (~800 lines): the connection core and its liveness probe stay together because the reader
+Size (~875 lines): the connection core and its liveness probe stay together because the reader
 (a line is a sign of life), every request (a missed deadline asks the question) and
 retirement share them; the groups of methods are already mixins in their own modules. The
 per-turn notification queue (:class:`TurnNotifications`) is the one piece that could move to a
@@ -98,7 +98,7 @@ from .errors import (
 )
 from .logsafe import capped
 from .native_compaction import CompactionResult, _CompactionMethods, _KeyedLocks
-from .process import AppServerProcess, LineTransport
+from .process import AppServerProcess, LineTransport, running_asyncio_loop
 from .projector import Notification
 from .server_requests import (
     ApprovalPolicy,
@@ -323,8 +323,7 @@ class TurnNotifications:
             return True
         if not self._probed:
             self._probed = True
-            if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
-                self._loop = asyncio.get_running_loop()
+            self._loop = running_asyncio_loop()
         loop = self._loop
         if loop is None:
             return await self._wait_event(deadline)

@@ -218,10 +218,18 @@ def _in_task_context(on_line: Callable[[bytes], None]) -> Callable[[bytes], None
     return in_context
 
 
+def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop when the current task runs on anyio's asyncio backend; ``None``
+    elsewhere (trio). The package's one test of the backend: its fast paths are asyncio's."""
+    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
+        return asyncio.get_running_loop()
+    return None
+
+
 def _on_asyncio() -> bool:
     """Whether the current task runs on anyio's asyncio backend (not trio), on POSIX (where
     the event loop reads a plain pipe)."""
-    return os.name == "posix" and anyio.get_cancelled_exc_class() is asyncio.CancelledError
+    return os.name == "posix" and running_asyncio_loop() is not None
 
 
 class AppServerProcess:

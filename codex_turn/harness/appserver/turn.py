@@ -32,7 +32,6 @@ not list is a bug in this module and raises ``RuntimeError``.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import enum
@@ -47,6 +46,7 @@ from codex_turn._log import format_error, get_logger
 from .defaults import INTERRUPT_GRACE_S
 from .errors import AppServerClosed, AppServerError, AppServerRpcError
 from .logsafe import capped
+from .process import running_asyncio_loop
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
 from .types import TurnSteerParams, UserInput, unstructure
 
@@ -156,9 +156,8 @@ class _NotificationSource(Protocol):
 def _loop_clock() -> Callable[[], float]:
     """``anyio.current_time``; on asyncio the running loop's ``time`` (the same clock,
     without a lookup of the async backend per call)."""
-    if anyio.get_cancelled_exc_class() is asyncio.CancelledError:
-        return asyncio.get_running_loop().time
-    return anyio.current_time
+    loop = running_asyncio_loop()
+    return anyio.current_time if loop is None else loop.time
 
 
 class TurnHandle:
@@ -201,8 +200,7 @@ class TurnHandle:
         self._replay: collections.deque[Notification] = collections.deque()
         #: Set once the turn is active (``turn/started``) or over: ``turn/steer`` waits for it.
         self._active = anyio.Event()
-        self._activated = phase is not CodexTurnPhase.STARTING  # whether _active is set
-        if self._activated:
+        if phase is not CodexTurnPhase.STARTING:
             self._active.set()
 
     def __repr__(self) -> str:
@@ -278,8 +276,7 @@ class TurnHandle:
             self._fire(_TurnInput.STARTED)
         if self.projector.done:
             self._fire(_TurnInput.COMPLETED)
-        if not self._activated and self._phase is not CodexTurnPhase.STARTING:
-            self._activated = True
+        if self._phase is not CodexTurnPhase.STARTING and not self._active.is_set():
             self._active.set()
         return True
 
