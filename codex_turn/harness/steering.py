@@ -50,6 +50,9 @@ take no transition and are not in ``TurnResult.steered``: they are mirrored afte
 :class:`LiveTurn` is one turn's link to the world while it runs: the steering inbox, the
 event stream (:mod:`.streaming`) and the files Codex saved. The orchestrator registers it
 for the whole turn (once it holds the session) and the running_turn stage delivers from it.
+
+Size (~605 lines): the inbox, the delivery task and the reconciliation of each steer with
+Codex's notifications share :class:`LiveTurn`'s state; the receipt types could move out.
 """
 
 from __future__ import annotations
