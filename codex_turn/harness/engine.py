@@ -60,7 +60,7 @@ whatever a runner passed, and every turn and compaction calls it first, before a
 What an engine does *while it runs* (a result of the wrong shape, an exception) is judged at
 the lifecycle's fallback points by :mod:`codex_turn.harness.violations`.
 
-Why one file of ~985 lines: it is the contract, and the contract is read as one text (the
+Why one file of ~990 lines: it is the contract, and the contract is read as one text (the
 params and results, the converter that defines their JSON, the validation at the boundary,
 :class:`EngineHandle`, the static check and the loader); splitting it would scatter one
 vocabulary across modules that every engine author would have to read together anyway.
