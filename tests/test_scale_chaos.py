@@ -1,6 +1,9 @@
 """Issue 14's fleet under fire: 3 ``codex-turn worker`` processes, 20 sessions x 5 turns on
 the real Codex binary and the offline model, workers SIGKILLed at random moments (at least 10
-kills, whatever stage each turn is in) and the whole fleet killed and restarted once mid-run.
+kills, each while turns were running, whatever stage each turn is in) and the whole fleet
+killed and restarted once mid-run. The work is topped up (one more turn per session) while
+kills are still due, so a faster machine or library cannot finish the turns before the kills:
+how many kills land must not depend on how fast a turn is.
 
 What must hold afterwards: every turn completed exactly once; each transcript holds each
 prompt once and each reply once, in submission order, with no repeated idempotency key; no
@@ -31,11 +34,12 @@ from test_scale import _messages, _params, _start_worker, _texts, _wait_log
 
 from codex_turn.engines import SqliteContextEngine
 from codex_turn.harness.lifecycle import call_bootstrap
-from codex_turn.scale import TurnQueue, TurnRecord
+from codex_turn.scale import TurnHandle, TurnQueue, TurnRecord
 
 pytestmark = pytest.mark.codex
 
-SESSIONS, TURNS = 20, 5
+SESSIONS, TURNS = 20, 5  # turns per session submitted up front
+MAX_TURNS = 15  # the top-up's ceiling, per session
 MIN_KILLS = 10
 
 
@@ -52,6 +56,7 @@ class Fleet:
         self.tmp_path, self.db_url = tmp_path, db_url
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.kills = 0
+        self.kills_mid_work = 0  # kills that landed while some turn was running
 
     def start(self, executor_id: str) -> None:
         log = self.tmp_path / f"{executor_id}.log"
@@ -66,11 +71,12 @@ class Fleet:
         )
         _wait_log(log, f"executor {executor_id}", timeout=60)
 
-    def kill(self, executor_id: str) -> None:
+    def kill(self, executor_id: str, *, turns_running: bool) -> None:
         proc = self.procs[executor_id]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)  # reaped: a zombie's pid would still hold the session lease
         self.kills += 1
+        self.kills_mid_work += turns_running
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -94,30 +100,44 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
         try:
             for executor_id in ids:
                 fleet.start(executor_id)
-            handles = [
-                queue.submit(_params(tmp_path, f"s{s}", f"s{s} turn {n}"), turn_id=f"s{s}-{n}")
-                for n in range(1, TURNS + 1)
-                for s in range(SESSIONS)
-            ]
+            submitted = dict.fromkeys(range(SESSIONS), 0)
+            handles: list[TurnHandle] = []
 
-            def unfinished() -> int:
-                return sum(h.status().state in ("enqueued", "running") for h in handles)
+            def submit_round() -> None:  # one more turn for every session, in order
+                for s in range(SESSIONS):
+                    submitted[s] += 1
+                    n = submitted[s]
+                    handles.append(
+                        queue.submit(
+                            _params(tmp_path, f"s{s}", f"s{s} turn {n}"), turn_id=f"s{s}-{n}"
+                        )
+                    )
+
+            for _ in range(TURNS):
+                submit_round()
+
+            def states() -> list[str]:
+                return [h.status().state for h in handles]
 
             fleet_restarted = False
-            while unfinished() and fleet.kills < MIN_KILLS + 3:
+            while fleet.kills < MIN_KILLS + 3:
+                pending = states()
+                if pending.count("enqueued") < SESSIONS and submitted[0] < MAX_TURNS:
+                    submit_round()  # the kills are not done: keep the workers busy
                 time.sleep(rng.uniform(0.3, 1.0))
+                running = "running" in states()
                 if fleet.kills >= 5 and not fleet_restarted:
                     for executor_id in ids:  # the whole fleet at once
-                        fleet.kill(executor_id)
+                        fleet.kill(executor_id, turns_running=running)
                     for executor_id in ids:
                         fleet.start(executor_id)
                     fleet_restarted = True
                     continue
                 victim = rng.choice(ids)
-                fleet.kill(victim)
+                fleet.kill(victim, turns_running=running)
                 time.sleep(rng.uniform(0.0, 0.5))
                 fleet.start(victim)
-            assert fleet.kills >= MIN_KILLS, "the turns finished before the kills were done"
+            assert fleet.kills_mid_work >= MIN_KILLS, (fleet.kills_mid_work, submitted)
             assert fleet_restarted
             records: dict[str, TurnRecord] = {h.turn_id: h.result(timeout=600) for h in handles}
         finally:
@@ -127,14 +147,15 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
     store = Path(SqliteContextEngine.store_next_to(tmp_path / "s0.jsonl"))
     for s in range(SESSIONS):
         session = tmp_path / f"s{s}.jsonl"
-        prompts = [f"s{s} turn {n}" for n in range(1, TURNS + 1)]
+        turns = submitted[s]
+        prompts = [f"s{s} turn {n}" for n in range(1, turns + 1)]
         assert _texts(session, "user") == prompts  # each once, in submission order
         replies = _texts(session, "assistant")
-        assert len(replies) == TURNS, replies
+        assert len(replies) == turns, replies
         assert all(reply.endswith(p) for reply, p in zip(replies, prompts, strict=True))
         keys = [m.get("idempotencyKey") for m in _messages(session)]
         assert len(keys) == len(set(keys))
-        ran = [records[f"s{s}-{n}"] for n in range(1, TURNS + 1)]
+        ran = [records[f"s{s}-{n}"] for n in range(1, turns + 1)]
         spans = [r for r in ran if r.source == "ran"]
         for earlier, later in itertools.pairwise(spans):
             assert earlier.ended_at <= later.started_at  # never two turns of a session at once
