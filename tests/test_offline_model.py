@@ -238,3 +238,20 @@ def test_clear_script_drops_queued_images_and_other_paths_stay_404(
     assert status == 200
     assert base64.b64decode(json.loads(body)["data"][0]["b64_json"]) == OFFLINE_PNG
     assert post(offline_model, BODY, path="/v1/embeddings")[0] == 404
+
+
+def test_a_burst_of_connections_is_accepted_at_once(offline_model: OfflineModel) -> None:
+    """128 concurrent turns open their streams at once: none may wait for a SYN retransmit
+    (1 s), which a listen backlog of 5 (the standard library's) imposes on all beyond it."""
+    sockets = []
+    try:
+        for _ in range(256):  # connected before any is served: the backlog holds them all
+            sockets.append(socket.create_connection(("127.0.0.1", offline_model.port), timeout=0.5))
+        for sock in sockets:
+            sock.sendall(b"GET /nothing HTTP/1.1\r\nHost: model\r\nConnection: close\r\n\r\n")
+        for sock in sockets:
+            sock.settimeout(10)
+            assert sock.recv(12).startswith(b"HTTP/1.")
+    finally:
+        for sock in sockets:
+            sock.close()

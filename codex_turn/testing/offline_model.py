@@ -9,7 +9,10 @@ Layering (h11 style: one job per layer)
 
 * **HTTP** is the standard library's ``ThreadingHTTPServer`` speaking HTTP/1.1 with chunked
   transfer encoding, so a reply can be streamed event by event and can stall half-way (the
-  interrupt and timeout tests need that).
+  interrupt and timeout tests need that). Its listen backlog is the system's largest
+  (``socket.SOMAXCONN``), not the standard library's 5: with a backlog of 5, a burst of
+  connections (128 concurrent turns) overflows it and each connection beyond it waits for a
+  SYN retransmission (1 s, then 3 s, ...), which Codex reports as a dropped stream.
 * **Recording**: every request is parsed once, on arrival, into a :class:`RecordedRequest`
   (developer messages, user messages, tools, function-call outputs, request kind), so a test
   asserts on *what the real binary actually sent*, not on what the client meant to send.
@@ -320,6 +323,10 @@ class _ClientGone(Exception):
     """Codex closed the connection while we were streaming (it does on turn/interrupt)."""
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = socket.SOMAXCONN  # the module header says why not the default 5
+
+
 class OfflineModel:
     """A local Responses-API server. Use as a context manager (or :meth:`start`/:meth:`close`).
 
@@ -346,7 +353,7 @@ class OfflineModel:
 
     def start(self) -> Self:
         handler = _make_handler(self)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = _Server(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
