@@ -453,3 +453,36 @@ def test_a_job_queued_behind_busy_workers_is_taken_by_the_first_to_finish(
 
     assert sorted(anyio.run(main, backend="asyncio")) == ["blocked"] * 3 + ["queued"]
     assert _settled(pool, threads=pool._threads)
+
+
+def test_many_turns_waiting_for_their_prompts_fsync_drain_a_pool_of_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool is small (CPUs + 2), and a turn waits for its prompt's fsync in a worker of
+    its own: that never starves, because the fsync runs as the follow-up of the worker that
+    wrote the prompt, never as a job queued behind the waiters. 16 turns on 2 workers."""
+    monkeypatch.setattr(_fs, "_workers", _fs._Workers())
+    monkeypatch.setattr(_fs, "MAX_WORKERS", 2)
+    done: list[int] = []
+
+    async def turn(i: int) -> None:
+        synced, waiting = threading.Event(), threading.Event()
+
+        def fsync_later(_: None) -> None:
+            assert waiting.wait(5)  # the worst order: the turn waits before the fsync runs
+            time.sleep(0.005)  # the prompt's fsync
+            synced.set()
+
+        await run_in_worker_then(lambda: None, fsync_later)  # the prompt's write
+        waiting.set()
+        assert await run_in_worker(synced.wait, 5)  # _PromptSync.wait, as run_turn ends
+        done.append(i)
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for i in range(16):
+                    tg.start_soon(turn, i)
+
+    anyio.run(main, backend="asyncio")
+    assert sorted(done) == list(range(16))

@@ -326,9 +326,22 @@ _T = TypeVar("_T")
 
 _log = get_logger(__name__)
 
-#: At most this many worker threads (anyio's default thread limit is 40): more concurrent
-#: hops wait in line for the next free worker.
-MAX_WORKERS: Final = 32
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # this process's share, not the host's count
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+#: At most this many worker threads: more concurrent hops wait in line for the next free
+#: worker. A hop's job holds the GIL for most of its time (an ``fsync`` is the exception), so
+#: workers beyond the CPUs only contend for it: with 32 turns at once on 2 CPUs, 4 workers
+#: against 32 gave 0.96 against 0.91 of the bare protocol's throughput and 4.8 against 5.8 ms
+#: of client CPU a turn (benchmarks/bench_floor.py, phase C, six runs each). Two more than
+#: the CPUs let fsyncs overlap the rest. No job waits for a job queued behind it (a prompt's
+#: fsync runs in the worker that wrote it), so a full pool always drains.
+MAX_WORKERS: Final = min(32, _usable_cpus() + 2)
 #: A worker with nothing to do for this long ends (anyio's own workers: 10 s).
 WORKER_IDLE_SECONDS: Final = 10.0
 
