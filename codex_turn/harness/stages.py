@@ -684,26 +684,32 @@ async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
 
 
 async def mirror(ctx: TurnContext) -> TurnTrigger:
+    """Mirror the turn into the transcript; for an engine, read back what the transcript then
+    holds in the same worker-thread hop (the engine's finalize gets it: one hop, not two)."""
     assert ctx.ran is not None
     codex = ctx.ran.codex
     params = ctx.params
-    try:
-        await run_in_worker(
-            lambda: mirror_turn(
-                ctx.session_file,
-                _with_prompt_key(ctx, codex.messages_snapshot),
-                scope=codex.idempotency_scope,
-                # The prompt under the identity it was made durable with before the turn.
-                identities=[ctx.prompt_identity, *codex.mirror_identities[1:]],
-                session_id=params.session_id,
-                cwd=os.fspath(params.workspace_dir),
-            )
+    read_back = ctx.engine is not None
+
+    def mirror_then_read() -> list[AgentMessage] | None:
+        mirror_turn(
+            ctx.session_file,
+            _with_prompt_key(ctx, codex.messages_snapshot),
+            scope=codex.idempotency_scope,
+            # The prompt under the identity it was made durable with before the turn.
+            identities=[ctx.prompt_identity, *codex.mirror_identities[1:]],
+            session_id=params.session_id,
+            cwd=os.fspath(params.workspace_dir),
         )
+        return read_history_sync(ctx) if read_back else None  # never raises: None, logged
+
+    try:
+        snapshot = await run_in_worker(mirror_then_read)
     except Exception as error:
         ctx.log.warning("failed to mirror codex app-server transcript", error=format_error(error))
         ctx.mirror = Mirrored(ok=False, error=format_error(error))
         return T.MIRROR_FAILED
-    ctx.mirror = Mirrored(ok=True)
+    ctx.mirror = Mirrored(ok=True, snapshot=snapshot)
     return T.MIRRORED
 
 
@@ -714,8 +720,8 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
         return T.FINALIZED
     assert ctx.ran is not None
     codex = ctx.ran.codex
-    mirrored = ctx.mirror is not None and ctx.mirror.ok
-    snapshot = await run_in_worker(read_history_sync, ctx) if mirrored else None
+    # The transcript as the mirror left it (read back in its hop); else history + this turn.
+    snapshot = ctx.mirror.snapshot if ctx.mirror is not None else None
     fallback = snapshot is None
     if snapshot is None:
         snapshot = [*ctx.messages, *codex.messages_snapshot]

@@ -172,6 +172,9 @@ class Mirrored:
     ok: bool
     #: Why the transcript could not take this turn (redacted), when it could not.
     error: str | None = None
+    #: The stripped history as the mirror left it, read back in the mirror's own hop for the
+    #: engine's finalize; ``None`` without an engine, or when that read failed (logged).
+    snapshot: list[AgentMessage] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
