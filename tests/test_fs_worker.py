@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from structlog.testing import capture_logs
 
 from codex_turn.harness import _fs
 from codex_turn.harness._fs import pinned_session_path, run_in_worker, session_path
@@ -241,3 +242,34 @@ def test_the_lock_file_is_openclaws_pretty_json_byte_for_byte(ttl: float | None)
     assert data == (json.dumps(payload, indent=2) + "\n").encode()
     assert payload["pid"] == os.getpid()
     assert ("ttlMs" in payload) is (ttl is not None)
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 3), (2, 4), (8, 10), (64, 32)])
+def test_the_pool_is_the_cpus_plus_two_at_most_32(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, expected: int
+) -> None:
+    monkeypatch.delenv(_fs.ENV_WORKERS, raising=False)
+    monkeypatch.setattr(_fs, "_usable_cpus", lambda: cpus)
+    assert _fs._max_workers() == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", 1), (" 12 ", 12), ("256", 256)])
+def test_the_pool_size_is_overridden_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, expected: int
+) -> None:
+    monkeypatch.setenv(_fs.ENV_WORKERS, raw)
+    monkeypatch.setattr(_fs, "_usable_cpus", lambda: 2)
+    assert _fs._max_workers() == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "257", "many", "4.5"])
+def test_an_invalid_pool_size_is_ignored_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv(_fs.ENV_WORKERS, raw)
+    monkeypatch.setattr(_fs, "_usable_cpus", lambda: 2)
+    with capture_logs() as logs:
+        assert _fs._max_workers() == 4
+    assert [(e["event"], e["variable"]) for e in logs] == [
+        ("invalid worker thread count ignored", _fs.ENV_WORKERS)
+    ]

@@ -456,12 +456,13 @@ def test_a_job_queued_behind_busy_workers_is_taken_by_the_first_to_finish(
 
 
 def test_many_turns_waiting_for_their_prompts_fsync_drain_a_pool_of_two(
-    monkeypatch: pytest.MonkeyPatch,
+    pool: _fs._Workers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool is small (CPUs + 2), and a turn waits for its prompt's fsync in a worker of
     its own: that never starves, because the fsync runs as the follow-up of the worker that
-    wrote the prompt, never as a job queued behind the waiters. 16 turns on 2 workers."""
-    monkeypatch.setattr(_fs, "_workers", _fs._Workers())
+    wrote the prompt, never as a job queued behind the waiters. 16 turns on 2 workers, each
+    fsync still running when its turn hands its wait to the pool (the fsync ends only after
+    the turn moved on to it; the waiters queue behind the busy workers)."""
     monkeypatch.setattr(_fs, "MAX_WORKERS", 2)
     done: list[int] = []
 
@@ -469,7 +470,7 @@ def test_many_turns_waiting_for_their_prompts_fsync_drain_a_pool_of_two(
         synced, waiting = threading.Event(), threading.Event()
 
         def fsync_later(_: None) -> None:
-            assert waiting.wait(5)  # the worst order: the turn waits before the fsync runs
+            assert waiting.wait(5)  # the turn is on its way to wait for this fsync
             time.sleep(0.005)  # the prompt's fsync
             synced.set()
 
@@ -479,10 +480,10 @@ def test_many_turns_waiting_for_their_prompts_fsync_drain_a_pool_of_two(
         done.append(i)
 
     async def main() -> None:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                for i in range(16):
-                    tg.start_soon(turn, i)
+        async with anyio.create_task_group() as tg:
+            for i in range(16):
+                tg.start_soon(turn, i)
 
     anyio.run(main, backend="asyncio")
     assert sorted(done) == list(range(16))
+    assert _settled(pool, threads=0)  # and the pool ends idle

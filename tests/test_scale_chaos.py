@@ -137,7 +137,11 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
                 fleet.kill(victim, turns_running=running)
                 time.sleep(rng.uniform(0.0, 0.5))
                 fleet.start(victim)
-            assert fleet.kills_mid_work >= MIN_KILLS, (fleet.kills_mid_work, submitted)
+            assert fleet.kills_mid_work >= MIN_KILLS, (
+                "too few kills landed while turns ran",
+                fleet.kills_mid_work,
+                submitted,
+            )
             assert fleet_restarted
             records: dict[str, TurnRecord] = {h.turn_id: h.result(timeout=600) for h in handles}
         finally:

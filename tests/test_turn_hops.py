@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from support.engine_sqlite_workload import texts
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
 from support.turns import temporary_session_file, turn_params
 
 from codex_turn import AssembleResult, ContextProjection, TurnOutcome, run_codex_turn
-from codex_turn.harness import _fs
+from codex_turn.harness import _fs, history_cache
 from codex_turn.harness.session import SessionError
 
 pytestmark = pytest.mark.anyio
@@ -54,15 +55,6 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(_fs._Workers, "submit", counted)
     return names
-
-
-def _texts(messages: list[Any]) -> list[str]:
-    texts = []
-    for message in messages:
-        content = message.get("content")
-        parts = [content] if isinstance(content, str) else content or []
-        texts.append("".join(p if isinstance(p, str) else p.get("text", "") for p in parts))
-    return texts
 
 
 def _pass_through() -> RecordingEngine:
@@ -115,18 +107,16 @@ async def test_an_engine_turn_takes_five_hops_and_finalizes_what_the_mirror_wrot
     assert result.outcome is TurnOutcome.COMPLETED
     assert len(hops) == 5, hops  # the finalize's read rode in the mirror's hop
     after_turn = engine.only_call("after_turn").params
-    texts = _texts(after_turn.messages)
-    assert "warm up" in texts
-    assert texts[after_turn.pre_prompt_message_count] == "remember this"
-    assert len(texts) > after_turn.pre_prompt_message_count + 1  # the reply, as mirrored
+    said = texts(after_turn.messages)
+    assert "warm up" in said
+    assert said[after_turn.pre_prompt_message_count] == "remember this"
+    assert len(said) > after_turn.pre_prompt_message_count + 1  # the reply, as mirrored
     assert _finalized(logs) == {"path": "after_turn", "fallback_snapshot": False}
 
 
 async def test_a_failed_read_back_finalizes_from_the_history_and_the_turn(
-    session_file: str, hops: list[str], monkeypatch: pytest.MonkeyPatch
+    session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import codex_turn.harness.history_cache as history_cache
-
     engine = _pass_through()
     server = _server()
     await run_codex_turn(turn_params(session_file, "warm up"), app_server=server, engine=engine)
@@ -149,7 +139,7 @@ async def test_a_failed_read_back_finalizes_from_the_history_and_the_turn(
     assert reads == 2
     assert result.outcome is TurnOutcome.COMPLETED
     after_turn = engine.only_call("after_turn").params
-    texts = _texts(after_turn.messages)
-    assert "warm up" in texts
-    assert texts[after_turn.pre_prompt_message_count] == "remember this"
+    said = texts(after_turn.messages)
+    assert "warm up" in said
+    assert said[after_turn.pre_prompt_message_count] == "remember this"
     assert _finalized(logs) == {"path": "after_turn", "fallback_snapshot": True}

@@ -334,14 +334,37 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-#: At most this many worker threads: more concurrent hops wait in line for the next free
-#: worker. A hop's job holds the GIL for most of its time (an ``fsync`` is the exception), so
-#: workers beyond the CPUs only contend for it: with 32 turns at once on 2 CPUs, 4 workers
-#: against 32 gave 0.96 against 0.91 of the bare protocol's throughput and 4.8 against 5.8 ms
-#: of client CPU a turn (benchmarks/bench_floor.py, phase C, six runs each). Two more than
-#: the CPUs let fsyncs overlap the rest. No job waits for a job queued behind it (a prompt's
-#: fsync runs in the worker that wrote it), so a full pool always drains.
-MAX_WORKERS: Final = min(32, _usable_cpus() + 2)
+#: Overrides :data:`MAX_WORKERS` (1 to 256), read once at import: for storage whose fsyncs
+#: take long (each holds a worker while it waits), or a CPU quota the affinity mask does
+#: not show. Anything else is ignored, with a warning.
+ENV_WORKERS: Final = "CODEX_TURN_WORKER_THREADS"
+
+
+def _max_workers() -> int:
+    # A hop's job holds the GIL for most of its time (an fsync is the exception), so workers
+    # beyond the CPUs only contend for it: with 32 turns at once on 2 CPUs, 4 workers against
+    # 32 gave 0.96 against 0.91 of the bare protocol's throughput and 4.8 against 5.8 ms of
+    # client CPU a turn (benchmarks/bench_floor.py, phase C, six runs each). Two more than the
+    # CPUs let fsyncs overlap the rest.
+    default = min(32, _usable_cpus() + 2)
+    raw = os.environ.get(ENV_WORKERS, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        _log.warning("invalid worker thread count ignored", variable=ENV_WORKERS, default=default)
+        return default
+    return value
+
+
+#: At most this many worker threads (:func:`_max_workers`: the CPUs + 2, at most 32, unless
+#: :data:`ENV_WORKERS` says otherwise); more concurrent hops wait in line for the next free
+#: worker. No job waits for a job queued behind it (a prompt's fsync runs in the worker that
+#: wrote it, as a follow-up), so a full pool always drains.
+MAX_WORKERS: Final = _max_workers()
 #: A worker with nothing to do for this long ends (anyio's own workers: 10 s).
 WORKER_IDLE_SECONDS: Final = 10.0
 

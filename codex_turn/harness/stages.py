@@ -685,7 +685,9 @@ async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
 
 async def mirror(ctx: TurnContext) -> TurnTrigger:
     """Mirror the turn into the transcript; for an engine, read back what the transcript then
-    holds in the same worker-thread hop (the engine's finalize gets it: one hop, not two)."""
+    holds in the same worker-thread hop (the engine's finalize gets it: one hop, not two).
+    The read-back is the session read cache's (O(new bytes)); like the mirror, it runs to
+    its end even past the cleanup deadline (a hop is never abandoned)."""
     assert ctx.ran is not None
     codex = ctx.ran.codex
     params = ctx.params
