@@ -60,6 +60,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from codex_turn._env import int_from_env
 from codex_turn._log import get_logger
 
 try:
@@ -346,18 +347,13 @@ def _max_workers() -> int:
     # 32 gave 0.96 against 0.91 of the bare protocol's throughput and 4.8 against 5.8 ms of
     # client CPU a turn (benchmarks/bench_floor.py, phase C, six runs each). Two more than the
     # CPUs let fsyncs overlap the rest.
-    default = min(32, _usable_cpus() + 2)
-    raw = os.environ.get(ENV_WORKERS, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 256:
-        _log.warning("invalid worker thread count ignored", variable=ENV_WORKERS, default=default)
-        return default
-    return value
+    return int_from_env(
+        ENV_WORKERS,
+        default=min(32, _usable_cpus() + 2),
+        low=1,
+        high=256,
+        what="worker thread count",
+    )
 
 
 #: At most this many worker threads (:func:`_max_workers`: the CPUs + 2, at most 32, unless

@@ -36,6 +36,7 @@ from typing import Final
 
 import attrs
 
+from codex_turn._env import int_from_env
 from codex_turn._log import get_logger
 
 __all__ = [
@@ -82,17 +83,7 @@ class _Charge:
 
 
 def _limit_from_env() -> int:
-    raw = os.environ.get(ENV_LIMIT, "").strip()
-    if not raw:
-        return DEFAULT_LIMIT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        _log.warning("invalid session cache limit ignored", variable=ENV_LIMIT)
-        return DEFAULT_LIMIT
-    return value
+    return int_from_env(ENV_LIMIT, default=DEFAULT_LIMIT, low=0, what="session cache limit")
 
 
 class _Ledger:
