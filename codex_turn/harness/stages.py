@@ -25,7 +25,7 @@ reply; finalize from the re-read transcript (or history + snapshot when the mirr
 maintain inline, defer, or skip, as the table says.
 
 Size: one function per state, in table order, and the running_turn stage with its event
-handling (~785 lines); the shared records and helpers live in
+handling (~795 lines); the shared records and helpers live in
 :mod:`codex_turn.harness.turn_context`, the two projection forms and the fork that carries
 items (the ``fork`` thread start, its continuation and what is kept after the turn) in
 :mod:`codex_turn.harness.forms`.
