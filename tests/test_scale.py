@@ -260,8 +260,16 @@ def test_sigterm_drains_the_turn_in_flight_then_exits(
     assert "drained" in log.read_text()
 
 
-def _wait_log(log: Path, text: str, timeout: float = 30.0) -> None:
-    _wait_for(lambda: log.exists() and text in log.read_text(), timeout)
+def _log_size(log: Path) -> int:
+    """Where a (re)started process's lines begin in its append-mode log."""
+    return log.stat().st_size if log.exists() else 0
+
+
+def _wait_log(log: Path, text: str, timeout: float = 30.0, *, since: int = 0) -> None:
+    """Wait for ``text`` in ``log`` after its first ``since`` bytes (a restarted process's
+    own lines, not the ones its predecessor left)."""
+    needle = text.encode()
+    _wait_for(lambda: log.exists() and needle in log.read_bytes()[since:], timeout)
 
 
 def test_a_live_peer_recovers_the_turn_of_a_sigkilled_worker_exactly_once(

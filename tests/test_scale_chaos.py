@@ -1,9 +1,10 @@
 """Issue 14's fleet under fire: 3 ``codex-turn worker`` processes, 20 sessions x 5 turns on
 the real Codex binary and the offline model, workers SIGKILLed at random moments (at least 10
-kills, each while turns were running, whatever stage each turn is in) and the whole fleet
-killed and restarted once mid-run. The work is topped up (one more turn per session) while
-kills are still due, so a faster machine or library cannot finish the turns before the kills:
-how many kills land must not depend on how fast a turn is.
+kills, each while turns were running, whatever stage each turn is in; every other kill hits a
+worker that runs a turn, and a restarted worker is up before it is killed again) and the whole
+fleet killed and restarted once mid-run. The work is topped up (one more turn per session)
+while kills are still due, so a faster machine or library cannot finish the turns before the
+kills: how many kills land must not depend on how fast a turn is.
 
 What must hold afterwards: every turn completed exactly once; each transcript holds each
 prompt once and each reply once, in submission order, with no repeated idempotency key; no
@@ -30,7 +31,7 @@ from typing import Any
 import anyio
 import pytest
 from test_engine_sqlite_processes import stored
-from test_scale import _messages, _params, _start_worker, _texts, _wait_log
+from test_scale import _log_size, _messages, _params, _start_worker, _texts, _wait_log
 
 from codex_turn.engines import SqliteContextEngine
 from codex_turn.harness.lifecycle import call_bootstrap
@@ -55,11 +56,14 @@ class Fleet:
     def __init__(self, tmp_path: Path, db_url: str) -> None:
         self.tmp_path, self.db_url = tmp_path, db_url
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.starts: dict[str, int] = {}  # each worker's log size at its latest start
         self.kills = 0
         self.kills_mid_work = 0  # kills that landed while some turn was running
 
     def start(self, executor_id: str) -> None:
+        """Start (or restart) a worker; :meth:`kill` waits for it to be up first."""
         log = self.tmp_path / f"{executor_id}.log"
+        self.starts[executor_id] = _log_size(log)  # where this start's own lines begin
         self.procs[executor_id] = _start_worker(
             self.db_url,
             log,
@@ -69,9 +73,14 @@ class Fleet:
             "0.4",  # each reply takes a while: kills land inside turns
             cwd=self.tmp_path,
         )
-        _wait_log(log, f"executor {executor_id}", timeout=60)
+
+    def wait_up(self, executor_id: str) -> None:
+        log = self.tmp_path / f"{executor_id}.log"
+        since = self.starts[executor_id]  # its own start line, not its predecessor's
+        _wait_log(log, f"executor {executor_id}", timeout=60, since=since)
 
     def kill(self, executor_id: str, *, turns_running: bool) -> None:
+        self.wait_up(executor_id)  # a kill hits a worker that started (and took its lock)
         proc = self.procs[executor_id]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)  # reaped: a zombie's pid would still hold the session lease
@@ -100,6 +109,8 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
         try:
             for executor_id in ids:
                 fleet.start(executor_id)
+            for executor_id in ids:
+                fleet.wait_up(executor_id)
             submitted = dict.fromkeys(range(SESSIONS), 0)
             handles: list[TurnHandle] = []
 
@@ -125,7 +136,11 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
                 if pending.count("enqueued") < SESSIONS and submitted[0] < MAX_TURNS:
                     submit_round()  # the kills are not done: keep the workers busy
                 time.sleep(rng.uniform(0.3, 1.0))
-                running = "running" in states()
+                now = [h.status() for h in handles]
+                running = any(status.state == "running" for status in now)
+                # Every other kill hits a worker that runs a turn: its sessions move mid-turn
+                # (the move of a session is all or nothing: tests/test_scale_lane_move.py).
+                busy = sorted({s.executor_id for s in now if s.state == "running"} & set(ids))
                 if fleet.kills >= 5 and not fleet_restarted:
                     for executor_id in ids:  # the whole fleet at once
                         fleet.kill(executor_id, turns_running=running)
@@ -133,7 +148,7 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
                         fleet.start(executor_id)
                     fleet_restarted = True
                     continue
-                victim = rng.choice(ids)
+                victim = rng.choice(busy) if busy and fleet.kills % 2 else rng.choice(ids)
                 fleet.kill(victim, turns_running=running)
                 time.sleep(rng.uniform(0.0, 0.5))
                 fleet.start(victim)

@@ -187,3 +187,12 @@ def test_a_worker_that_loses_its_postgres_lock_stops_taking_turns_loudly(
                 peer.release()
 
     anyio.run(scenario, backend="asyncio")
+
+
+def test_a_move_on_postgres_writes_what_dbos_resume_workflows_writes(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The lane move writes DBOS's table in DBOS's schema (``dbos``) on Postgres too."""
+    from test_scale_lane_move import check_a_move_writes_what_dbos_resume_writes
+
+    check_a_move_writes_what_dbos_resume_writes(tmp_path, pg_url)

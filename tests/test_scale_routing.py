@@ -8,7 +8,6 @@ DBOS behaviours the routing relies on, pinned so that a DBOS that changes them f
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import os
 import signal
@@ -20,13 +19,20 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_scale import _messages, _params, _start_worker, _texts, _wait_for, _wait_log
+from test_scale import (
+    _log_size,
+    _messages,
+    _params,
+    _start_worker,
+    _texts,
+    _wait_for,
+    _wait_log,
+)
 
 from codex_turn import AppServer, AppServerConfig
 from codex_turn.scale import TurnQueue, TurnRecord, TurnWorker, session_lane
 from codex_turn.scale._routing import INBOX, Router, statuses_of, worker_queue
 from codex_turn.scale._wake import Wakes, announce, wake_directory
-from codex_turn.scale._watchdog import requeue
 from codex_turn.scale._worker import dequeuers_of
 from codex_turn.testing import OfflineModel, Reply
 
@@ -47,9 +53,10 @@ class _Workers:
 
     def start(self, executor_id: str, *extra: str) -> subprocess.Popen[bytes]:
         log = self.log(executor_id)
+        since = _log_size(log)  # a restart waits for its own start line
         proc = _start_worker(self.db_url, log, "--executor-id", executor_id, *extra)
         self.procs[executor_id] = proc
-        _wait_log(log, f"executor {executor_id}")
+        _wait_log(log, f"executor {executor_id}", since=since)
         return proc
 
     def log(self, executor_id: str) -> Path:
@@ -293,11 +300,12 @@ def test_a_turn_whose_worker_died_under_it_too_often_is_cancelled_not_moved(
     """DBOS's own recovery limit restarts at every move: the takeovers are counted instead."""
     import functools
 
+    import sqlalchemy as sa
     from dbos import DBOSClient
 
     from codex_turn.scale import TurnFailed
     from codex_turn.scale._locks import executor_locks_for
-    from codex_turn.scale._routing import MAX_TAKEOVERS
+    from codex_turn.scale._routing import MAX_TAKEOVERS, TAKEOVERS
     from codex_turn.scale._watchdog import DbosMoves, Watchdog
 
     workers.start("ghost", "--offline-delay", "60")
@@ -311,10 +319,10 @@ def test_a_turn_whose_worker_died_under_it_too_often_is_cancelled_not_moved(
     peer.hold("peer", 1)
     router = Router(db_url, statuses=functools.partial(statuses_of, client), locks=peer)
     try:
-        for _ in range(MAX_TAKEOVERS):  # as if it had killed that many workers already
-            router.count_takeover("x-1")
+        with router.engine.begin() as conn:  # as if it had killed that many workers already
+            conn.execute(sa.insert(TAKEOVERS).values(turn_id="x-1", count=MAX_TAKEOVERS))
         router.set_worker("peer", "serving")
-        assert Watchdog(router, DbosMoves(client), "peer").sweep() == 2
+        assert Watchdog(router, DbosMoves(client), "peer").sweep() == 1  # x-2 moved
         with pytest.raises(TurnFailed, match="cancelled"):
             poison.result(timeout=10)
         (moved,) = client.list_workflows(workflow_ids=["x-2"], load_input=False)
@@ -329,23 +337,18 @@ def test_a_turn_whose_worker_died_under_it_too_often_is_cancelled_not_moved(
 # --- what DBOS must keep doing for the routing to hold -----------------------------------------
 
 
-def test_dbos_resume_workflow_moves_a_turn_to_another_queue_keeping_its_session(
+def test_statuses_of_reads_the_turns_that_exist_in_one_call(
     tmp_path: Path, db_url: str, queue: TurnQueue
 ) -> None:
-    """:func:`codex_turn.scale._watchdog.requeue` is DBOS's public ``resume_workflow`` with a
-    queue name (the move of a dead worker's turns). Pinned: if DBOS changes it, this fails."""
+    """What a submit reads to place a turn behind an unfinished one. (What a move writes is
+    pinned against DBOS's own ``resume_workflows`` in ``tests/test_scale_lane_move.py``.)"""
     from dbos import DBOSClient
 
-    assert "queue_name" in inspect.signature(DBOSClient.resume_workflow).parameters
-    handle = queue.submit(_params(tmp_path, "s1", "hi"), turn_id="r-1")
-    assert handle.routed == "inbox"
+    assert queue.submit(_params(tmp_path, "s1", "hi"), turn_id="r-1").routed == "inbox"
     client = DBOSClient(system_database_url=db_url, application_name="codex-turn")
     try:
-        requeue(client, "r-1", worker_queue("somewhere"))
-        (moved,) = client.list_workflows(workflow_ids=["r-1"], load_input=False)
-        assert (moved.status, moved.queue_name) == ("ENQUEUED", worker_queue("somewhere"))
-        assert moved.queue_partition_key == "agent:main:s1"
         assert statuses_of(client, ["r-1", "r-none"]) == {"r-1": "ENQUEUED"}
+        assert statuses_of(client, []) == {}
     finally:
         client.destroy()
 

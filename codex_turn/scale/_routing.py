@@ -34,12 +34,16 @@ queue's partition runs them one at a time in submission order, as before. It hol
 * a lane leaves a queue only when nobody dequeues that queue (its worker is dead and its lock
   is held by the mover, or it is draining with its queue threads stopped, or it is the inbox)
   and none of the lane's turns runs there; the mover (one per queue: it holds that queue's
-  lock) re-enqueues the lane's turns on the destination in submission order
-  (DBOS's ``resume_workflow(queue_name=...)``, the partition key kept), and points the route at
-  the destination only in a transaction that sees the route's last turn among those moved
-  (:func:`evacuate`); a turn submitted meanwhile went behind on the old queue and moves in the
-  next round. A destination may start the moved turns at once: the ones still to come are all
-  later ones.
+  lock) moves **all** the lane's unfinished turns on it and points the route at the
+  destination **in one transaction**, holding the lane's route (:meth:`Router.move_lane`), so
+  no submit interleaves and a mover killed at any moment leaves the lane either wholly where
+  it was or wholly moved. A turn-by-turn move (one ``resume_workflow`` each, the route last)
+  could be cut half-way: the early turns on the destination, the later ones on the old queue
+  with the route unchanged, and a restarted worker then ran its queue's later turn before the
+  earlier one elsewhere (a partition's limit holds per queue only). The move writes what
+  DBOS's ``resume_workflows(queue_name=...)`` writes (:data:`_RESUMED`, pinned against DBOS
+  by ``tests/test_scale_lane_move.py``), with the partition key and creation time kept, so the
+  destination runs them in submission order.
 
 A dead worker's row is deleted only when no lane with an unfinished turn routes to its queue
 (:meth:`Router.close_worker`), under its lock; until then every live watchdog keeps moving
@@ -61,7 +65,7 @@ import sqlalchemy as sa
 from dbos import DBOSClient
 from sqlalchemy.dialects import postgresql, sqlite
 
-from codex_turn._log import get_logger
+from codex_turn._log import get_logger, mask_session_key
 from codex_turn.scale._locks import ExecutorLocks, executor_locks_for
 from codex_turn.scale._workflow import QUEUE_NAME
 
@@ -69,6 +73,7 @@ __all__ = [
     "INBOX",
     "INBOX_LOCK",
     "MAX_TAKEOVERS",
+    "LaneMove",
     "Locality",
     "Placement",
     "Route",
@@ -92,6 +97,8 @@ _QUEUE_SEPARATOR: Final = "@"
 Locality = Literal["sticky", "moved", "first"]
 #: DBOS states of a turn that has not ended.
 OPEN_STATUSES: Final = frozenset({"ENQUEUED", "DELAYED", "PENDING"})
+#: The unfinished turns a mover takes: queued, or running on a worker that is gone.
+_MOVABLE: Final = ("ENQUEUED", "PENDING")
 
 _metadata = sa.MetaData()
 ROUTES: Final = sa.Table(
@@ -120,9 +127,40 @@ TAKEOVERS: Final = sa.Table(
     sa.Column("turn_id", sa.Text, primary_key=True),
     sa.Column("count", sa.Integer, nullable=False),
 )
+#: DBOS's ``workflow_status``: the columns a move reads and writes (DBOS 3.x), in the schema
+#: DBOS's system database uses (``Router._dbos_options`` names it).
+_DBOS_PLACEHOLDER: Final = "codex_turn_dbos_schema"
+WORKFLOW_STATUS: Final = sa.Table(
+    "workflow_status",
+    sa.MetaData(schema=_DBOS_PLACEHOLDER),
+    sa.Column("workflow_uuid", sa.Text, primary_key=True),
+    sa.Column("status", sa.Text),
+    sa.Column("queue_name", sa.Text),
+    sa.Column("queue_partition_key", sa.Text),
+    sa.Column("created_at", sa.BigInteger),
+    sa.Column("owner_xid", sa.Text),
+    sa.Column("recovery_attempts", sa.BigInteger),
+    sa.Column("workflow_deadline_epoch_ms", sa.BigInteger),
+    sa.Column("deduplication_id", sa.Text),
+    sa.Column("started_at_epoch_ms", sa.BigInteger),
+    sa.Column("updated_at", sa.BigInteger),
+    sa.Column("completed_at", sa.BigInteger),
+)
+#: What DBOS's ``resume_workflows(ids, queue_name=q)`` sets on a turn that has not ended,
+#: besides ``queue_name`` and ``updated_at``: back to ``ENQUEUED``, no owner, no start time,
+#: DBOS's recovery attempts from zero (:data:`MAX_TAKEOVERS` bounds the moves instead).
+_RESUMED: Final[dict[str, Any]] = {
+    "status": "ENQUEUED",
+    "owner_xid": None,
+    "recovery_attempts": 0,
+    "workflow_deadline_epoch_ms": None,
+    "deduplication_id": None,
+    "started_at_epoch_ms": None,
+    "completed_at": None,
+}
 #: A turn whose worker died under it this many times is cancelled instead of moved again:
 #: it is likely what kills them (DBOS's own ``max_recovery_attempts`` restarts from zero at
-#: every move, :func:`codex_turn.scale._watchdog.requeue`).
+#: every move, :data:`_RESUMED`). Counted in the move's own transaction: once per death.
 MAX_TAKEOVERS: Final = 5
 
 
@@ -160,15 +198,24 @@ class Placement:
     reason: Literal["behind", "sticky", "moved", "first", "inbox"]
 
 
+@attrs.frozen
+class LaneMove:
+    """What :meth:`Router.move_lane` moved: the lane's turns (oldest first) and those of them
+    that were running when their worker died (one more takeover each)."""
+
+    lane: str
+    destination: str
+    turn_ids: tuple[str, ...]
+    taken_over: tuple[str, ...]
+
+
 class TurnMoves(Protocol):
-    """The DBOS side of a move: a queue's unfinished turns, and re-enqueueing one."""
+    """The DBOS side of a move that is not the move itself (:meth:`Router.move_lane`): a
+    queue's unfinished turns, cancelling one, reading statuses."""
 
     def unfinished(self, queue: str) -> Sequence[Any]:
         """The queue's ``ENQUEUED`` and ``PENDING`` turns (DBOS ``WorkflowStatus``), oldest
         first."""
-
-    def requeue(self, turn_id: str, queue: str) -> None:
-        """Put the turn back to ``ENQUEUED`` on ``queue``, its partition key kept."""
 
     def cancel(self, turn_id: str) -> None:
         """End the turn as cancelled."""
@@ -204,6 +251,10 @@ class Router:
         self._locks = locks
         self._own_locks = locks is None
         self.postgres = not database_url.startswith("sqlite")
+        #: Where DBOS keeps its tables: its default schema on Postgres, none on SQLite.
+        self._dbos_options = {
+            "schema_translate_map": {_DBOS_PLACEHOLDER: "dbos" if self.postgres else None}
+        }
         if self.postgres:
             url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
             self.engine = sa.create_engine(url, pool_pre_ping=True)
@@ -390,38 +441,72 @@ class Router:
             ).scalar_one_or_none()
         return None if value is None else str(value)
 
-    def commit_move(self, lane: str, source: str, destination: str, moved: Sequence[str]) -> None:
-        """Point the lane's route at ``destination`` if its last turn was among ``moved``
-        (else a turn arrived on ``source`` meanwhile: it moves in the next round)."""
-        with self.locked(lane) as (conn, route):
-            if route is None or route.queue is None:  # turns with no route (an older version)
-                self._write(
-                    conn,
-                    lane,
-                    queue=destination,
-                    last_turn_id=moved[-1] if moved else None,
-                    ran_on=route.ran_on if route is not None else None,
+    def takeovers(self, turn_ids: Sequence[str]) -> dict[str, int]:
+        """How often each of ``turn_ids`` was taken over from a dead worker so far (those
+        never taken over are left out)."""
+        if not turn_ids:
+            return {}
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                sa.select(TAKEOVERS.c.turn_id, TAKEOVERS.c.count).where(
+                    TAKEOVERS.c.turn_id.in_(list(turn_ids))
                 )
-            elif route.queue == source and route.last_turn_id in moved:
-                conn.execute(
-                    sa.update(ROUTES).where(ROUTES.c.lane == lane).values(queue=destination)
-                )
+            )
+            return {str(row[0]): int(row[1]) for row in rows}
 
-    def count_takeover(self, turn_id: str) -> int:
-        """One more takeover of a running turn from a dead worker; how many so far."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                self._insert(TAKEOVERS)
-                .values(turn_id=turn_id, count=1)
-                .on_conflict_do_update(
-                    index_elements=[TAKEOVERS.c.turn_id], set_={"count": TAKEOVERS.c.count + 1}
-                )
-            )
-            return int(
+    def move_lane(self, lane: str, source: str) -> LaneMove | None:
+        """Move every unfinished turn of ``lane`` on ``source`` to the lane's destination and
+        point its route there, in one transaction holding the route (the module's
+        invariant): a mover killed at any moment leaves the lane wholly on ``source`` or
+        wholly moved. Each turn that was running (its worker died under it) counts one more
+        takeover in the same transaction. ``None``: the lane stays (its destination is
+        ``source``, or none of its turns is left there). The caller is ``source``'s only
+        mover, and nothing dequeues ``source``."""
+        status = WORKFLOW_STATUS
+        on_source = sa.and_(
+            status.c.queue_name == source,
+            status.c.status.in_(_MOVABLE),
+            sa.or_(
+                status.c.queue_partition_key == lane,
+                # a turn of an earlier version, with no partition key: a lane of its own
+                sa.and_(status.c.queue_partition_key.is_(None), status.c.workflow_uuid == lane),
+            ),
+        )
+        with self.locked(lane) as (conn, route):
+            ran_on = route.ran_on if route is not None else None
+            target = self.destination(conn, lane, ran_on, exclude=queue_owner(source)).queue
+            if target == source:
+                return None
+            rows = conn.execute(
+                sa.select(status.c.workflow_uuid, status.c.status)
+                .where(on_source)
+                .order_by(status.c.created_at, status.c.workflow_uuid),
+                execution_options=self._dbos_options,
+            ).all()
+            if not rows:
+                return None
+            turn_ids = tuple(str(row[0]) for row in rows)
+            running = tuple(str(row[0]) for row in rows if row[1] == "PENDING")
+            for turn_id in running:
                 conn.execute(
-                    sa.select(TAKEOVERS.c.count).where(TAKEOVERS.c.turn_id == turn_id)
-                ).scalar_one()
+                    self._insert(TAKEOVERS)
+                    .values(turn_id=turn_id, count=1)
+                    .on_conflict_do_update(
+                        index_elements=[TAKEOVERS.c.turn_id],
+                        set_={"count": TAKEOVERS.c.count + 1},
+                    )
+                )
+            conn.execute(
+                sa.update(status)
+                .where(on_source, status.c.workflow_uuid.in_(turn_ids))
+                .values(queue_name=target, updated_at=int(time.time() * 1000), **_RESUMED),
+                execution_options=self._dbos_options,
             )
+            if route is None or route.queue is None:  # turns with no route (an older version)
+                self._write(conn, lane, queue=target, last_turn_id=turn_ids[-1], ran_on=ran_on)
+            elif route.queue == source:
+                conn.execute(sa.update(ROUTES).where(ROUTES.c.lane == lane).values(queue=target))
+        return LaneMove(lane, target, turn_ids, running)
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -491,34 +576,27 @@ def evacuate(
         for lane, lane_turns in lanes.items():
             if lane in staying:
                 continue
-            with router.engine.begin() as conn:
-                target = router.destination(
-                    conn, lane, router.ran_on(lane), exclude=queue_owner(source)
-                ).queue
-            if target == source:
-                continue
-            ids = [turn.workflow_id for turn in lane_turns]
-            for turn in lane_turns:
-                taken = router.count_takeover(turn.workflow_id) if turn.status == "PENDING" else 0
-                if taken > MAX_TAKEOVERS:
-                    moves.cancel(turn.workflow_id)
+            running = [turn.workflow_id for turn in lane_turns if turn.status == "PENDING"]
+            for turn_id, taken in router.takeovers(running).items():
+                if taken >= MAX_TAKEOVERS:  # it dies with its worker once more: not again
+                    moves.cancel(turn_id)
                     _log.error(
                         "cancelled a turn whose worker died under it too often",
-                        turn_id=turn.workflow_id,
-                        lane=lane,
-                        takeovers=taken - 1,
+                        turn_id=turn_id,
+                        lane=mask_session_key(lane),
+                        takeovers=taken,
                     )
-                else:
-                    moves.requeue(turn.workflow_id, target)
-            router.commit_move(lane, source, target, ids)
-            total += len(ids)
+            move = router.move_lane(lane, source)
+            if move is None:
+                continue
+            total += len(move.turn_ids)
             progressed = True
             _log.info(
                 "moved a session's turns",
-                lane=lane,
-                turns=len(ids),
+                lane=mask_session_key(lane),
+                turns=len(move.turn_ids),
                 source=source,
-                destination=target,
+                destination=move.destination,
             )
         if not progressed:
             return total

@@ -14,10 +14,12 @@ starts a fresh one with the engine's context re-projected (``locality`` ``"moved
 The watchdog also moves the turns of the inbox (submitted while no worker was alive) to a
 worker, holding the inbox's lock, and notices the loss of its own worker's lock.
 
-The one DBOS call that moves a turn is :func:`requeue`: the public ``resume_workflow`` with a
-queue name. Its guard is the lock: a dead executor's turns change only under its lock, so no
-executor predicate is needed (DBOS's internal ``_recover_pending_workflows`` has one, but it
-can only put a turn back on its own queue, which nobody dequeues once its worker is dead).
+A move is one transaction of the routing's
+(:meth:`~codex_turn.scale._routing.Router.move_lane`): all of a session's turns and its route
+together, writing what DBOS's public ``resume_workflows(queue_name=...)`` writes. Its guard is
+the lock: a dead executor's turns change only under its lock, so no executor predicate is
+needed (DBOS's internal ``_recover_pending_workflows`` has one, but it can only put a turn
+back on its own queue, which nobody dequeues once its worker is dead).
 """
 
 from __future__ import annotations
@@ -53,25 +55,12 @@ __all__ = [
     "ExecutorLocks",
     "Watchdog",
     "executor_locks_for",
-    "requeue",
 ]
 
 _log = get_logger(__name__)
 
 #: How often a watchdog looks for dead executors (seconds).
 DEFAULT_WATCHDOG_INTERVAL_S: Final = 0.2
-
-
-def requeue(client: DBOSClient, turn_id: str, queue: str) -> None:
-    """Put a turn back to ``ENQUEUED`` on ``queue``, whatever it was (``PENDING`` on a dead
-    executor, or ``ENQUEUED`` on a queue nobody dequeues), keeping its partition key.
-
-    DBOS's public ``resume_workflow(workflow_id, queue_name=...)`` (DBOS 3.x): it sets a turn
-    that has not ended back to ``ENQUEUED`` on the named queue, clears its owner and start
-    time, and resets its recovery attempts (so DBOS's ``max_recovery_attempts`` counts from
-    each move: :data:`~codex_turn.scale._routing.MAX_TAKEOVERS` bounds the moves instead).
-    ``tests/test_scale_routing.py`` pins this behaviour: it fails loudly if DBOS changes it."""
-    client.resume_workflow(turn_id, queue_name=queue)
 
 
 class DbosMoves:
@@ -87,9 +76,6 @@ class DbosMoves:
             load_input=False,
             load_output=False,
         )
-
-    def requeue(self, turn_id: str, queue: str) -> None:
-        requeue(self.client, turn_id, queue)
 
     def cancel(self, turn_id: str) -> None:
         self.client.cancel_workflow(turn_id)
