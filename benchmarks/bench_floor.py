@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/bench_floor.py --profile CONFIG [--profile-turns 40]
         [--profile-clock cpu|wall] [--profile-out FILE]
 
-CONFIG is one of floor, sdk, no-engine, passthrough-1k|10k|100k, active-1|32|1000,
+CONFIG is one of floor, durable-floor, sdk, no-engine, passthrough-1k|10k|100k, active-1|32|1000,
 concurrent-32|128. ``--only`` takes phases (A, B, C) or configuration names (e.g.
 ``--only floor,no-engine,concurrent-32``: phase A with those two, phase C with 32 only; the
 floor is always measured beside a phase). ``CODEX_TURN_SESSION_CACHE_BYTES`` (the harness's
@@ -28,6 +28,15 @@ A. Single turns, interleaved round by round (the order rotates every round, so m
      newline-delimited JSON; initialize/initialized, thread/start once, then per turn
      ``turn/start`` and wait for the thread's ``turn/completed``; other lines are skipped
      unparsed, nothing is answered). Independent of the library's client.
+   * ``durable-floor``: the floor plus the least a durable turn must do, written here as
+     cheaply as Python allows, on a thread of its own of the floor's app-server: take an
+     OpenClaw-style lock file (``O_CREAT|O_EXCL``, pid and time), append the prompt to a
+     transcript and start its ``fsync`` in a thread (overlapping the turn, as codex-turn
+     does), run the turn, wait for that ``fsync``, append the reply, ``fsync`` it in a thread,
+     remove the lock file. All file work but the fsyncs runs inline on the event loop (the
+     library keeps it off the loop, so that a hung filesystem cannot stall other sessions).
+     No FSM, no engine, no validation, no logging: its ratio is what durability alone costs on
+     this machine, the bound under any durable client's.
    * ``sdk``: the official SDK, ``openai_codex.AsyncCodex`` ``thread.run(prompt)``
      (``pip install openai-codex==0.163.0``, extra ``sdk``; skipped when missing).
    * ``no-engine``: ``codex_turn.run_codex_turn`` with no engine, on a session whose binding
@@ -145,6 +154,7 @@ CONCURRENCY = {"concurrent-32": 32, "concurrent-128": 128}
 ACTIVE_SESSION_MESSAGES = 10_000
 CONFIG_NAMES = (
     "floor",
+    "durable-floor",
     "sdk",
     "no-engine",
     *PASSTHROUGH_SIZES,
@@ -518,10 +528,61 @@ class FloorConfig(Config):
 
     async def step(self, prompt: str) -> Sample:
         turn, wall, cpu = await _timed(self.client.run_turn(self.thread_id, prompt))
-        texts = [i.get("text") for i in turn.get("items") or () if i.get("type") == "agentMessage"]
-        if texts and texts[-1] != f"ECHO: {prompt}":
+        reply = _reply(turn)
+        if reply is not None and reply != f"ECHO: {prompt}":
             ANOMALIES.note(f"{self.name}: unexpected reply")
         return Sample(wall, cpu)
+
+
+def _reply(turn: dict[str, Any]) -> str | None:
+    """The turn's last agent message (``turn/completed``'s items), if it lists one."""
+    texts = [i.get("text") for i in turn.get("items") or () if i.get("type") == "agentMessage"]
+    return str(texts[-1]) if texts else None
+
+
+class DurableFloorConfig(Config):
+    """The floor plus the least durability a turn needs (module docstring, ``durable-floor``)."""
+
+    def __init__(self, client: BareClient, thread_id: str, directory: Path) -> None:
+        super().__init__("durable-floor")
+        self.client, self.thread_id = client, thread_id
+        self.transcript = directory / "durable-floor.jsonl"
+        self.lock = directory / "durable-floor.jsonl.lock"
+
+    async def step(self, prompt: str) -> Sample:
+        _, wall, cpu = await _timed(self._turn(prompt))
+        return Sample(wall, cpu)
+
+    async def _turn(self, prompt: str) -> None:
+        lock = os.open(self.lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(lock, json.dumps({"pid": os.getpid(), "createdAt": time.time()}).encode())
+        finally:
+            os.close(lock)
+        try:
+            with self.transcript.open("ab") as transcript:
+                transcript.write(_line("user", prompt))
+                transcript.flush()
+                synced = asyncio.get_running_loop().run_in_executor(
+                    None, os.fsync, transcript.fileno()
+                )
+                turn = await self.client.run_turn(self.thread_id, prompt)
+                await synced
+                reply = _reply(turn)
+                if reply != f"ECHO: {prompt}":
+                    ANOMALIES.note("durable-floor: unexpected reply")
+                transcript.write(_line("assistant", reply or ""))
+                transcript.flush()
+                await asyncio.get_running_loop().run_in_executor(
+                    None, os.fsync, transcript.fileno()
+                )
+        finally:
+            os.unlink(self.lock)
+
+
+def _line(role: str, text: str) -> bytes:
+    message = {"role": role, "content": [{"type": "text", "text": text}]}
+    return json.dumps({"type": "message", "message": message}).encode() + b"\n"
 
 
 class SdkConfig(Config):
@@ -687,6 +748,13 @@ class World:
             await client.run_turn(thread_id, "prime")
             self._bare = client, thread_id
         return self._bare
+
+    async def durable_floor(self) -> DurableFloorConfig:
+        """The durable floor, on a (loaded, primed) thread of its own of the floor's client."""
+        client, _ = await self.bare()
+        thread_id = await client.start_thread(str(self.workspace))
+        await client.run_turn(thread_id, "prime")
+        return DurableFloorConfig(client, thread_id, self.root)
 
     async def server(self) -> AppServer:
         if self._server is None:
@@ -899,7 +967,7 @@ def report_states(configs: Sequence[Config]) -> None:
 # --- phases -----------------------------------------------------------------------------------
 
 PHASE_CONFIGS = {
-    "A": ("floor", "sdk", "no-engine", *PASSTHROUGH_SIZES),
+    "A": ("floor", "durable-floor", "sdk", "no-engine", *PASSTHROUGH_SIZES),
     "B": tuple(ACTIVE_COUNTS),
     "C": tuple(CONCURRENCY),
 }
@@ -936,6 +1004,8 @@ async def phase_single(world: World) -> None:
     client, thread_id = await world.bare()
     floor = FloorConfig("floor", client, thread_id)
     configs: list[Config] = [floor]
+    if wanted(args, "durable-floor"):
+        configs.append(await world.durable_floor())
     sdk = await world.sdk() if wanted(args, "sdk") else None
     if sdk is not None:
         configs.append(sdk)
@@ -1138,6 +1208,8 @@ async def build_one(world: World, name: str) -> Config:
     if name == "floor":
         client, thread_id = await world.bare()
         return FloorConfig("floor", client, thread_id)
+    if name == "durable-floor":
+        return await world.durable_floor()
     if name == "sdk":
         sdk = await world.sdk()
         if sdk is None:
