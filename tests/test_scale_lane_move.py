@@ -61,6 +61,9 @@ _RUNNING = {
     "deduplication_id": "dedup-1",
     "started_at_epoch_ms": 1_000,
     "completed_at": 2_000,
+    # kept by both (the destination's dequeue filters on the version, orders by priority)
+    "application_version": "v-pin",
+    "priority": 7,
 }
 
 
@@ -152,33 +155,47 @@ def _where(db_url: str, turn_ids: list[str]) -> list[tuple[str, str]]:
     return [(rows[t]["status"], rows[t]["queue_name"]) for t in turn_ids]
 
 
-#: The mover's writes, in the order it makes them: it is killed at each in turn.
-_WRITES = ("INSERT INTO codex_turn_takeovers", "workflow_status SET", "UPDATE codex_turn_routes")
+#: The mover's writes, in the order it makes them, and its commit: it is killed at each.
+_KILL_POINTS = (
+    "INSERT INTO codex_turn_takeovers",
+    "workflow_status SET",
+    "UPDATE codex_turn_routes",
+    "commit",
+)
 
 _MOVER = textwrap.dedent(
     """
     import os, signal, sys
     import sqlalchemy as sa
+    from dbos import DBOSClient
     from codex_turn.scale._locks import executor_locks_for
-    from codex_turn.scale._routing import Router, worker_queue
+    from codex_turn.scale._routing import Router, evacuate, worker_queue
+    from codex_turn.scale._watchdog import DbosMoves
 
-    db_url, lane, write = sys.argv[1:4]
+    db_url, point = sys.argv[1:3]
+    client = DBOSClient(system_database_url=db_url, application_name="codex-turn")
     router = Router(db_url, statuses=lambda ids: {}, locks=executor_locks_for(db_url))
 
-    @sa.event.listens_for(router.engine, "before_cursor_execute")
-    def die(conn, cursor, statement, parameters, context, executemany):
-        if write in statement:
-            os.kill(os.getpid(), signal.SIGKILL)  # the mover dies inside its move
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)  # the mover dies inside its move
 
-    router.move_lane(lane, worker_queue("ghost"))
+    if point == "commit":
+        sa.event.listen(router.engine, "commit", lambda conn: die())
+    else:
+        @sa.event.listens_for(router.engine, "before_cursor_execute")
+        def before(conn, cursor, statement, parameters, context, executemany):
+            if point in statement:
+                die()
+
+    evacuate(router, DbosMoves(client), worker_queue("ghost"))
     sys.exit(3)  # not reached: the move makes every write it is killed at
     """
 )
 
 
-@pytest.mark.parametrize("write", _WRITES)
+@pytest.mark.parametrize("point", _KILL_POINTS)
 def test_a_mover_killed_inside_a_move_leaves_the_session_wholly_where_it_was(
-    tmp_path: Path, db_url: str, queue: TurnQueue, write: str
+    tmp_path: Path, db_url: str, queue: TurnQueue, point: str
 ) -> None:
     turn_ids = _on_ghost(tmp_path, db_url, queue, 3)
     before = _where(db_url, turn_ids)
@@ -189,7 +206,7 @@ def test_a_mover_killed_inside_a_move_leaves_the_session_wholly_where_it_was(
     ]
     with _peer(db_url) as (router, _client):
         mover = subprocess.run(
-            [sys.executable, "-c", _MOVER, db_url, LANE, write],
+            [sys.executable, "-c", _MOVER, db_url, point],
             cwd=Path(__file__).resolve().parents[1],
             capture_output=True,
             timeout=60,
@@ -225,7 +242,7 @@ def test_a_turn_submitted_after_a_move_goes_behind_the_moved_ones(
         assert _where(db_url, [*turn_ids, "g-late"]) == [("ENQUEUED", worker_queue("peer"))] * 3
 
 
-def test_a_session_with_no_live_destination_stays_and_nothing_is_counted(
+def test_a_session_with_no_live_destination_goes_to_the_inbox_and_stays_there(
     tmp_path: Path, db_url: str, queue: TurnQueue
 ) -> None:
     turn_ids = _on_ghost(tmp_path, db_url, queue, 2)
@@ -236,7 +253,7 @@ def test_a_session_with_no_live_destination_stays_and_nothing_is_counted(
         assert move is not None
         assert move.destination == INBOX
         assert _where(db_url, turn_ids) == [("ENQUEUED", INBOX)] * 2
-        # ...and the inbox's own sweep finds no better place: they stay, uncounted again.
+        # ...and the inbox's own sweep finds no better place: they stay, not counted again.
         assert router.move_lane(LANE, INBOX) is None
         assert router.takeovers(turn_ids) == {"g-1": 1}
     finally:
@@ -259,6 +276,50 @@ def test_a_running_turn_past_its_takeovers_is_cancelled_and_the_rest_move(
             ("ENQUEUED", worker_queue("peer")),
         ]
         assert router.takeovers(turn_ids) == {"g-1": MAX_TAKEOVERS}
+
+
+def test_the_inbox_keeps_a_session_whose_turn_runs_there(
+    tmp_path: Path, db_url: str, queue: TurnQueue
+) -> None:
+    """Only a worker of an earlier version dequeues the inbox: a session with a turn running
+    there stays until it ends, decided in the move's own transaction (a claim made after the
+    sweep listed the inbox is seen)."""
+    from codex_turn.scale._routing import evacuate
+    from codex_turn.scale._watchdog import DbosMoves
+
+    handles = [queue.submit(_params(tmp_path, "s1", f"i-{n}"), turn_id=f"i-{n}") for n in (1, 2)]
+    assert [h.routed for h in handles] == ["inbox", "behind"]
+    _set(db_url, "i-1", {"status": "PENDING", "executor_id": "old-version"})
+    with _peer(db_url) as (router, client):
+        assert router.move_lane(LANE, INBOX, take_running=False) is None
+        # The sweep's own list of busy lanes is stale (empty): the move still keeps it.
+        assert evacuate(router, DbosMoves(client), INBOX, busy_lanes=lambda turns: set()) == 0
+        assert _where(db_url, ["i-1", "i-2"]) == [("PENDING", INBOX), ("ENQUEUED", INBOX)]
+        assert router.takeovers(["i-1"]) == {}
+
+
+def test_turns_an_earlier_version_left_on_another_queue_rejoin_their_route(
+    tmp_path: Path, db_url: str, queue: TurnQueue
+) -> None:
+    """An earlier version's turn-by-turn move, cut half-way, left a session's later turn on
+    the dead worker's queue while its route already named the destination: the later turn
+    joins the others there, not wherever the session would go afresh."""
+    turn_ids = _on_ghost(tmp_path, db_url, queue, 2)
+    other = executor_locks_for(db_url)
+    other.hold("other", 1)
+    with _peer(db_url) as (router, client):
+        router.set_worker("other", "serving")
+        with router.engine.begin() as conn:  # where the session would go afresh...
+            fresh = router.destination(conn, LANE, "ghost", exclude="ghost").queue
+            # ...and the other live worker, which its route names
+            named = ({worker_queue("peer"), worker_queue("other")} - {fresh}).pop()
+            router._write(conn, LANE, queue=named, last_turn_id="g-2", ran_on="ghost")
+        client.resume_workflows(["g-1"], queue_name=named)
+        move = router.move_lane(LANE, GHOST_QUEUE)
+        assert move is not None
+        assert move.destination == named
+        assert _where(db_url, turn_ids) == [("ENQUEUED", named)] * 2
+    other.release()
 
 
 # --- what DBOS must keep doing for the move to be DBOS's own ------------------------------------

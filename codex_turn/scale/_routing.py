@@ -56,6 +56,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal, Protocol
@@ -203,7 +204,7 @@ class LaneMove:
     """What :meth:`Router.move_lane` moved: the lane's turns (oldest first) and those of them
     that were running when their worker died (one more takeover each)."""
 
-    lane: str
+    lane: str = attrs.field(repr=lambda lane: repr(mask_session_key(lane)))
     destination: str
     turn_ids: tuple[str, ...]
     taken_over: tuple[str, ...]
@@ -255,6 +256,15 @@ class Router:
         self._dbos_options = {
             "schema_translate_map": {_DBOS_PLACEHOLDER: "dbos" if self.postgres else None}
         }
+        #: The database's clock in ms, as DBOS stamps ``updated_at`` (SQLite's before Python
+        #: 3.12 to the second, as DBOS's there).
+        if self.postgres:
+            now: Any = sa.func.extract("epoch", sa.func.now())
+        elif sys.version_info >= (3, 12):
+            now = sa.func.unixepoch("subsec")
+        else:
+            now = sa.func.strftime("%s", "now")
+        self._now_ms = sa.cast(now * 1000, sa.BigInteger)
         if self.postgres:
             url = sa.make_url(database_url).set(drivername="postgresql+psycopg")
             self.engine = sa.create_engine(url, pool_pre_ping=True)
@@ -454,18 +464,22 @@ class Router:
             )
             return {str(row[0]): int(row[1]) for row in rows}
 
-    def move_lane(self, lane: str, source: str) -> LaneMove | None:
+    def move_lane(self, lane: str, source: str, *, take_running: bool = True) -> LaneMove | None:
         """Move every unfinished turn of ``lane`` on ``source`` to the lane's destination and
         point its route there, in one transaction holding the route (the module's
         invariant): a mover killed at any moment leaves the lane wholly on ``source`` or
         wholly moved. Each turn that was running (its worker died under it) counts one more
-        takeover in the same transaction. ``None``: the lane stays (its destination is
-        ``source``, or none of its turns is left there). The caller is ``source``'s only
-        mover, and nothing dequeues ``source``."""
+        takeover in the same transaction. ``take_running=False`` (a queue whose worker may
+        still run a turn of it: the inbox, a draining worker): a lane with a running turn
+        there stays, decided in the transaction. ``None``: the lane stays (its destination is
+        ``source``, it has a running turn it may not take, or none of its turns is left
+        there). The caller is ``source``'s only mover."""
         status = WORKFLOW_STATUS
         on_source = sa.and_(
             status.c.queue_name == source,
-            status.c.status.in_(_MOVABLE),
+            # Literal, so that SQLite's planner uses DBOS's partial index of unfinished turns
+            # (bound values would scan every turn ever run, under the write lock).
+            status.c.status.in_([sa.literal_column(f"'{value}'") for value in _MOVABLE]),
             sa.or_(
                 status.c.queue_partition_key == lane,
                 # a turn of an earlier version, with no partition key: a lane of its own
@@ -474,19 +488,24 @@ class Router:
         )
         with self.locked(lane) as (conn, route):
             ran_on = route.ran_on if route is not None else None
-            target = self.destination(conn, lane, ran_on, exclude=queue_owner(source)).queue
+            target = (
+                self._rejoined(conn, route, source)
+                or self.destination(conn, lane, ran_on, exclude=queue_owner(source)).queue
+            )
             if target == source:
                 return None
-            rows = conn.execute(
+            query = (
                 sa.select(status.c.workflow_uuid, status.c.status)
                 .where(on_source)
-                .order_by(status.c.created_at, status.c.workflow_uuid),
-                execution_options=self._dbos_options,
-            ).all()
-            if not rows:
+                .order_by(status.c.created_at, status.c.workflow_uuid)
+            )
+            if self.postgres:  # against DBOS's claim of one of them (it skips locked rows)
+                query = query.with_for_update()
+            rows = conn.execute(query, execution_options=self._dbos_options).all()
+            running = tuple(str(row[0]) for row in rows if row[1] == "PENDING")
+            if not rows or (running and not take_running):
                 return None
             turn_ids = tuple(str(row[0]) for row in rows)
-            running = tuple(str(row[0]) for row in rows if row[1] == "PENDING")
             for turn_id in running:
                 conn.execute(
                     self._insert(TAKEOVERS)
@@ -499,7 +518,7 @@ class Router:
             conn.execute(
                 sa.update(status)
                 .where(on_source, status.c.workflow_uuid.in_(turn_ids))
-                .values(queue_name=target, updated_at=int(time.time() * 1000), **_RESUMED),
+                .values(queue_name=target, updated_at=self._now_ms, **_RESUMED),
                 execution_options=self._dbos_options,
             )
             if route is None or route.queue is None:  # turns with no route (an older version)
@@ -507,6 +526,24 @@ class Router:
             elif route.queue == source:
                 conn.execute(sa.update(ROUTES).where(ROUTES.c.lane == lane).values(queue=target))
         return LaneMove(lane, target, turn_ids, running)
+
+    def _rejoined(self, conn: sa.Connection, route: Route | None, source: str) -> str | None:
+        """The route's queue, for turns of a lane that an earlier version's turn-by-turn move
+        left behind on ``source`` (with this version the route names the queue of all the
+        lane's unfinished turns): they join the others there, while its worker serves."""
+        queue = route.queue if route is not None else None
+        owner = queue_owner(queue) if queue is not None else None
+        if route is None or queue is None or queue == source or owner is None:
+            return None
+        if owner == queue_owner(source) or not (self._serving(conn, owner) and self.alive(owner)):
+            return None
+        _log.warning(
+            "rejoined a session's turns left on another queue",
+            lane=mask_session_key(route.lane),
+            source=source,
+            destination=queue,
+        )
+        return queue
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -586,7 +623,9 @@ def evacuate(
                         lane=mask_session_key(lane),
                         takeovers=taken,
                     )
-            move = router.move_lane(lane, source)
+            # A queue with its own busy lanes (the inbox, a draining worker) may still run a
+            # turn of any lane: the move itself checks, in its transaction.
+            move = router.move_lane(lane, source, take_running=busy_lanes is None)
             if move is None:
                 continue
             total += len(move.turn_ids)
