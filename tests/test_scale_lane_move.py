@@ -5,11 +5,11 @@ sit on one queue, the route's. A move that went turn by turn and pointed the rou
 be cut half-way by the mover's death: the early turns on the destination, the later ones on the
 dead worker's queue under an unchanged route, and the dead worker, restarted, ran its queue's
 later turn before the earlier one elsewhere (the chaos test saw a transcript with turns
-1, 2, 4, 3, 5). Here a mover process is SIGKILLed inside its move, at each of its writes: the
-session is found wholly where it was, and the next mover moves it wholly, counting each
-takeover once. The move writes DBOS's own table, so what it writes is pinned against DBOS's
-public ``resume_workflows``: a DBOS that writes something else fails here (SQLite here,
-Postgres in ``tests/test_scale_postgres.py``).
+1, 2, 4, 3, 5). Here a mover process running the watchdog's ``evacuate`` is SIGKILLed inside
+its move, at each of its writes and at its commit: the session is found wholly where it was,
+and the next mover moves it wholly, counting each takeover once. The move writes DBOS's own
+table, so what it writes is pinned against DBOS's public ``resume_workflows``: a DBOS that
+writes something else fails here (SQLite here, Postgres in ``tests/test_scale_postgres.py``).
 
 No worker process and no Codex: turns are submitted to a DBOS queue and moved.
 """
