@@ -26,7 +26,7 @@ from dbos import error as dbos_error
 
 from codex_turn.harness.turn_api import TurnParams
 from codex_turn.harness.turn_context import prompt_identity_for
-from codex_turn.scale._routing import INBOX, Router, statuses_of
+from codex_turn.scale._routing import INBOX, OPEN_STATUSES, Router, statuses_of
 from codex_turn.scale._wake import Wakes, wake_directory
 from codex_turn.scale._wire import TurnRecord, params_to_wire, session_lane
 from codex_turn.scale._workflow import APP_NAME, WORKFLOW_NAME
@@ -106,7 +106,7 @@ class TurnHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._wakes.waiter(self.turn_id) as waiter:
             pace = _Pace(poll, self._wakes.available)
-            while (raw := self._read()).status in _OPEN_STATUSES:
+            while (raw := self._read()).status in OPEN_STATUSES:
                 wait = pace.next()
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -122,7 +122,7 @@ class TurnHandle:
         ``anyio.fail_after``."""
         with self._wakes.waiter(self.turn_id) as waiter:
             pace = _Pace(poll, self._wakes.available)
-            while (raw := await self._read_async()).status in _OPEN_STATUSES:
+            while (raw := await self._read_async()).status in OPEN_STATUSES:
                 pace.woken(await waiter.wait_async(pace.next()))
         return self._record(raw)
 
@@ -136,7 +136,6 @@ class TurnHandle:
         raise TurnFailed(f"turn {self.turn_id} failed: {raw.error or raw.status}") from raw.error
 
 
-_OPEN_STATUSES: Final = frozenset({"ENQUEUED", "DELAYED", "PENDING"})
 #: With wake-ups, how often a waiting handle reads the database anyway (a lost wake-up).
 WAKE_FALLBACK_S: Final = 0.05
 #: After a wake-up: the worker announced the end of the turn just before DBOS writes its

@@ -99,7 +99,7 @@ Locality = Literal["sticky", "moved", "first"]
 #: DBOS states of a turn that has not ended.
 OPEN_STATUSES: Final = frozenset({"ENQUEUED", "DELAYED", "PENDING"})
 #: The unfinished turns a mover takes: queued, or running on a worker that is gone.
-_MOVABLE: Final = ("ENQUEUED", "PENDING")
+MOVABLE_STATUSES: Final = ("ENQUEUED", "PENDING")
 
 _metadata = sa.MetaData()
 ROUTES: Final = sa.Table(
@@ -479,7 +479,7 @@ class Router:
             status.c.queue_name == source,
             # Literal, so that SQLite's planner uses DBOS's partial index of unfinished turns
             # (bound values would scan every turn ever run, under the write lock).
-            status.c.status.in_([sa.literal_column(f"'{value}'") for value in _MOVABLE]),
+            status.c.status.in_([sa.literal_column(f"'{value}'") for value in MOVABLE_STATUSES]),
             sa.or_(
                 status.c.queue_partition_key == lane,
                 # a turn of an earlier version, with no partition key: a lane of its own
@@ -531,11 +531,12 @@ class Router:
         """The route's queue, for turns of a lane that an earlier version's turn-by-turn move
         left behind on ``source`` (with this version the route names the queue of all the
         lane's unfinished turns): they join the others there, while its worker serves."""
-        queue = route.queue if route is not None else None
-        owner = queue_owner(queue) if queue is not None else None
-        if route is None or queue is None or queue == source or owner is None:
+        if route is None or route.queue is None or route.queue == source:
             return None
-        if owner == queue_owner(source) or not (self._serving(conn, owner) and self.alive(owner)):
+        queue, owner = route.queue, queue_owner(route.queue)
+        if owner is None or owner == queue_owner(source):
+            return None
+        if not (self._serving(conn, owner) and self.alive(owner)):
             return None
         _log.warning(
             "rejoined a session's turns left on another queue",

@@ -41,6 +41,7 @@ from codex_turn.scale._locks import (
 from codex_turn.scale._routing import (
     INBOX,
     INBOX_LOCK,
+    MOVABLE_STATUSES,
     Router,
     evacuate,
     statuses_of,
@@ -72,7 +73,7 @@ class DbosMoves:
     def unfinished(self, queue: str) -> Sequence[Any]:
         return self.client.list_workflows(
             queue_name=queue,
-            status=["ENQUEUED", "PENDING"],
+            status=list(MOVABLE_STATUSES),
             load_input=False,
             load_output=False,
         )
