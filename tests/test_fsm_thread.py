@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
+from typing import Any
 
 import attrs
 import pytest
 
-from codex_turn.fsm import ThreadAction, ThreadFacts, decide_thread
+from codex_turn.fsm import THREAD_RULES, ThreadAction, ThreadFacts, decide
 
 FIELDS = [f.name for f in attrs.fields(ThreadFacts)]
 
@@ -72,7 +74,7 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     "facts", ALL_FACTS, ids=lambda f: "".join("01"[v] for v in attrs.astuple(f))
 )
 def test_every_fact_combination_matches_the_oracle(facts: ThreadFacts) -> None:
-    decision = decide_thread(facts)
+    decision = decide(THREAD_RULES, facts)
     assert (decision.action, decision.project) == oracle(facts)
     assert decision.reason
     # The transcript stands in for the engine's context exactly when a base is bound, no
@@ -89,8 +91,8 @@ def test_projected_context_is_never_sent_into_a_resumed_thread_that_already_has_
     resumed_with_projection = [
         facts
         for facts in ALL_FACTS
-        if decide_thread(facts).action is ThreadAction.RESUME
-        and decide_thread(facts).project
+        if decide(THREAD_RULES, facts).action is ThreadAction.RESUME
+        and decide(THREAD_RULES, facts).project
         and facts.per_turn
         and facts.has_context
         and not facts.thread_bootstrap
@@ -99,17 +101,17 @@ def test_projected_context_is_never_sent_into_a_resumed_thread_that_already_has_
 
 
 def test_reasons_match_openclaw_log_vocabulary() -> None:
-    assert decide_thread(ThreadFacts()).reason == "missing-thread-binding"
+    assert decide(THREAD_RULES, ThreadFacts()).reason == "missing-thread-binding"
     matching = ThreadFacts(bound=True, thread_bootstrap=True, epoch_match=True, has_context=True)
-    assert decide_thread(matching).reason == "matching-thread-bootstrap-binding"
-    assert decide_thread(matching).project is False
+    assert decide(THREAD_RULES, matching).reason == "matching-thread-bootstrap-binding"
+    assert decide(THREAD_RULES, matching).project is False
 
 
 def test_a_changed_projection_fingerprint_inside_an_epoch_does_not_rotate() -> None:
     # The fingerprint is not a fact at all: only the epoch, the policy and the tools count.
     assert "fingerprint" not in FIELDS
     same_epoch = ThreadFacts(bound=True, thread_bootstrap=True, epoch_match=True)
-    assert decide_thread(same_epoch).action is ThreadAction.RESUME
+    assert decide(THREAD_RULES, same_epoch).action is ThreadAction.RESUME
 
 
 def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None:
@@ -117,7 +119,7 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
     # (raw prompt) and leaves the binding's engine record alone, so a later turn with context
     # still rotates and projects.
     for facts in ALL_FACTS:
-        decision = decide_thread(facts)
+        decision = decide(THREAD_RULES, facts)
         if (
             facts.bound
             and not facts.has_context
@@ -137,7 +139,7 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
 
 
 def test_a_refused_resume_rotates_with_the_projected_context() -> None:
-    decision = decide_thread(ThreadFacts(bound=True, resume_failed=True, has_context=True))
+    decision = decide(THREAD_RULES, ThreadFacts(bound=True, resume_failed=True, has_context=True))
     assert (decision.action, decision.project, decision.reason) == (
         ThreadAction.ROTATE,
         True,
@@ -149,7 +151,7 @@ def test_a_fork_base_is_never_resumed_and_items_never_reach_a_thread_that_keeps_
     # Issue 15: a base never runs a turn of its own (it would keep that turn for every later
     # fork), and items go nowhere but into a fork, where they die with it.
     for facts in ALL_FACTS:
-        decision = decide_thread(facts)
+        decision = decide(THREAD_RULES, facts)
         if facts.base_bound and (facts.has_context or facts.fork_failed):
             realistic = facts.per_turn or facts.thread_bootstrap or facts.fork_failed
             if realistic:
@@ -159,21 +161,21 @@ def test_a_fork_base_is_never_resumed_and_items_never_reach_a_thread_that_keeps_
 
 
 def test_base_table_keeps_the_bound_base_only_when_it_fits() -> None:
-    from codex_turn.fsm.thread import BaseAction, BaseFacts, decide_base
+    from codex_turn.fsm.thread import BASE_RULES, BaseAction, BaseFacts
 
     for bits in itertools.product((False, True), repeat=4):
         facts = BaseFacts(*bits)
-        bound = decide_base(facts).action is BaseAction.BOUND
+        bound = decide(BASE_RULES, facts).action is BaseAction.BOUND
         fits = facts.tools_match and facts.engine_match and facts.cwd_match
         assert bound == (facts.base_bound and fits), facts
 
 
 def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
-    from codex_turn.fsm.thread import FormFacts, ProjectionForm, decide_form
+    from codex_turn.fsm.thread import FORM_RULES, FormFacts, ProjectionForm
 
-    for bits in itertools.product((False, True), repeat=6):
+    for bits in itertools.product((False, True), repeat=7):
         facts = FormFacts(*bits)
-        decision = decide_form(facts)
+        decision = decide(FORM_RULES, facts)
         items = (
             not facts.text_requested
             and facts.per_turn
@@ -181,18 +183,19 @@ def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
             and not facts.tools_dropped
             and facts.convertible
             and facts.fits
+            and facts.has_items
         )
-        assert (decision.form is ProjectionForm.ITEMS) == items, facts
+        assert (decision.action is ProjectionForm.ITEMS) == items, facts
         assert decision.reason
 
 
 def test_fork_table_continues_a_kept_fork_only_when_every_condition_holds() -> None:
-    from codex_turn.fsm.thread import FORK_RULES, ForkAction, ForkFacts, decide_fork
+    from codex_turn.fsm.thread import FORK_RULES, ForkAction, ForkFacts
 
     reasons = set()
     for bits in itertools.product((False, True), repeat=5):
         facts = ForkFacts(*bits)
-        decision = decide_fork(facts)
+        decision = decide(FORK_RULES, facts)
         reasons.add(decision.reason)
         sound = (
             facts.kept
@@ -203,4 +206,119 @@ def test_fork_table_continues_a_kept_fork_only_when_every_condition_holds() -> N
         )
         assert (decision.action is ForkAction.CONTINUE) == sound, facts
     # Every rule decides some combination: none is shadowed by an earlier one.
-    assert reasons == {rule.reason for rule in FORK_RULES}
+    assert reasons == {rule.decision.reason for rule in FORK_RULES}
+
+
+def test_keep_table_keeps_a_fork_only_when_its_record_is_exact() -> None:
+    from codex_turn.fsm.thread import KEEP_RULES, KeepAction, KeepFacts
+
+    reasons = set()
+    for bits in itertools.product((False, True), repeat=len(attrs.fields(KeepFacts))):
+        facts = KeepFacts(*bits)
+        decision = decide(KEEP_RULES, facts)
+        reasons.add(decision.reason)
+        exact = (
+            facts.completed
+            and facts.convertible
+            and not facts.steer_unconfirmed
+            and not facts.unmirrored_items
+            and not facts.prompt_differs
+            and not facts.images_sent
+        )
+        assert (decision.action is KeepAction.KEEP) == exact, facts
+    assert reasons == {rule.decision.reason for rule in KEEP_RULES}
+
+
+def _tables() -> list[tuple[str, tuple[Any, ...], type]]:
+    from codex_turn.fsm import thread
+
+    return [
+        ("thread", thread.THREAD_RULES, thread.ThreadFacts),
+        ("resume", thread.RESUME_RULES, thread.ResumeFacts),
+        ("base", thread.BASE_RULES, thread.BaseFacts),
+        ("fork", thread.FORK_RULES, thread.ForkFacts),
+        ("form", thread.FORM_RULES, thread.FormFacts),
+        ("keep", thread.KEEP_RULES, thread.KeepFacts),
+    ]
+
+
+@pytest.mark.parametrize(("name", "rules", "facts"), _tables(), ids=[t[0] for t in _tables()])
+def test_every_table_names_only_its_own_facts_and_ends_unconditionally(
+    name: str, rules: tuple[Any, ...], facts: type
+) -> None:
+    fields = {f.name for f in attrs.fields(facts)}
+    for rule in rules:
+        assert set(rule.when) | set(rule.unless) <= fields, (name, rule)
+    assert rules[-1].when == ()
+    assert rules[-1].unless == ()
+
+
+def test_the_harness_gathers_every_fact_each_table_reads() -> None:
+    """The harness's fact objects (costly facts computed on first read) carry every fact
+    name of their table: a missing one would fail only on the turn that reaches its row."""
+    from codex_turn.fsm import thread
+    from codex_turn.harness.forms import ConversionFacts, SettleFacts, TurnThreadFacts
+
+    for facts, gathered in (
+        (thread.ThreadFacts, TurnThreadFacts),
+        (thread.FormFacts, ConversionFacts),
+        (thread.KeepFacts, SettleFacts),
+    ):
+        names = {f.name for f in attrs.fields(facts)}
+        # Instance attributes are set in __init__; the costly ones are properties.
+        source = inspect.getsource(gathered)
+        missing = {n for n in names if not hasattr(gathered, n) and f"self.{n} =" not in source}
+        assert not missing, (gathered.__name__, missing)
+
+
+def test_a_plan_reads_only_the_tables_its_action_needs() -> None:
+    from codex_turn.fsm.thread import (
+        BaseAction,
+        BaseFacts,
+        Choice,
+        ForkAction,
+        ForkFacts,
+        ResumeAction,
+        ResumeFacts,
+        plan_thread,
+    )
+
+    read: list[str] = []
+
+    class Facts:
+        @property
+        def resume(self) -> ResumeFacts:
+            read.append("resume")
+            return ResumeFacts(loaded=True, settings_match=True)
+
+        @property
+        def base(self) -> BaseFacts:
+            read.append("base")
+            return BaseFacts()
+
+        def fork(self, base: Choice[BaseAction]) -> ForkFacts:
+            read.append(f"fork:{base.action.value}")
+            return ForkFacts()
+
+    for row in THREAD_RULES:
+        read.clear()
+        plan = plan_thread(row.decision, Facts())
+        assert plan.decision is row.decision
+        if row.decision.action is ThreadAction.RESUME:
+            assert read == ["resume"]
+            assert plan.resume is not None
+            assert plan.resume.action is ResumeAction.REUSE
+            assert plan.base is None
+            assert plan.fork is None
+        elif row.decision.action is ThreadAction.FORK:
+            assert read == ["base", "fork:new"]  # no base bound: a new one, nothing kept
+            assert plan.base is not None
+            assert plan.base.action is BaseAction.NEW
+            assert plan.fork is not None
+            assert plan.fork.action is ForkAction.NEW
+            assert plan.resume is None
+        else:
+            assert read == []
+            assert plan.resume is None
+            assert plan.base is None
+            assert plan.fork is None

@@ -14,7 +14,7 @@ from support.fake_appserver import FakeAppServer
 from support.turns import temporary_session_file, turn_params
 
 from codex_turn import TurnOutcome, run_codex_turn
-from codex_turn.fsm import ResumeAction, ResumeFacts, decide_resume
+from codex_turn.fsm import RESUME_RULES, ResumeAction, ResumeFacts, decide
 from codex_turn.harness.appserver import (
     AppServerClient,
     AppServerConfig,
@@ -36,7 +36,7 @@ FIELDS = [f.name for f in attrs.fields(ResumeFacts)]
     ],
 )
 def test_reuse_only_a_loaded_unchanged_uncompacted_thread(facts: ResumeFacts) -> None:
-    decision = decide_resume(facts)
+    decision = decide(RESUME_RULES, facts)
     wanted = facts.loaded and facts.settings_match and not facts.compacted
     assert (decision.action is ResumeAction.REUSE) is wanted
     if not facts.loaded:

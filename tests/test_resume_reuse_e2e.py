@@ -2,7 +2,7 @@
 
 A bound thread that this app-server process loaded with the very settings this turn sends,
 and that Codex has neither compacted nor unloaded since, gets ``turn/start`` directly (the
-resume table, :func:`codex_turn.fsm.thread.decide_resume`). These tests prove on what the
+resume table, :data:`codex_turn.fsm.thread.RESUME_RULES`). These tests prove on what the
 model received that nothing is lost by it: the developer instructions reach the model on
 every turn, also after an in-turn compaction; a change of instructions or runtime policy
 still resumes, a change of tools still rotates, a new process resumes.

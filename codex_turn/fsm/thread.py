@@ -43,9 +43,15 @@ made once per turn from facts, and it lives here as an ordered table of rules:
   thread with the text frame of that context;
 * otherwise resume the bound thread.
 
-The first rule whose guards hold decides. Like the turn table this module performs no I/O:
-the orchestrator gathers :class:`ThreadFacts` from the binding and the engine's assembly,
-asks :func:`decide_thread`, and fires ``thread_started``/``thread_resumed``/``thread_rotated``.
+The first rule whose guards hold decides. Like the turn table this module performs no I/O.
+Every table here has one shape: a tuple of :class:`Rule` rows, each naming the facts that must
+hold (``when``) and must not (``unless``) and the decision it gives, read by the one
+:func:`decide`. Facts are read by name, in row order, and only as far as the first row that
+holds: a fact that costs work (converting an assembly, rendering a frame) is computed only
+when a row asks for it (the harness passes facts whose costly fields are computed on first
+read). :func:`plan_thread` evaluates the tables a turn needs in one pass into a frozen
+:class:`ThreadPlan`; the harness carries the plan out and reports what happened as a
+past-tense trigger (``thread_started``/``thread_resumed``/``thread_rotated``/...).
 
 How a *resume* is carried out is a second, smaller table (:data:`RESUME_RULES`). A
 ``thread/resume`` loads the thread and re-sends the developer instructions and the runtime
@@ -87,7 +93,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import attrs
 
@@ -95,29 +101,73 @@ __all__ = [
     "BASE_RULES",
     "FORK_RULES",
     "FORM_RULES",
+    "KEEP_RULES",
     "RESUME_RULES",
     "THREAD_RULES",
     "BaseAction",
-    "BaseDecision",
     "BaseFacts",
+    "Choice",
     "ForkAction",
-    "ForkDecision",
     "ForkFacts",
-    "FormDecision",
     "FormFacts",
+    "KeepAction",
+    "KeepFacts",
+    "PlanFacts",
     "ProjectionForm",
     "ResumeAction",
-    "ResumeDecision",
     "ResumeFacts",
+    "Rule",
     "ThreadAction",
     "ThreadDecision",
     "ThreadFacts",
-    "decide_base",
-    "decide_fork",
-    "decide_form",
-    "decide_resume",
-    "decide_thread",
+    "ThreadPlan",
+    "decide",
+    "plan_thread",
 ]
+
+D = TypeVar("D")
+A = TypeVar("A", bound=enum.Enum)
+
+
+# --------------------------------------------------------------------------------------------
+# One shape for every table
+
+
+@attrs.frozen
+class Rule(Generic[D]):
+    """One row of a rule table: when every ``when`` fact holds and no ``unless`` fact does,
+    the table answers ``decision``."""
+
+    decision: D
+    when: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
+
+    def holds(self, facts: object) -> bool:
+        # Short-circuits left to right: a costly fact is read only when the row needs it.
+        return all(getattr(facts, name) for name in self.when) and not any(
+            getattr(facts, name) for name in self.unless
+        )
+
+
+def decide(rules: Sequence[Rule[D]], facts: object) -> D:
+    """The decision of the first row of ``rules`` that holds for ``facts`` (every table ends
+    with an unconditional row)."""
+    for rule in rules:
+        if rule.holds(facts):
+            return rule.decision
+    raise AssertionError("a rule table ends with an unconditional rule")  # pragma: no cover
+
+
+@attrs.frozen
+class Choice(Generic[A]):
+    """The answer of a small table: what to do, and why (a stable, loggable reason)."""
+
+    action: A
+    reason: str
+
+
+# --------------------------------------------------------------------------------------------
+# Start, resume, rotate, transient or fork
 
 
 class ThreadAction(enum.Enum):
@@ -149,12 +199,10 @@ class ThreadFacts:
 
 
 @attrs.frozen
-class ThreadRule:
+class ThreadDecision:
     action: ThreadAction
     project: bool  # send the projected prompt (else the raw prompt)
     reason: str
-    when: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
     #: The binding takes this turn's engine record and tools fingerprint (else the bound
     #: thread keeps its own, so the change still takes effect on the next turn with context).
     rebind: bool = True
@@ -162,116 +210,85 @@ class ThreadRule:
     #: bound thread, a fork base, holds no conversation).
     transcript: bool = False
 
-    def holds(self, facts: ThreadFacts) -> bool:
-        return _holds(self.when, self.unless, facts)
+
+def _thread(
+    action: ThreadAction,
+    project: bool,
+    reason: str,
+    *,
+    when: tuple[str, ...] = (),
+    unless: tuple[str, ...] = (),
+    rebind: bool = True,
+    transcript: bool = False,
+) -> Rule[ThreadDecision]:
+    return Rule(ThreadDecision(action, project, reason, rebind, transcript), when, unless)
 
 
-def _holds(when: tuple[str, ...], unless: tuple[str, ...], facts: object) -> bool:
-    return all(getattr(facts, name) for name in when) and not any(
-        getattr(facts, name) for name in unless
-    )
+T = ThreadAction
 
-
-_F_contra = TypeVar("_F_contra", contravariant=True)
-
-
-class _Guarded(Protocol[_F_contra]):
-    def holds(self, facts: _F_contra) -> bool: ...
-
-
-_R = TypeVar("_R", bound=_Guarded[Any])
-
-
-def _first_holding(rules: Sequence[_R], facts: object) -> _R:
-    """The first of ``rules`` that holds for ``facts`` (every table ends unconditionally)."""
-    for rule in rules:
-        if rule.holds(facts):
-            return rule
-    raise AssertionError("a rule table ends with an unconditional rule")  # pragma: no cover
-
-
-@attrs.frozen
-class ThreadDecision:
-    action: ThreadAction
-    project: bool
-    reason: str
-    rebind: bool = True
-    transcript: bool = False
-
-
-A = ThreadAction
-
-THREAD_RULES: tuple[ThreadRule, ...] = (
-    ThreadRule(
-        A.FORK,
+THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
+    _thread(
+        T.FORK,
         True,
         "per-turn-projection-items",
         when=("items",),
         unless=("tools_dropped", "fork_failed"),
     ),
-    ThreadRule(A.START, True, "missing-thread-binding", unless=("bound",)),
-    ThreadRule(A.ROTATE, True, "resume-failed", when=("resume_failed",)),
-    ThreadRule(A.TRANSIENT, True, "no-tools-transient-thread", when=("tools_dropped",)),
-    ThreadRule(
-        A.FORK,
+    _thread(T.START, True, "missing-thread-binding", unless=("bound",)),
+    _thread(T.ROTATE, True, "resume-failed", when=("resume_failed",)),
+    _thread(T.TRANSIENT, True, "no-tools-transient-thread", when=("tools_dropped",)),
+    _thread(
+        T.FORK,
         True,
         "fork-base-without-context",
         when=("base_bound", "engine_active", "can_inject"),
         unless=("has_context", "fork_failed"),
         transcript=True,
     ),
-    ThreadRule(
-        A.ROTATE,
+    _thread(
+        T.ROTATE,
         True,
         "fork-base-unusable-without-context",
         when=("base_bound",),
         unless=("has_context",),
         transcript=True,
     ),
-    ThreadRule(A.ROTATE, True, "fork-base-refused", when=("base_bound", "fork_failed")),
-    ThreadRule(
-        A.RESUME,
+    _thread(T.ROTATE, True, "fork-base-refused", when=("base_bound", "fork_failed")),
+    _thread(
+        T.RESUME,
         False,
         "context-unavailable-keep-thread",
         when=("engine_active",),
         unless=("tools_match", "has_context"),
         rebind=False,
     ),
-    ThreadRule(A.ROTATE, True, "dynamic-tools-changed", unless=("tools_match",)),
-    ThreadRule(
-        A.RESUME,
+    _thread(T.ROTATE, True, "dynamic-tools-changed", unless=("tools_match",)),
+    _thread(
+        T.RESUME,
         False,
         "context-unavailable-keep-thread",
         unless=("engine_match", "has_context"),
         rebind=False,
     ),
-    ThreadRule(
-        A.RESUME,
+    _thread(
+        T.RESUME,
         False,
         "context-unavailable-keep-thread",
         when=("thread_bootstrap",),
         unless=("epoch_match", "has_context"),
         rebind=False,
     ),
-    ThreadRule(A.ROTATE, True, "context-engine-policy-changed", unless=("engine_match",)),
-    ThreadRule(
-        A.RESUME,
+    _thread(T.ROTATE, True, "context-engine-policy-changed", unless=("engine_match",)),
+    _thread(
+        T.RESUME,
         False,
         "matching-thread-bootstrap-binding",
         when=("thread_bootstrap", "epoch_match"),
     ),
-    ThreadRule(A.ROTATE, True, "thread-bootstrap-epoch-changed", when=("thread_bootstrap",)),
-    ThreadRule(
-        A.ROTATE, True, "per-turn-projection-fresh-thread", when=("per_turn", "has_context")
-    ),
-    ThreadRule(A.RESUME, True, "compatible-thread-binding"),
+    _thread(T.ROTATE, True, "thread-bootstrap-epoch-changed", when=("thread_bootstrap",)),
+    _thread(T.ROTATE, True, "per-turn-projection-fresh-thread", when=("per_turn", "has_context")),
+    _thread(T.RESUME, True, "compatible-thread-binding"),
 )
-
-
-def decide_thread(facts: ThreadFacts) -> ThreadDecision:
-    """The first rule of :data:`THREAD_RULES` that holds for ``facts``."""
-    rule = _first_holding(THREAD_RULES, facts)
-    return ThreadDecision(rule.action, rule.project, rule.reason, rule.rebind, rule.transcript)
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,37 +309,14 @@ class ResumeFacts:
     compacted: bool = False  # Codex compacted it since (re-sent instructions may be gone)
 
 
-@attrs.frozen
-class ResumeRule:
-    action: ResumeAction
-    reason: str
-    when: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
-
-    def holds(self, facts: ResumeFacts) -> bool:
-        return _holds(self.when, self.unless, facts)
-
-
-@attrs.frozen
-class ResumeDecision:
-    action: ResumeAction
-    reason: str
-
-
 R = ResumeAction
 
-RESUME_RULES: tuple[ResumeRule, ...] = (
-    ResumeRule(R.RESUME, "thread-not-loaded-here", unless=("loaded",)),
-    ResumeRule(R.RESUME, "compacted-since-loaded", when=("compacted",)),
-    ResumeRule(R.RESUME, "thread-settings-changed", unless=("settings_match",)),
-    ResumeRule(R.REUSE, "thread-loaded-unchanged"),
+RESUME_RULES: tuple[Rule[Choice[ResumeAction]], ...] = (
+    Rule(Choice(R.RESUME, "thread-not-loaded-here"), unless=("loaded",)),
+    Rule(Choice(R.RESUME, "compacted-since-loaded"), when=("compacted",)),
+    Rule(Choice(R.RESUME, "thread-settings-changed"), unless=("settings_match",)),
+    Rule(Choice(R.REUSE, "thread-loaded-unchanged")),
 )
-
-
-def decide_resume(facts: ResumeFacts) -> ResumeDecision:
-    """The first rule of :data:`RESUME_RULES` that holds for ``facts``."""
-    rule = _first_holding(RESUME_RULES, facts)
-    return ResumeDecision(rule.action, rule.reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,38 +336,15 @@ class BaseFacts:
     cwd_match: bool = True  # ... in this turn's workspace (its environment context)
 
 
-@attrs.frozen
-class BaseRule:
-    action: BaseAction
-    reason: str
-    when: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
-
-    def holds(self, facts: BaseFacts) -> bool:
-        return _holds(self.when, self.unless, facts)
-
-
-@attrs.frozen
-class BaseDecision:
-    action: BaseAction
-    reason: str
-
-
 B = BaseAction
 
-BASE_RULES: tuple[BaseRule, ...] = (
-    BaseRule(B.NEW, "no-fork-base-bound", unless=("base_bound",)),
-    BaseRule(B.NEW, "fork-base-tools-changed", unless=("tools_match",)),
-    BaseRule(B.NEW, "fork-base-engine-changed", unless=("engine_match",)),
-    BaseRule(B.NEW, "fork-base-workspace-changed", unless=("cwd_match",)),
-    BaseRule(B.BOUND, "fork-base-bound"),
+BASE_RULES: tuple[Rule[Choice[BaseAction]], ...] = (
+    Rule(Choice(B.NEW, "no-fork-base-bound"), unless=("base_bound",)),
+    Rule(Choice(B.NEW, "fork-base-tools-changed"), unless=("tools_match",)),
+    Rule(Choice(B.NEW, "fork-base-engine-changed"), unless=("engine_match",)),
+    Rule(Choice(B.NEW, "fork-base-workspace-changed"), unless=("cwd_match",)),
+    Rule(Choice(B.BOUND, "fork-base-bound")),
 )
-
-
-def decide_base(facts: BaseFacts) -> BaseDecision:
-    """The first rule of :data:`BASE_RULES` that holds for ``facts``."""
-    rule = _first_holding(BASE_RULES, facts)
-    return BaseDecision(rule.action, rule.reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,39 +367,55 @@ class ForkFacts:
     extends: bool = False  # this turn's items begin with everything it holds
 
 
-@attrs.frozen
-class ForkRule:
-    action: ForkAction
-    reason: str
-    when: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
-
-    def holds(self, facts: ForkFacts) -> bool:
-        return _holds(self.when, self.unless, facts)
-
-
-@attrs.frozen
-class ForkDecision:
-    action: ForkAction
-    reason: str
-
-
 K = ForkAction
 
-FORK_RULES: tuple[ForkRule, ...] = (
-    ForkRule(K.NEW, "no-kept-fork", unless=("kept",)),
-    ForkRule(K.NEW, "kept-fork-turn-incomplete", unless=("completed",)),
-    ForkRule(K.NEW, "kept-fork-compacted", when=("compacted",)),
-    ForkRule(K.NEW, "kept-fork-settings-changed", unless=("settings_match",)),
-    ForkRule(K.NEW, "context-diverged-from-kept-fork", unless=("extends",)),
-    ForkRule(K.CONTINUE, "context-extends-kept-fork"),
+FORK_RULES: tuple[Rule[Choice[ForkAction]], ...] = (
+    Rule(Choice(K.NEW, "no-kept-fork"), unless=("kept",)),
+    Rule(Choice(K.NEW, "kept-fork-turn-incomplete"), unless=("completed",)),
+    Rule(Choice(K.NEW, "kept-fork-compacted"), when=("compacted",)),
+    Rule(Choice(K.NEW, "kept-fork-settings-changed"), unless=("settings_match",)),
+    Rule(Choice(K.NEW, "context-diverged-from-kept-fork"), unless=("extends",)),
+    Rule(Choice(K.CONTINUE, "context-extends-kept-fork")),
 )
 
 
-def decide_fork(facts: ForkFacts) -> ForkDecision:
-    """The first rule of :data:`FORK_RULES` that holds for ``facts``."""
-    rule = _first_holding(FORK_RULES, facts)
-    return ForkDecision(rule.action, rule.reason)
+# --------------------------------------------------------------------------------------------
+# Whether a fork is kept after its turn
+
+
+class KeepAction(enum.Enum):
+    KEEP = "keep"  # keep the fork (idle, loaded) with an exact record of what it holds
+    RELEASE = "release"  # release it: no exact record of it can be made
+
+
+@attrs.frozen
+class KeepFacts:
+    """What the turn left in its fork, against what the engine will hand back next turn."""
+
+    completed: bool = False  # the turn completed (an interrupted one may hold more)
+    convertible: bool = False  # its own messages convert as the engine will hand them back
+    #: A steer went to it whose fate stayed unknown: Codex may hold that message where no
+    #: record or mirror does (a runner that sends it again would show it twice).
+    steer_unconfirmed: bool = False
+    #: Items the mirror keeps none of (tool calls and outputs, commentary besides the reply).
+    unmirrored_items: bool = False
+    #: The prompt sent (a hook changed or cut it) is not the prompt mirrored.
+    prompt_differs: bool = False
+    images_sent: bool = False  # images went with the prompt (the mirror keeps text)
+
+
+E = KeepAction
+
+#: Reasons in snake_case: the log of a released fork has always named them so.
+KEEP_RULES: tuple[Rule[Choice[KeepAction]], ...] = (
+    Rule(Choice(E.RELEASE, "turn-incomplete"), unless=("completed",)),
+    Rule(Choice(E.RELEASE, "turn-unconvertible"), unless=("convertible",)),
+    Rule(Choice(E.RELEASE, "steer_unconfirmed"), when=("steer_unconfirmed",)),
+    Rule(Choice(E.RELEASE, "unmirrored_items"), when=("unmirrored_items",)),
+    Rule(Choice(E.RELEASE, "prompt_differs"), when=("prompt_differs",)),
+    Rule(Choice(E.RELEASE, "images_sent"), when=("images_sent",)),
+    Rule(Choice(E.KEEP, "fork-record-exact")),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,42 +433,72 @@ class FormFacts:
     per_turn: bool = False  # the engine projects per turn (not thread_bootstrap)
     can_inject: bool = False  # the app-server can fork and inject
     tools_dropped: bool = False  # a turn without the bound thread's tools (a transient one)
-    # Checked last (they cost a conversion): the messages convert, and some fit the cap.
+    # Read last (they cost a conversion): the messages convert, and some fit the cap.
     convertible: bool = True
     fits: bool = True
-
-
-@attrs.frozen
-class FormRule:
-    form: ProjectionForm
-    reason: str
-    when: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
-
-    def holds(self, facts: FormFacts) -> bool:
-        return _holds(self.when, self.unless, facts)
-
-
-@attrs.frozen
-class FormDecision:
-    form: ProjectionForm
-    reason: str
+    #: The conversion yields some items (an empty assembly has nothing to inject).
+    has_items: bool = True
 
 
 F = ProjectionForm
 
-FORM_RULES: tuple[FormRule, ...] = (
-    FormRule(F.TEXT, "text-frame-requested", when=("text_requested",)),
-    FormRule(F.TEXT, "thread-bootstrap-projection", unless=("per_turn",)),
-    FormRule(F.TEXT, "app-server-cannot-inject", unless=("can_inject",)),
-    FormRule(F.TEXT, "no-tools-transient-thread", when=("tools_dropped",)),
-    FormRule(F.TEXT, "assembly-unconvertible", unless=("convertible",)),
-    FormRule(F.TEXT, "assembly-exceeds-cap", unless=("fits",)),
-    FormRule(F.ITEMS, "structured-projection"),
+FORM_RULES: tuple[Rule[Choice[ProjectionForm]], ...] = (
+    Rule(Choice(F.TEXT, "text-frame-requested"), when=("text_requested",)),
+    Rule(Choice(F.TEXT, "thread-bootstrap-projection"), unless=("per_turn",)),
+    Rule(Choice(F.TEXT, "app-server-cannot-inject"), unless=("can_inject",)),
+    Rule(Choice(F.TEXT, "no-tools-transient-thread"), when=("tools_dropped",)),
+    Rule(Choice(F.TEXT, "assembly-unconvertible"), unless=("convertible",)),
+    Rule(Choice(F.TEXT, "nothing-to-project"), unless=("has_items",)),
+    Rule(Choice(F.TEXT, "assembly-exceeds-cap"), unless=("fits",)),
+    Rule(Choice(F.ITEMS, "structured-projection")),
 )
 
 
-def decide_form(facts: FormFacts) -> FormDecision:
-    """The first rule of :data:`FORM_RULES` that holds for ``facts``."""
-    rule = _first_holding(FORM_RULES, facts)
-    return FormDecision(rule.form, rule.reason)
+# --------------------------------------------------------------------------------------------
+# The plan: every table a turn needs, in one pass
+
+
+class PlanFacts(Protocol):
+    """Where a plan's facts come from (the harness gathers them for the turn, with the thread
+    settings the prompt hooks left). Each is an object with its table's fact names as
+    attributes."""
+
+    @property
+    def resume(self) -> object: ...
+
+    @property
+    def base(self) -> object: ...
+
+    def fork(self, base: Choice[BaseAction]) -> object:
+        """The kept fork's facts for the base the plan forks (a new base has none kept)."""
+        ...
+
+
+@attrs.frozen
+class ThreadPlan:
+    """How this turn obtains its thread: the thread decision, and for a resume how it is
+    carried out, for a fork which base and whether the kept fork is continued."""
+
+    decision: ThreadDecision
+    resume: Choice[ResumeAction] | None = None
+    base: Choice[BaseAction] | None = None
+    fork: Choice[ForkAction] | None = None
+
+    @property
+    def action(self) -> ThreadAction:
+        return self.decision.action
+
+
+def plan_thread(decision: ThreadDecision, facts: PlanFacts) -> ThreadPlan:
+    """The tables ``decision``'s action needs, in one pass (no other table's facts are read:
+    a resume never looks at kept forks, a start at the loaded thread).
+
+    The thread decision itself is taken earlier, once the assembly is known, because the
+    prompt hooks run on the prompt it chose; how it is carried out reads the thread settings
+    those hooks finalised (the instructions a loaded thread or a kept fork must match)."""
+    if decision.action is ThreadAction.RESUME:
+        return ThreadPlan(decision, resume=decide(RESUME_RULES, facts.resume))
+    if decision.action is ThreadAction.FORK:
+        base = decide(BASE_RULES, facts.base)
+        return ThreadPlan(decision, base=base, fork=decide(FORK_RULES, facts.fork(base)))
+    return ThreadPlan(decision)

@@ -381,6 +381,7 @@ async def _prepare(
         emit=_internal_only(turn, hooks),
         outcome=lambda: turn.outcome,
         cut_short=turn.cut_short_trigger,
+        turn=turn,
         switch=switch,
     )
     return context, turn

@@ -44,43 +44,26 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
-from codex_turn.fsm.thread import (
-    ProjectionForm,
-    ResumeAction,
-    ResumeFacts,
-    ThreadAction,
-    ThreadDecision,
-    decide_resume,
-    decide_thread,
-)
-from codex_turn.fsm.turn import FORM_TRIGGERS, THREAD_TRIGGERS, RunEnd, run_end_trigger
+from codex_turn.fsm.thread import ThreadAction, ThreadDecision
+from codex_turn.fsm.turn import FORM_TRIGGERS, RunEnd, run_end_trigger
 from codex_turn.harness._fs import run_in_worker, run_in_worker_then
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
-    AppServerRpcError,
     CodexTurnResult,
     CodexTurnStatus,
     Notification,
-    ThreadNotFound,
     TurnHandlePort,
-    settings_key,
 )
-from codex_turn.harness.binding import (
-    ProjectionBinding,
-    ThreadBinding,
-    clear_binding,
-    read_binding,
-)
+from codex_turn.harness.binding import ThreadBinding, read_binding
 from codex_turn.harness.engine import AgentMessage
+from codex_turn.harness.executors import start_thread
 from codex_turn.harness.forms import (
     as_items,
-    frame_may_be_sent,
-    release_kept_fork,
-    render_projection,
+    decide_thread,
+    frame_projection,
     session_conversion,
     settle_fork,
-    start_fork,
     transcript_context,
     unframed,
 )
@@ -120,9 +103,7 @@ from codex_turn.harness.turn_context import (
     Mirrored,
     Projected,
     Stage,
-    ThreadReady,
     TurnContext,
-    current_projection,
     engine_binding,
     engine_call,
     log_decision,
@@ -131,7 +112,6 @@ from codex_turn.harness.turn_context import (
     read_history_sync,
     runtime_context,
     save_binding,
-    thread_facts,
     unhooked_prompt,
 )
 
@@ -261,73 +241,85 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
 
 
 async def project(ctx: TurnContext) -> TurnTrigger:
+    """The form table's form for the assembly, and the thread decision on it: the frame is
+    rendered when the decision reads whether there is context, or sends it (a resumed thread
+    that carries this epoch's context gets the raw prompt, and no frame is rendered for it).
+    A render that fails falls back to the baseline prompt (``projection_failed``)."""
     assembled = ctx.assembled
     assert assembled is not None
     addition = assembled.result.system_prompt_addition
     conversion = session_conversion(ctx)
-    items = as_items(
+    form, items = as_items(
         ctx,
         assembled.result.messages,
         per_turn=assembled.bootstrap_epoch is None,
         source="assembly",
         cache=conversion,
     )
-    if items is not None:
-        # The structured form: the items go into a fork; no frame is rendered.
+    try:
+        # The structured form carries its items; the text form is framed when needed.
         ctx.projected = Projected(
             unframed(ctx, addition), framed=False, items=items, conversion=conversion
         )
-        return FORM_TRIGGERS[ProjectionForm.ITEMS]
-    if frame_may_be_sent(ctx):
-        projected = render_projection(ctx)
-    else:
-        # The thread decision sends the raw prompt whatever the assembly holds (the bound
-        # thread carries this epoch's context): render no frame only to throw it away.
-        try:
-            projected = Projected(unframed(ctx, addition), framed=False)
-        except Exception as error:
-            ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
-            projected = None
-    if projected is None:
+        ctx.decision = decide_thread(ctx)
+        _frame_if_sent(ctx, ctx.decision)
+    except Exception as error:
+        ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
+        ctx.projected = ctx.decision = None
         return T.PROJECTION_FAILED
-    ctx.projected = projected
-    return FORM_TRIGGERS[ProjectionForm.TEXT]
+    return FORM_TRIGGERS[form.action]
+
+
+def _frame_if_sent(ctx: TurnContext, decision: ThreadDecision) -> None:
+    """Render the frame ``decision`` sends, unless it is rendered already or the context
+    goes as items (raises what the projector raised)."""
+    projected = ctx.projected
+    if not decision.project or decision.transcript or projected is None or projected.framed:
+        return
+    if projected.items is None or decision.action is not ThreadAction.FORK:
+        ctx.projected = frame_projection(ctx)
 
 
 async def build_prompt(ctx: TurnContext) -> TurnTrigger:
-    """The thread decision (the thread table's), then before_prompt_build hooks on the prompt
-    and instructions it chose (the projected prompt, with the engine's addition)."""
-    decision = decide_thread(thread_facts(ctx))
-    if decision.transcript:
-        ctx.projected = transcript_context(ctx, decision)
-    ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
+    """The thread decision (taken when projecting; else now, from the facts without a
+    projection), then before_prompt_build hooks on the prompt and instructions it chose."""
+    decision = ctx.decision or decide_thread(ctx)
+    ctx.plan = plan_prompt(ctx, decision, await _prepare_prompt(ctx, decision))
     if ctx.projected is not None:
         log_decision(ctx, ctx.plan)
     return T.PROMPT_BUILT
 
 
 async def reproject(ctx: TurnContext) -> TurnTrigger:
-    """Codex refused the resume, or the fork: the thread table rotates, and the fresh thread
-    (no native history) gets the projected context as the text frame; the hooks run again
-    on the prompt now sent."""
+    """Codex refused the resume, or the fork: the thread table decides again with that fact
+    (it rotates), and the fresh thread (no native history) gets the projected context as the
+    text frame; the hooks run again on the prompt now sent. A frame that fails to render
+    here leaves the raw prompt, as a failed projection does."""
     stand_in = ctx.plan is not None and ctx.plan.decision.transcript
     if ctx.assembled is None or stand_in:
         ctx.projected = None  # the transcript's stand-in is chosen anew for the new decision
-    elif ctx.projected is not None and not ctx.projected.framed:
-        # The frame was not rendered because the resumed thread had the context, or the
-        # context was to go as items; the fresh thread needs it. A failure here leaves the
-        # raw prompt, as a failed projection does.
-        ctx.projected = render_projection(ctx)
-    decision = decide_thread(thread_facts(ctx))
-    if decision.transcript:
-        ctx.projected = transcript_context(ctx, decision)
-    ctx.plan = plan_prompt(ctx, decision, await _run_hooks(ctx, decision))
+    try:
+        decision = decide_thread(ctx)
+        _frame_if_sent(ctx, decision)
+    except Exception as error:
+        ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
+        ctx.projected = None
+        decision = decide_thread(ctx)
+    ctx.decision = decision
+    ctx.plan = plan_prompt(ctx, decision, await _prepare_prompt(ctx, decision))
     log_decision(ctx, ctx.plan)
     return T.REPROJECTED
 
 
-async def _run_hooks(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildResult:
-    """before_prompt_build on the prompt and instructions ``decision`` asks for."""
+async def _prepare_prompt(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildResult:
+    """The transcript's stand-in when ``decision`` asks for it (a fork base holds no
+    conversation), then before_prompt_build on the prompt and instructions it asks for."""
+    if decision.transcript:
+        try:
+            ctx.projected = transcript_context(ctx, decision)
+        except Exception as error:
+            ctx.log.warning(ASSEMBLE_FAILED_WARNING, error=format_error(error), stage="projection")
+            ctx.projected = None
     if not ctx.hooks.before_prompt_build:
         return PromptBuildResult()
     prompt, instructions = unhooked_prompt(ctx, decision)
@@ -341,132 +333,6 @@ async def _run_hooks(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildR
             messages=tuple(ctx.messages),
         ),
     )
-
-
-async def _clear_binding_quietly(ctx: TurnContext) -> None:
-    """A binding is an optimisation: failing to remove one never fails a turn."""
-    try:
-        await run_in_worker(clear_binding, ctx.session_file)
-    except Exception as error:
-        ctx.log.warning("failed to clear codex app-server binding", error=format_error(error))
-
-
-def _thread_settings(ctx: TurnContext) -> dict[str, Any]:
-    assert ctx.plan is not None
-    params = ctx.params
-    return {
-        "developer_instructions": ctx.plan.instructions,
-        "cwd": os.fspath(params.workspace_dir),
-        "model": params.model,
-        "tools": ctx.tools,
-        # The approval policy and sandbox are this turn's (turn/start): sent here they would
-        # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
-        "approvals_reviewer": params.approvals_reviewer,
-        "service_tier": params.service_tier,
-    }
-
-
-async def start_thread(ctx: TurnContext) -> TurnTrigger:
-    plan = ctx.plan
-    assert plan is not None
-    decision = plan.decision
-    bound = ctx.binding
-    settings = _thread_settings(ctx)
-    if decision.action is ThreadAction.FORK:
-        return await start_fork(ctx, settings)
-    if decision.action is ThreadAction.RESUME:
-        assert bound is not None
-        loaded = ctx.app_server.loaded_thread(bound.thread_id)
-        how = decide_resume(
-            ResumeFacts(
-                loaded=loaded is not None,
-                settings_match=loaded is not None and loaded.settings == settings_key(**settings),
-                compacted=loaded is not None and loaded.compacted,
-            )
-        )
-        try:
-            if how.action is ResumeAction.REUSE:
-                assert loaded is not None
-                result = loaded.result
-                if ctx.tools:
-                    ctx.app_server.bind_tools(bound.thread_id, ctx.tools)
-            else:
-                result = await ctx.app_server.resume_thread(bound.thread_id, **settings)
-        except AppServerRpcError as error:
-            # A live Codex answered that it cannot resume this thread: no such thread
-            # (ThreadNotFound), or a rollout it cannot read. Asking again gets the same
-            # answer, so the binding is worthless: rotate (with the projected context).
-            ctx.log.warning(
-                "codex app-server thread resume failed; starting a new thread",
-                error=format_error(error),
-                definitive=isinstance(error, ThreadNotFound),
-            )
-            ctx.resume_refused = True
-            return T.THREAD_RESUME_FAILED
-        except AppServerError as error:
-            # A timeout or a dead process says nothing about the thread: keep the binding
-            # (the conversation) and fail this turn; the next one resumes it.
-            ctx.log.warning(
-                "codex app-server thread resume failed; keeping the binding",
-                error=format_error(error),
-            )
-            ctx.start_error = format_error(error)
-            return T.THREAD_START_FAILED
-        # The thread keeps the projection it carries (a matching epoch, or none); a resume
-        # that kept the thread for want of context keeps the binding's engine record and
-        # tools fingerprint, so the change still takes effect on the next turn with context.
-        kept = bound.context_engine
-        record, tools = kept, bound.dynamic_tools_fingerprint
-        if decision.rebind:
-            record = engine_binding(ctx, kept.projection if kept is not None else None)
-            tools = ctx.tools_fingerprint
-        binding = await save_binding(
-            ctx, result, previous=bound, engine_record=record, tools_fingerprint=tools
-        )
-        ctx.thread = ThreadReady(result=result, binding=binding)
-        ctx.log = ctx.log.bind(thread_id=result.thread_id)
-        ctx.log.info("codex app-server thread resumed", reason=decision.reason, resume=how.reason)
-        return T.THREAD_RESUMED
-    retired: str | None = None
-    if decision.action is ThreadAction.ROTATE and bound is not None:
-        retired = bound.thread_id
-        await _clear_binding_quietly(ctx)
-        if bound.fork_base:
-            release_kept_fork(ctx, bound.thread_id)  # no turn forks that base again
-    try:
-        result = await ctx.app_server.start_thread(**settings)
-    except AppServerError as error:
-        ctx.log.warning("codex app-server thread start failed", error=format_error(error))
-        ctx.start_error = format_error(error)
-        return T.THREAD_START_FAILED
-    new_binding: ThreadBinding | None = None
-    pending: ProjectionBinding | None = None
-    # A transient thread serves this turn only: the binding keeps the tooled thread.
-    if decision.action is not ThreadAction.TRANSIENT:
-        # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
-        # context (run_turn): recorded earlier, a failed turn/start would make the next turn
-        # resume a thread that never received it (OpenClaw #88355). And only when this turn
-        # does carry it: a projection that failed sent the raw prompt.
-        if ctx.projected is not None and decision.project:
-            pending = current_projection(ctx)
-        new_binding = await save_binding(
-            ctx,
-            result,
-            previous=None,
-            engine_record=engine_binding(ctx, None),
-            tools_fingerprint=ctx.tools_fingerprint,
-        )
-    if retired is not None:
-        # The old thread runs no more turns: release what the client keeps for it.
-        ctx.app_server.forget_thread(retired)
-    ctx.thread = ThreadReady(result=result, binding=new_binding, pending_projection=pending)
-    ctx.log = ctx.log.bind(thread_id=result.thread_id)
-    trigger = THREAD_TRIGGERS[decision.action]
-    ctx.log.info(
-        "codex app-server thread " + ("rotated" if trigger is T.THREAD_ROTATED else "started"),
-        reason=decision.reason,
-    )
-    return trigger
 
 
 async def run_turn(ctx: TurnContext) -> TurnTrigger:

@@ -4,8 +4,9 @@ engine's binding record, the bounded engine call, the stripped-history reader).
 
 Every record is frozen and set once by the stage that produces it (see
 :mod:`codex_turn.harness.stages`); the context's inputs are read-only. Nothing here fires a
-trigger or decides a branch: the thread facts are gathered here and the thread table
-(:func:`codex_turn.fsm.thread.decide_thread`) decides.
+trigger or decides a branch: the thread facts are gathered here (:class:`TurnThreadFacts`,
+whose one costly fact renders the frame when the table first reads it) and the thread table
+(:data:`codex_turn.fsm.thread.THREAD_RULES`) decides.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio
 import attrs
 
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnFacts, TurnOutcome, TurnTrigger
-from codex_turn.fsm.thread import ThreadDecision, ThreadFacts
+from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness._fs import run_in_worker
 from codex_turn.harness.appserver import (
     AppServerPort,
@@ -55,7 +56,6 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
-from codex_turn.harness.structured import supports_structured
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
     InvalidTurnParams,
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
-    fingerprints_compatible,
     max_rendered_context_chars,
     truncate_older,
 )
@@ -94,7 +93,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_NO_TOOLS: Final = dynamic_tools_fingerprint(())
 YIELD_TOOL: Final = "sessions_yield"
 
 
@@ -201,6 +199,17 @@ class YieldSwitch:
     live_handle: TurnHandlePort | None = None
 
 
+class TurnRecord(Protocol):
+    """What the turn machine recorded that the thread facts read (one record of each fact:
+    the machine's, set when the trigger fired)."""
+
+    @property
+    def resume_failed(self) -> bool: ...
+
+    @property
+    def fork_failed(self) -> bool: ...
+
+
 @attrs.define(eq=False)
 class TurnContext:
     """One turn's inputs, read-only, and one slot per stage record."""
@@ -222,11 +231,16 @@ class TurnContext:
     outcome: Callable[[], TurnOutcome | None]
     #: The table's trigger for the current stage cut short by the caller (or ``None``).
     cut_short: Callable[[], TurnTrigger | None]
+    #: What the turn machine recorded (Codex refused this turn's resume or fork).
+    turn: TurnRecord
     switch: YieldSwitch = attrs.Factory(YieldSwitch)
     # Stage records, in the order the stages set them.
     history: HistoryRead | None = None
     assembled: Assembled | None = None
     projected: Projected | None = None
+    #: The thread decision, taken once the assembly is projected (or, without one, when the
+    #: prompt is built); taken again only after Codex refused the resume or the fork.
+    decision: ThreadDecision | None = None
     plan: PromptPlan | None = None
     thread: ThreadReady | None = None
     ran: CodexRan | None = None
@@ -243,10 +257,6 @@ class TurnContext:
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
     cleanup_deadline: float | None = None
-    #: Codex refused this turn's resume / its fork (facts of the thread decision that
-    #: follows the step back to reprojecting); set by the starting_thread stage.
-    resume_refused: bool = False
-    fork_refused: bool = False
     #: The turn's link to the runner while it runs: messages steered into it, its event
     #: stream, the files Codex saved (:mod:`codex_turn.harness.steering`); ``None``: none.
     live: LiveTurn | None = None
@@ -369,54 +379,13 @@ def engine_binding(
 
 def has_projected_context(ctx: TurnContext) -> bool:
     """The projection carries assembled history: items, or a frame that is more than the
-    prompt alone."""
+    prompt alone (a projection not framed carries none in its prompt)."""
     projected = ctx.projected
     if projected is None:
         return False
     if projected.items is not None:
         return bool(projected.items.items)
     return projected.projection.prompt_text != ctx.params.prompt.strip()
-
-
-def thread_facts(ctx: TurnContext) -> ThreadFacts:
-    binding = ctx.binding
-    wanted = engine_binding(ctx, None)
-    bound_engine = binding.context_engine if binding is not None else None
-    if wanted is None:
-        engine_match = bound_engine is None
-    else:
-        engine_match = (
-            bound_engine is not None
-            and bound_engine.engine_id == wanted.engine_id
-            and bound_engine.policy_fingerprint == wanted.policy_fingerprint
-        )
-    bound_projection = bound_engine.projection if bound_engine is not None else None
-    epoch = ctx.assembled.bootstrap_epoch if ctx.assembled is not None else None
-    fingerprint = ctx.tools_fingerprint
-    return ThreadFacts(
-        bound=binding is not None,
-        tools_match=binding is None
-        or fingerprints_compatible(binding.dynamic_tools_fingerprint, fingerprint),
-        tools_dropped=binding is not None
-        and binding.dynamic_tools_fingerprint not in (None, "", _NO_TOOLS)
-        and fingerprint == _NO_TOOLS,
-        engine_match=engine_match,
-        thread_bootstrap=epoch is not None,
-        epoch_match=epoch is not None
-        and bound_projection is not None
-        and bound_projection.mode == "thread_bootstrap"
-        and bound_projection.epoch == epoch,
-        per_turn=ctx.assembled is not None and epoch is None,
-        has_context=has_projected_context(ctx),
-        resume_failed=ctx.resume_refused,
-        engine_active=ctx.engine is not None,
-        items=ctx.projected is not None
-        and ctx.projected.items is not None
-        and has_projected_context(ctx),
-        base_bound=binding is not None and binding.fork_base,
-        fork_failed=ctx.fork_refused,
-        can_inject=supports_structured(ctx.app_server),
-    )
 
 
 def unhooked_prompt(ctx: TurnContext, decision: ThreadDecision) -> tuple[str, str | None]:
