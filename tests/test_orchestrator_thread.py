@@ -1,4 +1,7 @@
-"""Issue 10, "fix while reshaping": each test here failed on the code before the redesign.
+"""A turn's thread and context through the orchestrator: the context-loss fallback (a policy or
+tools change on a bound thread without context), resumes that are refused or time out, the
+hooks' view of the projected prompt, and what the turn reports beside them (prompt cache,
+runtime policy, diagnostics).
 
 The fast ones run against the in-process fake app-server (whose turn handle and projector are
 the product's own); the context-loss rule is proven end to end against the real binary: the

@@ -1,4 +1,4 @@
-"""Issue 11, the app-server's share, against in-process fakes (exact control, no binary).
+"""App-server faults against in-process fakes (exact control, no binary).
 
 * Liveness: a missed deadline asks once whether the process is alive; silence gets it killed
   and the connection closed (every pending call fails), and :class:`AppServer` replaces it
@@ -8,6 +8,8 @@
   raises both kinds.
 * Tool arguments are validated against the tool's schema before the host function runs.
 * Identifiers of any size are capped in logs and error messages.
+
+The same faults against the real binary: test_appserver_faults_e2e.py.
 """
 
 from __future__ import annotations

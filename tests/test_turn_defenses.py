@@ -1,6 +1,6 @@
-"""Issue 11 items that live in the turn itself: careless engines, hung engines, bad params.
-
-Each test failed on the code before its fix (noted per test). In-process fake app-server.
+"""What a turn does not let its inputs break: careless engines (editing what they were given,
+hanging in compaction, raising a BaseException), bad params, and transcripts or sidecars that
+cannot take the turn. In-process fake app-server.
 """
 
 from __future__ import annotations
