@@ -42,6 +42,8 @@ from codex_turn.harness.appserver.errors import (
     InvalidAppServerConfig,
 )
 
+pytestmark = pytest.mark.both_backends
+
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SCALARS = st.one_of(st.text(), INT64, st.booleans(), st.floats(allow_nan=False))
 VALUES = st.recursive(

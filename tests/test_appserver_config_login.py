@@ -33,6 +33,8 @@ from codex_turn.harness.appserver.errors import (
 )
 from codex_turn.testing import OfflineModel
 
+pytestmark = pytest.mark.both_backends
+
 SECRET = "sk-proj-NOT-A-REAL-KEY-0123456789abcdef"
 FAST_S = 10.0  # the check answers in milliseconds; a start is about 0.2 s
 

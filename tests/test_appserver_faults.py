@@ -48,15 +48,10 @@ from codex_turn.harness.appserver.client import LIVENESS_PROBE_METHOD, encode_me
 from codex_turn.harness.appserver.defaults import MAX_LOGGED_ID_CHARS
 from codex_turn.harness.appserver.errors import MAX_MESSAGE_CHARS
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 LIVENESS = 0.3
 Message = dict[str, Any]
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 class StoppableCodex:

@@ -40,7 +40,7 @@ from codex_turn.harness.appserver import (
 )
 from codex_turn.testing import OfflineModel, Reply
 
-pytestmark = [pytest.mark.anyio, pytest.mark.codex]
+pytestmark = [pytest.mark.anyio, pytest.mark.codex, pytest.mark.both_backends]
 
 ConfigFactory = Callable[..., AppServerConfig]
 

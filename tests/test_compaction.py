@@ -52,7 +52,7 @@ from codex_turn.harness.engine import (
     to_json,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 THREAD = "thread-1"
 DEV = "DEV_INSTRUCTIONS_MARKER"

@@ -47,11 +47,6 @@ ACTOR_HEADER = {"x-openai-actor-authorization": "codex-turn-offline-tests"}
 IMAGE_PROMPT = "A red dot on a white background"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each test starts a real process: one backend suffices
-
-
 def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
     """A valid PNG of one colour (distinct from the offline model's default image)."""
 

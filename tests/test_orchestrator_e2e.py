@@ -47,13 +47,6 @@ pytestmark = pytest.mark.anyio
 FRAME_HEADER = "OpenClaw assembled context for this turn:"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    # The client is tested on both backends in test_appserver*; here the orchestrator's
-    # behaviour is the subject, and each test starts a real process: one backend suffices.
-    return "asyncio"
-
-
 def assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": 1}
 

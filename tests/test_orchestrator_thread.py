@@ -11,7 +11,6 @@ model request of the fallback turn contains the earlier turns.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
-from support.turns import temporary_session_file, turn_params
+from support.turns import turn_params as params
 
 from codex_turn import (
     AppServer,
@@ -42,21 +41,6 @@ from codex_turn.testing import OfflineModel
 pytestmark = pytest.mark.anyio
 
 HEADER = "OpenClaw assembled context for this turn:"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def session_file() -> Iterator[str]:
-    with temporary_session_file("codex-turn-issue10-") as path:
-        yield path
-
-
-def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
-    return turn_params(session_file, prompt, **overrides)
 
 
 def memory_engine() -> RecordingEngine:

@@ -34,11 +34,6 @@ from codex_turn.testing import OfflineModel, Reply
 # --- the real binary --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each test starts a real process; the hop itself is checked on both below
-
-
 class _TranscriptFsyncs:
     """``os.fsync`` seen through the transcript's inode: what each call did, and a hook that
     may hold the first one of a turn (the prompt's)."""

@@ -458,11 +458,6 @@ async def test_cancellation_while_waiting_for_the_lease_leaves_nothing_held(
     assert result.outcome is TurnOutcome.COMPLETED
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- compaction, and lock paths that cannot be used --------------------------------------------
 
 

@@ -58,11 +58,6 @@ REPLY = "Done."
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def session_file(private_texts: set[str]) -> Iterator[str]:
     private_texts.add(PROMPT)  # the conftest guard fails the test if it reaches a log record
     with temporary_session_file("codex-turn-strict-") as path:

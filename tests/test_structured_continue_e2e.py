@@ -41,11 +41,6 @@ TURNS = 20  # the issue's bound: the 20th request holds every earlier turn exact
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def params(tmp_path: Path, workspace: Path) -> Callable[..., TurnParams]:
     def make(session: str = "s", **overrides: Any) -> TurnParams:
         values: dict[str, Any] = {

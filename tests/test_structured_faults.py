@@ -45,11 +45,6 @@ pytestmark = pytest.mark.anyio
 ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class ForkingFake(FakeAppServer):
     """The fake app-server with fork and inject, failing as told."""
 

@@ -287,11 +287,6 @@ class ConfigCodex:
         self._out.close()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def _resume_two(fake: ConfigCodex, tmp_path: Path) -> AppServerClient:
     config = AppServerConfig(codex_home=tmp_path / "home", write_config=False)
     async with AppServerClient.connect(config, transport=fake) as client:

@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import anyio
 import pytest
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
-from support.turns import temporary_session_file, turn_params
+from support.turns import turn_params
 
 from codex_turn import (
     AssembleResult,
@@ -32,17 +31,6 @@ from codex_turn.harness.compaction import CompactSessionParams, compact_codex_se
 from codex_turn.harness.session import clear_session_cache, load_session_messages
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def session_file() -> Iterator[str]:
-    with temporary_session_file("codex-turn-hardening-") as path:
-        yield path
 
 
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:

@@ -58,11 +58,6 @@ SCHEMA = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- the typed API ------------------------------------------------------------------------------
 
 

@@ -59,11 +59,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each e2e test starts a real process: one backend suffices
-
-
-@pytest.fixture
 def params(tmp_path: Path, workspace: Path, private_texts: set[str]) -> Callable[..., TurnParams]:
     def make(**overrides: Any) -> TurnParams:
         values: dict[str, Any] = {
