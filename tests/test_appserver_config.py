@@ -1,4 +1,4 @@
-"""config.toml and ``-c`` overrides (issue 17): valid TOML for any text, and a user's Codex
+"""config.toml and ``-c`` overrides: valid TOML for any text, and a user's Codex
 configuration is never overwritten by a private home.
 
 * TOML: everything written (config.toml through :func:`render_toml`, each ``-c`` value through

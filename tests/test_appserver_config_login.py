@@ -1,4 +1,4 @@
-"""The login check at start (issue 17): no credentials fail in seconds, not at turn_timeout.
+"""The login check at start: no credentials fail in seconds, not at turn_timeout.
 
 Against the real binary: an empty CODEX_HOME with Codex's default (OpenAI) configuration is
 refused with :class:`CodexLoginRequired` right after ``initialize``, before any thread or

@@ -67,7 +67,7 @@ def test_every_check_that_can_pass_a_stateless_engine_is_expected_to() -> None:
 
 
 def reference_engine(path: Path) -> object:
-    # Imported here, not at module level: the module is developed in parallel (issue 12 item 1).
+    # Imported here, not at module level: the module is developed in parallel.
     engines = importlib.import_module("codex_turn.engines")
     return engines.SqliteContextEngine(path)
 

@@ -1,4 +1,4 @@
-"""Issue 16, item 4 (media), end to end: files Codex saved reach ``TurnResult.files``.
+"""Media, end to end: files Codex saved reach ``TurnResult.files``.
 
 The real ``codex app-server`` 0.163 runs against the offline model. How Codex produces a
 generated image offline (found by probing the binary):

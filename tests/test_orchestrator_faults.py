@@ -1,4 +1,4 @@
-"""Fault injection over the whole turn orchestrator (issue 6, third test bullet).
+"""Fault injection over the whole turn orchestrator.
 
 ``run_codex_turn`` runs against the in-process :class:`~support.fake_appserver.FakeAppServer`
 (real ``TurnHandle`` and ``TurnProjector``), a :class:`~support.recording_engine.RecordingEngine`
@@ -7,7 +7,7 @@ injected at every stage:
 
 * engine: optional methods omitted, raising, or returning invalid results (``None``,
   ``{"messages": 5}`` ... for assemble); an engine without a required method is refused before
-  the turn starts (issue 17: ``test_an_engine_without_a_required_method_is_refused_up_front``);
+  the turn starts (``test_an_engine_without_a_required_method_is_refused_up_front``);
 * Codex: ``turn/start`` failing, the turn failing, interrupted, yielding through
   ``sessions_yield``, hanging into the idle or the turn timeout, the app-server dying mid-turn,
   an in-turn native compaction (complete, started only, legacy ``thread/compacted``);
@@ -20,7 +20,7 @@ injected at every stage:
 * the caller: cancelling mid-turn, or before Codex is reached; hooks and ``on_turn_end``
   raising; background maintenance with or without a scheduler.
 
-The invariants (issue 6): the turn always returns a result (or, when the caller cancelled,
+The invariants: the turn always returns a result (or, when the caller cancelled,
 hands it to ``on_turn_end`` and lets the cancellation propagate); bootstrap only with a prior
 session file and before assemble; exactly one finalize path per turn that ran; maintenance
 only when allowed; the user prompt is in the transcript exactly once (when the mirror worked;
@@ -446,7 +446,7 @@ def expected_outcome(ex: Example) -> TurnOutcome:
         "cancel": TurnOutcome.ABORTED,
     }[script.ending]
     if outcome is TurnOutcome.COMPLETED and ex.mirror_fails:
-        return TurnOutcome.UNSAVED  # issue 11: a reply the transcript could not take
+        return TurnOutcome.UNSAVED  # a reply the transcript could not take
     return outcome
 
 
@@ -1026,7 +1026,7 @@ def test_ingest_failure_continues_with_the_other_messages() -> None:
 
 @pytest.mark.parametrize("required", ["assemble", "ingest"])
 def test_an_engine_without_a_required_method_is_refused_up_front(required: str) -> None:
-    # Issue 17: such an engine used to run, failing its stage's edge with a warning only.
+    # Such an engine used to run, failing its stage's edge with a warning only.
     from codex_turn.harness.engine import EngineContractError
 
     obs = run_sync(Example(omit=frozenset({"after_turn", "ingest_batch", required})))
@@ -1168,7 +1168,7 @@ def test_mirror_failure_finalizes_from_history_plus_snapshot() -> None:
 
 
 def test_foreign_transcript_is_never_written() -> None:
-    # Issue 11: refused before anything reaches Codex (it used to run the model, then fail to
+    # Refused before anything reaches Codex (it used to run the model, then fail to
     # mirror), with a typed error; the foreign file is untouched.
     obs = _run(prior="corrupt")
     assert obs.prior_messages == []
@@ -1498,7 +1498,7 @@ async def test_a_mapping_info_in_background_mode_is_honoured(session_file: str) 
 async def test_an_engine_with_an_invalid_info_is_refused_before_the_turn_starts(
     session_file: str,
 ) -> None:
-    # Issue 17: it used to run the turn as plain Codex, with a warning only.
+    # It used to run the turn as plain Codex, with a warning only.
     from codex_turn.harness.engine import EngineContractError
 
     engine = RecordingEngine()

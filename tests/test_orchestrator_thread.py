@@ -213,9 +213,9 @@ async def test_the_maintenance_skip_is_logged_with_the_spec_line(session_file: s
 
 
 async def test_a_bound_thread_gets_and_records_the_runtime_policy(session_file: str) -> None:
-    """Issue 10 asked that a changed policy take effect on a bound thread without rotating
+    """A changed policy takes effect on a bound thread without rotating
     it. The service tier is re-sent on resume; the approval policy and sandbox are sent on
-    the turn's turn/start (issue 16: Codex ignores them on a resume of a loaded thread, and
+    the turn's turn/start (Codex ignores them on a resume of a loaded thread, and
     sent there they became the thread's sticky default). All are recorded in the binding."""
     server = FakeAppServer()
     await run_codex_turn(params(session_file, "one"), app_server=server)
@@ -238,7 +238,7 @@ async def test_a_bound_thread_gets_and_records_the_runtime_policy(session_file: 
     )
 
 
-# --- found in review (each failed before its fix) ------------------------------------------
+# --- more thread and turn cases (each failed before its fix) ------------------------------
 
 
 def _seed(session_file: str, *texts: str) -> None:
@@ -399,7 +399,7 @@ async def test_a_hung_on_turn_end_cannot_hold_a_cancelled_turn(session_file: str
 
 
 async def test_a_resume_that_merely_times_out_keeps_the_binding(session_file: str) -> None:
-    # Issue 11 item 3. Before: any resume failure cleared the binding and the next turn
+    # Before its fix: any resume failure cleared the binding and the next turn
     # started a fresh thread; the model forgot the conversation.
     from codex_turn.harness.appserver import AppServerTimeout
 
@@ -440,7 +440,7 @@ async def test_the_in_turn_owns_compaction_diagnostic_is_logged_by_default(
 async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_session(
     session_file: str,
 ) -> None:
-    # Found in review: a corrupt rollout (-32603 "failed to read thread") was treated as
+    # Before its fix: a corrupt rollout (-32603 "failed to read thread") was treated as
     # transient, the binding kept, and every later turn failed the same way.
     from codex_turn.harness.appserver import AppServerRpcError
 
@@ -457,7 +457,7 @@ async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_sessi
 async def test_the_frame_is_rendered_only_when_the_thread_decision_can_send_it(
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13's lazy projection: a resumed thread that carries this epoch's context gets
+    """The lazy projection: a resumed thread that carries this epoch's context gets
     the raw prompt, so the frame is not rendered; a refused resume renders it after all."""
     from codex_turn.harness.appserver import ThreadNotFound
 

@@ -1,4 +1,4 @@
-"""The prompt's fsync overlaps the model's turn (issue 13), and the worker pool behind it.
+"""The prompt's fsync overlaps the model's turn, and the worker pool behind it.
 
 A turn writes the user's prompt to the transcript before ``turn/start`` (a host that dies
 mid-turn keeps the user's words), and the ``fsync`` that only an OS crash needs runs in the

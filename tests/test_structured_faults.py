@@ -1,4 +1,4 @@
-"""How the structured projection's fork fails (issue 15), in process, no binary needed.
+"""How the structured projection's fork fails, in process, no binary needed.
 
 * Codex refusing (a JSON-RPC error) is definitive: the turn falls back to the text frame
   (``fork_failed`` -> ``reprojecting``); no answer (a timeout, a closed process) is not: the

@@ -1,4 +1,4 @@
-"""The structured projection through ``run_codex_turn``, against the real binary (issue 15).
+"""The structured projection through ``run_codex_turn``, against the real binary.
 
 An engine that projects per turn gets its assembly to Codex as Responses items, injected into
 an ephemeral fork of the session's base thread; the turn machine shows the branch

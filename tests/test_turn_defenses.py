@@ -34,6 +34,7 @@ pytestmark = pytest.mark.anyio
 
 
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
+    """Like ``support.turns.turn_params``, but with no session key."""
     return turn_params(session_file, prompt, session_key=None, **overrides)
 
 
@@ -281,7 +282,7 @@ async def test_a_copied_sidecar_is_ignored(tmp_path: Any) -> None:
 
 
 async def test_an_old_sidecar_copied_from_a_live_session_is_ignored(tmp_path: Any) -> None:
-    # Found in review: a pre-upgrade sidecar (no sessionId/transcriptId) copied next to
+    # Before its fix: a pre-upgrade sidecar (no sessionId/transcriptId) copied next to
     # another session's transcript was accepted, then "upgraded" into looking legitimate.
     from codex_turn.harness.binding import binding_path
 
@@ -301,7 +302,7 @@ async def test_an_old_sidecar_copied_from_a_live_session_is_ignored(tmp_path: An
 
 
 def test_a_torn_header_with_an_entry_glued_on_is_refused_not_wiped(tmp_path: Path) -> None:
-    # Found in review: "holds only a torn header" accepted any one unparseable line naming a
+    # Before its fix: "holds only a torn header" accepted any one unparseable line naming a
     # session header, so an entry glued onto a torn header was replaced (the words lost).
     from codex_turn import TranscriptUnwritable
     from codex_turn.harness.session import ensure_transcript_writable
@@ -321,7 +322,7 @@ def test_a_torn_header_with_an_entry_glued_on_is_refused_not_wiped(tmp_path: Pat
 
 
 async def test_a_sidecar_that_cannot_be_written_refuses_the_turn(tmp_path: Path) -> None:
-    # Found in review: with a directory at the binding path every turn started a new thread
+    # Before its fix: with a directory at the binding path every turn started a new thread
     # and reported "completed" while the model forgot the conversation.
     from codex_turn import TranscriptUnwritable
     from codex_turn.harness.binding import binding_path
@@ -335,7 +336,7 @@ async def test_a_sidecar_that_cannot_be_written_refuses_the_turn(tmp_path: Path)
 
 
 def test_images_from_a_generator_are_kept() -> None:
-    # Found in review: the validation consumed a generator and the turn had no images.
+    # Before its fix: the validation consumed a generator and the turn had no images.
     urls = (f"data:image/png;base64,AA{i}" for i in range(2))
     assert params("/tmp/s.jsonl", "look", images=urls).images == (
         "data:image/png;base64,AA0",

@@ -1,4 +1,4 @@
-"""A turn's worker-thread hops (issue 13): each costs two thread wake-ups (~0.2 ms of wall
+"""A turn's worker-thread hops: each costs two thread wake-ups (~0.2 ms of wall
 time and of CPU on this project's 2-vCPU machine), so a turn takes only the ones it needs.
 
 Five for a turn with or without an engine (that does not bootstrap): the session lease, the
