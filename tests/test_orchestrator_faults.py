@@ -27,7 +27,8 @@ only when allowed; the user prompt is in the transcript exactly once (when the m
 never otherwise); the FSM trace is a legal path (replayed on a fresh ``TurnModel`` and checked
 step by step against the independent oracle in ``tests/fsm_oracle.py``).
 
-The focused tests at the end pin the documented outcome of each failure kind.
+The focused tests after the property pin the documented outcome of each failure kind; the
+async scenarios at the end (both anyio backends) each pin one fault or race that once broke.
 """
 
 from __future__ import annotations
