@@ -332,7 +332,7 @@ async def bench_bootstrap(root: Path, megabytes: float) -> None:
     print(
         "    (in a turn the harness's read cache holds the parsed transcript, ~134k objects"
         " for 30 MB:\n    CPython's full collections after the read walk them, wherever they"
-        " land; that\n    pause is the read cache's (issue 13): the engine retains nothing)"
+        " land; that\n    pause is the read cache's: the engine retains nothing)"
     )
     warm.close()
     again = time.perf_counter()

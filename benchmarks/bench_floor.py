@@ -75,7 +75,7 @@ For every configuration: median wall time per turn, the ratio to the floor of th
 (ratio of medians, and the median of per-round ratios), client CPU per turn
 (``time.process_time()`` delta of this process, all threads, divided by turns) and, for
 codex-turn, the median time per FSM state (``TurnResult.durations_ms``; ``outside`` = wall
-time not covered by the trace). Goals (issue 13), printed beside each figure:
+time not covered by the trace). Goals, printed beside each figure:
 
 * no engine <= 1.03x floor; pass-through 1k <= 1.10x, 10k <= 1.15x, 100k <= 1.25x;
 * client CPU <= 2.5 ms/turn with no engine, <= 4 ms/turn pass-through at 10k;

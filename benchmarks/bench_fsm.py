@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fsm.py [--turns 100000]
 
-Targets (issue 2): <= 10 us per trigger, <= 150 us per turn (attach, full legal path,
+Targets: <= 10 us per trigger, <= 150 us per turn (attach, full legal path,
 detach), and no memory growth over 100k turns.
 """
 

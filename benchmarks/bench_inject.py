@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_inject.py [--sizes 10,100,1000] [--turns 12]
         [--only S1,S2] [--probe-only] [--json FILE]
 
-Issue 15 asks how to hand Codex an engine's assembled history as Responses items
+How to hand Codex an engine's assembled history as Responses items
 (``thread/inject_items``) without paying a new thread per turn, while keeping the prompt
 cache warm (Codex's ``prompt_cache_key`` is the thread id; an ephemeral fork keeps its
 parent's) and never letting projected context pile up in Codex's native history.
@@ -557,7 +557,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             model.requests.clear()
         report(rows)
         print(
-            "goals (issue 15): turn-structured <= 1.25x the floor at 1000 messages; "
+            "goals: turn-structured <= 1.25x the floor at 1000 messages; "
             "prefix >= 90% for a conversation that only grows"
         )
         out["rows"] = rows

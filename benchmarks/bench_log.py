@@ -1,12 +1,12 @@
-"""Cost of a log call: filtered out, and emitted (issue 13).
+"""Cost of a log call: filtered out, and emitted.
 
     python benchmarks/bench_log.py [--events 20000]
 
-A turn logs ~28 events (83 lines for 3 turns, issue 17). Every emitted event is scrubbed
+A turn logs ~28 events (83 lines for 3 turns). Every emitted event is scrubbed
 (about ten secret patterns and an assignment scan per string field); a filtered-out event must
 cost (almost) nothing: the level check comes before the event is built or scrubbed.
 
-Before/after (issue 13), measured interleaved in one process (the logger and redactor of the
+Before/after, measured interleaved in one process (the logger and redactor of the
 previous commit against these), best of 7, on a 2-core machine under heavy load (absolute
 figures vary 2-3x from run to run; the ratios hold), the ``turn finished`` event below with its
 five bound fields, microseconds per call:

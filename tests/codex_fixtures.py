@@ -27,9 +27,9 @@ Fixtures
     A started :class:`~codex_turn.harness.appserver.AppServer` on that config, recording every
     message it sends in ``appserver.sent``.
 
-The tests run on the anyio pytest plugin: mark async tests ``@pytest.mark.anyio``. anyio's own
-``anyio_backend`` fixture parametrizes over every installed backend, so each async test runs on
-asyncio *and* trio; override ``anyio_backend`` in a module to narrow that.
+The tests run on the anyio pytest plugin: mark async tests ``@pytest.mark.anyio``. They run on
+asyncio (``anyio_backend`` in ``tests/conftest.py``); a module marked
+``pytest.mark.both_backends`` runs each of its async tests on asyncio *and* trio.
 """
 
 from __future__ import annotations

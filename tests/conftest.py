@@ -1,4 +1,5 @@
-"""Shared test configuration: Hypothesis profiles and the Codex end-to-end fixtures."""
+"""Shared test configuration: Hypothesis profiles, the event loop of async tests, a turn's
+session file, the log privacy guard, and the Codex end-to-end fixtures."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from structlog.testing import capture_logs
+from support.turns import temporary_session_file
 
 pytest_plugins = ["codex_fixtures", "scale_fixtures", "pytester"]
 
@@ -24,6 +26,45 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+# --- the event loop of async tests ----------------------------------------------------------------
+#
+# An async test (``@pytest.mark.anyio``) runs on asyncio: most start a real process, or test code
+# whose backend does not matter, and one backend suffices. A module whose subject is code that
+# must work on every backend (the client, the lifecycle helpers, the engine contract...) marks
+# itself ``pytest.mark.both_backends``: each of its async tests then runs on asyncio and on trio.
+
+BOTH_BACKENDS = ("asyncio", "trio")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_backends: run each async test of the module on asyncio and on trio"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "anyio_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_backends"
+    ):
+        metafunc.parametrize("anyio_backend", BOTH_BACKENDS)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# --- a turn's session file ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def session_file() -> Iterator[str]:
+    """A transcript path in a fresh directory (the file itself does not exist yet); its read
+    cache is dropped afterwards."""
+    with temporary_session_file("codex-turn-session-") as path:
+        yield path
 
 
 # --- log privacy, for every test --------------------------------------------------------------

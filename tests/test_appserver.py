@@ -25,7 +25,7 @@ from codex_turn.harness.appserver import (
 )
 from codex_turn.testing import OfflineModel, RecordedRequest, Reply
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 ConfigFactory = Callable[..., AppServerConfig]
 

@@ -81,9 +81,7 @@ for line in sys.stdin:
 """
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+pytestmark = pytest.mark.both_backends
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""config.toml and ``-c`` overrides (issue 17): valid TOML for any text, and a user's Codex
+"""config.toml and ``-c`` overrides: valid TOML for any text, and a user's Codex
 configuration is never overwritten by a private home.
 
 * TOML: everything written (config.toml through :func:`render_toml`, each ``-c`` value through
@@ -41,6 +41,8 @@ from codex_turn.harness.appserver.errors import (
     CodexHomeNotPrivate,
     InvalidAppServerConfig,
 )
+
+pytestmark = pytest.mark.both_backends
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SCALARS = st.one_of(st.text(), INT64, st.booleans(), st.floats(allow_nan=False))

@@ -1,4 +1,4 @@
-"""The login check at start (issue 17): no credentials fail in seconds, not at turn_timeout.
+"""The login check at start: no credentials fail in seconds, not at turn_timeout.
 
 Against the real binary: an empty CODEX_HOME with Codex's default (OpenAI) configuration is
 refused with :class:`CodexLoginRequired` right after ``initialize``, before any thread or
@@ -32,6 +32,8 @@ from codex_turn.harness.appserver.errors import (
     CodexLoginRequired,
 )
 from codex_turn.testing import OfflineModel
+
+pytestmark = pytest.mark.both_backends
 
 SECRET = "sk-proj-NOT-A-REAL-KEY-0123456789abcdef"
 FAST_S = 10.0  # the check answers in milliseconds; a start is about 0.2 s

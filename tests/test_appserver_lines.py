@@ -16,11 +16,6 @@ from codex_turn.harness.appserver.client import TurnNotifications
 from codex_turn.harness.appserver.projector import Notification
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # _StdoutLines is the asyncio reader; TurnNotifications is backend-neutral
-
-
 @pytest.mark.anyio
 async def test_lines_are_split_across_chunks_and_wait_for_a_sink() -> None:
     lines = process._StdoutLines()

@@ -43,11 +43,6 @@ for raw in sys.stdin:
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the drain is backend-neutral; the protocol tests cover both backends
-
-
 async def _drained_stderr_records(tmp_path: Path, **config: Any) -> list[MutableMapping[str, Any]]:
     script = tmp_path / "stderr_server.py"
     script.write_text(SERVER)

@@ -47,14 +47,9 @@ from codex_turn.harness.appserver import (
 from codex_turn.harness.appserver.turn import _TURN_TABLE, _TurnInput
 from codex_turn.harness.compaction import CompactSessionParams
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 GRACE = 0.3  # the interrupt grace of these tests (Codex itself answers within milliseconds)
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 Message = dict[str, Any]

@@ -168,7 +168,7 @@ def test_unknown_commands_and_missing_arguments_are_usage_errors(tmp_path: Path)
 
 
 def test_an_unknown_flag_points_to_the_help_of_its_command(tmp_path: Path) -> None:
-    # Review of issue 17: it pointed to `codex-turn --help`, which does not list the flag.
+    # Before its fix: it pointed to `codex-turn --help`, which does not list the flag.
     done = run_cli("run", "s.jsonl", "--prompt", "hi", "--bogus", cwd=tmp_path)
     one_line_error(done, 2, "unrecognized arguments: --bogus (see codex-turn run --help)")
     done = run_cli("inspect", "--trace", "t.json", "--nope", cwd=tmp_path)
@@ -219,7 +219,7 @@ def test_compact_on_a_missing_session_says_so(tmp_path: Path) -> None:
 def test_a_bad_timeout_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Issue 17: `--timeout -5` printed a traceback.
+    # Before its fix: `--timeout -5` printed a traceback.
     session = write_session(tmp_path / "s.jsonl", "hello")
     one_line_error(run_cli("compact", str(session), "--timeout", "-5", cwd=tmp_path), 2, "-5")
     for value in ("0", "abc", "nan", "inf"):
@@ -256,7 +256,7 @@ def test_bad_run_inputs_fail_before_codex_starts(
 
 
 def test_engine_specs_load_from_the_current_directory(tmp_path: Path) -> None:
-    # Issue 17: `--engine mod:Attr` ignored the current directory. The installed entry point
+    # Before its fix: `--engine mod:Attr` ignored the current directory. The installed entry point
     # (whose sys.path does not hold the cwd) must find a module next to the user.
     (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
     session = write_session(tmp_path / "s.jsonl", "hello", "hi there")
@@ -278,7 +278,7 @@ def test_unexpected_errors_are_one_line_and_a_traceback_only_with_v(tmp_path: Pa
 
 
 def test_without_the_codex_extra_every_codex_command_is_one_typed_line(tmp_path: Path) -> None:
-    # Issue 17: the demo printed a 60-line traceback and raised a bare FileNotFoundError.
+    # Before its fix: the demo printed a 60-line traceback and raised a bare FileNotFoundError.
     env = without_codex(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
@@ -318,7 +318,7 @@ def test_inspect_shows_what_the_next_turn_would_see_and_decide(tmp_path: Path) -
 
 
 def test_inspect_with_engine_sqlite_never_creates_a_store(tmp_path: Path) -> None:
-    # Review of issue 17: `inspect --engine sqlite` created context.sqlite and loaded the
+    # Before its fix: `inspect --engine sqlite` created context.sqlite and loaded the
     # transcript into it. It uses an existing store only, and says when there is none.
     session = write_session(tmp_path / "s.jsonl", "remember Lisbon", "noted: Lisbon")
     done = run_cli("inspect", str(session), "--engine", "sqlite", cwd=tmp_path)
@@ -374,7 +374,7 @@ def test_inspect_trace_checks_each_step_against_the_turn_table(tmp_path: Path) -
 
 
 def test_inspect_trace_checks_the_whole_path_and_flags_every_bad_step(tmp_path: Path) -> None:
-    # Review of issue 17: steps were checked one at a time, so a path with a gap, one that
+    # Before its fix: steps were checked one at a time, so a path with a gap, one that
     # did not start at idle or did not end, and an empty one passed.
     cases = {
         # the turn stopped half-way: the last step does not reach a final state
@@ -424,7 +424,7 @@ def test_inspect_trace_checks_the_whole_path_and_flags_every_bad_step(tmp_path: 
 def test_a_file_that_is_not_a_transcript_is_refused_alike_by_every_command(
     tmp_path: Path,
 ) -> None:
-    # Review of issue 17: inspect showed 0 messages, run said "empty", compact spoke of a
+    # Before its fix: inspect showed 0 messages, run said "empty", compact spoke of a
     # binding. All refuse with the library's SessionFormatError and its reason, exit 3.
     from codex_turn.harness.session import SessionFormatError, ensure_transcript_writable
 
@@ -452,7 +452,7 @@ def test_a_file_that_is_not_a_transcript_is_refused_alike_by_every_command(
 
 
 def test_typos_in_paths_create_nothing(tmp_path: Path) -> None:
-    # Review of issue 17: a session in a missing directory, a mistyped --codex-home, and a
+    # Before its fix: a session in a missing directory, a mistyped --codex-home, and a
     # chat that ran no turn left directories, a store and a private home behind.
     work = tmp_path / "work"
     work.mkdir()
@@ -495,7 +495,7 @@ def test_diagrams_write_where_asked_never_into_the_current_directory(tmp_path: P
 
 
 def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) -> None:
-    # Issue 12: the embedded default. A session whose directory holds the reference engine's
+    # The embedded default. A session whose directory holds the reference engine's
     # store is compacted by that engine first (it owns compaction); `--engine none` opts out.
     import anyio
 
@@ -532,7 +532,7 @@ def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) ->
 
 
 def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path: Path) -> None:
-    # Review of issue 17: with the engine's part ok and no Codex binary for the native part,
+    # Before its fix: with the engine's part ok and no Codex binary for the native part,
     # compact printed "ok": true and exited 0. The result is printed, and the command fails.
     from codex_turn.harness.binding import ThreadBinding, write_binding
 
@@ -551,7 +551,7 @@ def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path:
 
 
 def test_run_chooses_the_projection_form() -> None:
-    # Issue 15: `--projection text` keeps OpenClaw's text frame; the default is structured.
+    # `--projection text` keeps OpenClaw's text frame; the default is structured.
     from codex_turn.cli import build_parser
 
     parser = build_parser()

@@ -71,7 +71,7 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
 def test_the_demo_shows_the_compacted_context_codex_received_and_chat_goes_on(
     tmp_path: Path, codex_binary: Path
 ) -> None:
-    # Review of issue 17: turn 4 said "context projected: True" without showing it, its
+    # Before its fix: turn 4 said "context projected: True" without showing it, its
     # reply was scripted, and the closing `chat ... --offline` hint took a transient thread
     # (the demo's thread had a dynamic tool, chat has none).
     done = run_cli("demo", "--out", "demo", "-q", cwd=tmp_path)
@@ -257,7 +257,7 @@ def _offline_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_doctor_checks_the_login_as_the_runtime_does(tmp_path: Path, codex_binary: Path) -> None:
-    # Review of issue 17: doctor ran `codex login status`, which says "Not logged in" for a
+    # Before its fix: doctor ran `codex login status`, which says "Not logged in" for a
     # home whose custom provider needs no login, while a turn starts fine there. Doctor now
     # makes the runtime's own check (account/read on a started app-server).
     env = _offline_env(tmp_path)
@@ -303,7 +303,7 @@ def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(
     (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
     session = str(write_session(tmp_path / "s.jsonl", "remember Lisbon", "noted: Lisbon"))
     engine = ("--engine", "myengine:bad_assemble", "--offline")
-    # Review of issue 17: the note said "no earlier conversation to project" when the engine's
+    # Before its fix: the note said "no earlier conversation to project" when the engine's
     # assemble() had failed (a contract violation, without --strict).
     lenient = run_cli("run", session, "--prompt", "which city?", *engine, cwd=tmp_path)
     assert lenient.returncode == 0, lenient.stderr
@@ -313,7 +313,7 @@ def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(
         "--strict: exit 7); Codex got the prompt alone)"
     ) in lenient.stdout
     assert "no earlier conversation" not in lenient.stdout
-    # Review of issue 17: `run --strict --json` printed nothing when the engine broke the
+    # Before its fix: `run --strict --json` printed nothing when the engine broke the
     # contract; the turn's JSON is printed, then the one-line error, exit 7.
     strict = run_cli(
         "run", session, "--prompt", "again", *engine, "--strict", "--json", "-q", cwd=tmp_path
@@ -331,7 +331,7 @@ def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(
 def test_with_json_logs_stderr_is_json_lines_progress_included(
     tmp_path: Path, codex_binary: Path
 ) -> None:
-    # Review of issue 17: with --log-format json and stderr not a terminal, plain
+    # Before its fix: with --log-format json and stderr not a terminal, plain
     # "progress: ..." lines were mixed into the JSON log lines.
     session = str(tmp_path / "s.jsonl")
     done = run_cli(
@@ -347,7 +347,7 @@ def test_with_json_logs_stderr_is_json_lines_progress_included(
 
 
 def test_a_codex_binary_of_ones_own_is_used(tmp_path: Path, codex_binary: Path) -> None:
-    # Review of issue 17: without the pinned package a user's own binary could not be used.
+    # Before its fix: without the pinned package a user's own binary could not be used.
     env = without_codex(tmp_path)
     work = tmp_path / "work"
     work.mkdir()

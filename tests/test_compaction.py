@@ -52,7 +52,7 @@ from codex_turn.harness.engine import (
     to_json,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 THREAD = "thread-1"
 DEV = "DEV_INSTRUCTIONS_MARKER"
@@ -831,7 +831,7 @@ def test_params_reject_nonsense_timeouts(tmp_path: Path) -> None:
 Factory = Callable[[str | None], contextlib.AbstractAsyncContextManager[Any]]
 
 
-# --- issue 10: budget compaction belongs to Codex unless an engine owns it ------------------
+# --- budget compaction belongs to Codex unless an engine owns it ---------------------------
 
 
 @pytest.mark.parametrize("trigger", ["budget", "overflow", "threshold"])

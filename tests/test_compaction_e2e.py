@@ -32,6 +32,8 @@ from codex_turn.harness.engine import CompactDetails, CompactResult
 from codex_turn.harness.session import mirror_turn
 from codex_turn.testing import OfflineModel, Reply
 
+pytestmark = pytest.mark.both_backends
+
 ConfigFactory = Callable[..., AppServerConfig]
 DEV = "DEV_INSTR_MARKER_c0mp: keep answers short."
 SUMMARY_PREFIX = "Another language model started to solve this problem"

@@ -18,7 +18,7 @@ import pytest
 from codex_turn.harness.engine import LegacyContextEngine
 from codex_turn.testing import CONFORMANCE_CHECKS, ConformanceCheck, RecordingEngine
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 _NONE = 'declared storage "none": the engine keeps nothing'
 #: Checks that do not apply to an engine that stores nothing, and the reason each reports.
@@ -38,11 +38,6 @@ STATELESS_ENGINES: dict[str, Any] = {
     "legacy": lambda path: LegacyContextEngine(),
     "recording": lambda path: RecordingEngine(),
 }
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.mark.parametrize("check", CONFORMANCE_CHECKS, ids=str)
@@ -72,7 +67,7 @@ def test_every_check_that_can_pass_a_stateless_engine_is_expected_to() -> None:
 
 
 def reference_engine(path: Path) -> object:
-    # Imported here, not at module level: the module is developed in parallel (issue 12 item 1).
+    # Imported here, not at module level: the module is developed in parallel.
     engines = importlib.import_module("codex_turn.engines")
     return engines.SqliteContextEngine(path)
 

@@ -55,11 +55,6 @@ ALL = frozenset(check.name for check in CONFORMANCE_CHECKS)
 _instances = itertools.count()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @attrs.frozen
 class Defects:
     """One flag per bug class; all false is a correct engine."""

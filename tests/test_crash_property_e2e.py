@@ -1,4 +1,4 @@
-"""Crash and fault property over the whole turn, against the real binary (issue 11, "Also").
+"""Crash and fault property over the whole turn, against the real binary.
 
 Hypothesis draws a session of a few turns; each turn meets one fault at a random stage: the
 app-server killed (SIGKILL) or stopped (SIGSTOP, a wedged process) while the model answers,

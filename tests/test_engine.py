@@ -51,10 +51,7 @@ from codex_turn.harness.engine import (
     to_json,
 )
 
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+pytestmark = pytest.mark.both_backends
 
 
 # --- JSON shapes ----------------------------------------------------------------------------

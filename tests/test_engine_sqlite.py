@@ -52,11 +52,6 @@ pytestmark = pytest.mark.anyio
 HUGE = 10_000_000
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the trio smoke test below covers the other backend
-
-
 def engine_at(tmp_path: Path, **kwargs: Any) -> SqliteContextEngine:
     kwargs.setdefault("settings", SMALL)
     return SqliteContextEngine(tmp_path / "store" / "context.sqlite", **kwargs)

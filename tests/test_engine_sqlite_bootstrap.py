@@ -54,11 +54,6 @@ REAL = sorted(FIXTURES.glob("*.jsonl"))
 assert REAL, f"no session fixtures in {FIXTURES}"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> Iterator[None]:
     clear_session_cache()

@@ -48,11 +48,6 @@ SETTINGS = EngineSettings(
 )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def prompt(index: int) -> str:
     words = " ".join(f"topic{(index * 13 + k) % 97}" for k in range(90))
     return f"PROMPT-{index:02d}: please consider {words}."

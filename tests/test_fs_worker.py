@@ -1,4 +1,4 @@
-"""The per-turn shortcuts of ``harness._fs`` and the session lease (issue 13).
+"""The per-turn shortcuts of ``harness._fs`` and the session lease.
 
 * :func:`run_in_worker`, the worker-thread hop: results and errors, the caller's context,
   never abandoned (a cancelled caller still gets the work done, then its cancellation), not

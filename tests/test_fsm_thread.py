@@ -36,7 +36,7 @@ ALL_FACTS = [
 def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     """Hand-written from the issues: where the decision must land, and whether it projects."""
     if f.items and not (f.tools_dropped or f.fork_failed):
-        return ThreadAction.FORK, True  # issue 15: items go into a fork of the base
+        return ThreadAction.FORK, True  # items go into a fork of the base
     if not f.bound:
         return ThreadAction.START, True
     if f.resume_failed:  # the bound thread is gone: a fresh one, with the context
@@ -115,7 +115,7 @@ def test_a_changed_projection_fingerprint_inside_an_epoch_does_not_rotate() -> N
 
 
 def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None:
-    # Issue 10: a policy or epoch change with nothing to project resumes the bound thread
+    # A policy or epoch change with nothing to project resumes the bound thread
     # (raw prompt) and leaves the binding's engine record alone, so a later turn with context
     # still rotates and projects.
     for facts in ALL_FACTS:
@@ -148,7 +148,7 @@ def test_a_refused_resume_rotates_with_the_projected_context() -> None:
 
 
 def test_a_fork_base_is_never_resumed_and_items_never_reach_a_thread_that_keeps_them() -> None:
-    # Issue 15: a base never runs a turn of its own (it would keep that turn for every later
+    # A base never runs a turn of its own (it would keep that turn for every later
     # fork), and items go nowhere but into a fork, where they die with it.
     for facts in ALL_FACTS:
         decision = decide(THREAD_RULES, facts)

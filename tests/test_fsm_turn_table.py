@@ -218,7 +218,7 @@ def test_finalize_failure_skips_maintenance_with_its_own_reason() -> None:
     assert turn.skip_reason is SkipReason.FINALIZE_FAILED
 
 
-# --- the non-edge decision tables (issue 10): hand-written expectations ---------------------
+# --- the non-edge decision tables: hand-written expectations ------------------------------
 
 _RUN_END_ORACLE = {
     ("completed", False): "turn_completed",

@@ -37,18 +37,13 @@ from codex_turn.harness.lifecycle import (
 )
 from codex_turn.harness.usage import Usage
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 SESSION = {
     "session_id": "session-1",
     "session_key": "agent:main:session-1",
     "session_file": "/tmp/session-1.jsonl",
 }
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def user(text: str) -> dict[str, Any]:

@@ -52,9 +52,9 @@ def test_assignments_of_secret_looking_names_are_masked() -> None:
         assert redact_text(line) == expected, line
 
 
-# --- every secret shape of the review, through the logger ---------------------------------------
+# --- every secret shape, through the logger ------------------------------------------------------
 
-REVIEW_SHAPES = [
+SECRET_SHAPES = [
     ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
     ('Proxy-Authorization: Digest username="bob", response="6629fae4"', "6629fae4"),
     ("Cookie: sessionid=abc123xyz; csrftoken=def456uvw", "abc123xyz"),
@@ -71,8 +71,8 @@ REVIEW_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "secret"), REVIEW_SHAPES)
-def test_review_shapes_never_reach_a_log_record(text: str, secret: str) -> None:
+@pytest.mark.parametrize(("text", "secret"), SECRET_SHAPES)
+def test_secret_shapes_never_reach_a_log_record(text: str, secret: str) -> None:
     with capture_logs() as records:
         get_logger("test").warning(f"request failed: {text}", detail=text, nested={"raw": [text]})
         get_logger("test").warning("request failed", error=format_error(RuntimeError(text)))
@@ -230,7 +230,7 @@ def test_leaky(private_texts):
     result.stdout.fnmatch_lines(["*private text reached the logs*"])
 
 
-# --- where logs go (issue 17) and what a filtered event costs (issue 13) -----------------------
+# --- where logs go and what a filtered event costs ---------------------------------------------
 
 LIBRARY_LOGGER = "codex_turn"
 RAW_SESSION_KEY = "agent:main:telegram:default:direct:987654321"

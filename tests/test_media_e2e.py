@@ -1,4 +1,4 @@
-"""Issue 16, item 4 (media), end to end: files Codex saved reach ``TurnResult.files``.
+"""Media, end to end: files Codex saved reach ``TurnResult.files``.
 
 The real ``codex app-server`` 0.163 runs against the offline model. How Codex produces a
 generated image offline (found by probing the binary):
@@ -45,11 +45,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.codex]
 
 ACTOR_HEADER = {"x-openai-actor-authorization": "codex-turn-offline-tests"}
 IMAGE_PROMPT = "A red dot on a white background"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each test starts a real process: one backend suffices
 
 
 def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:

@@ -47,13 +47,6 @@ pytestmark = pytest.mark.anyio
 FRAME_HEADER = "OpenClaw assembled context for this turn:"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    # The client is tested on both backends in test_appserver*; here the orchestrator's
-    # behaviour is the subject, and each test starts a real process: one backend suffices.
-    return "asyncio"
-
-
 def assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": 1}
 
@@ -583,7 +576,7 @@ async def test_binding_records_the_thread_and_tools_fingerprint(
     assert raw["contextEngine"]["engineId"] == "lossless-claw"
 
 
-# --- Codex's own compaction inside a turn (issue 7, item 3) --------------------------------
+# --- Codex's own compaction inside a turn --------------------------------------------------
 
 
 async def test_native_compaction_inside_a_turn_runs_hooks_and_is_labelled_as_codex_s(
@@ -666,7 +659,7 @@ async def test_lifecycle_log_events_carry_ids_and_counts_but_no_content(
     assert "Nightjar" not in repr(records)
 
 
-# --- after an engine compaction (issue 7, item 4) ------------------------------------------
+# --- after an engine compaction --------------------------------------------------------------
 
 
 async def test_after_an_engine_compaction_the_next_turn_rotates_and_reprojects(

@@ -1,4 +1,4 @@
-"""The harness's own history, handed to an engine and back without a walk over it (issue 13).
+"""The harness's own history, handed to an engine and back without a walk over it.
 
 ``StrippedHistories.read`` hands out a :class:`HarnessHistory`: a plain list of the harness's
 frozen messages that notes any change made to it. An engine's ``assemble`` that returns the

@@ -1,4 +1,4 @@
-"""The prompt's fsync overlaps the model's turn (issue 13), and the worker pool behind it.
+"""The prompt's fsync overlaps the model's turn, and the worker pool behind it.
 
 A turn writes the user's prompt to the transcript before ``turn/start`` (a host that dies
 mid-turn keeps the user's words), and the ``fsync`` that only an OS crash needs runs in the
@@ -32,11 +32,6 @@ from codex_turn.harness.session import mirror_prompt, sync_appended
 from codex_turn.testing import OfflineModel, Reply
 
 # --- the real binary --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each test starts a real process; the hop itself is checked on both below
 
 
 class _TranscriptFsyncs:

@@ -94,11 +94,6 @@ for line in sys.stdin:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[AppServerClient]:
     script = tmp_path / "fake.py"
     script.write_text(FAKE_SERVER)

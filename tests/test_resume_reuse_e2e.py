@@ -27,11 +27,6 @@ MARKER = "DEV-MARKER-6c1f"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def params(tmp_path: Path, workspace: Path) -> Callable[..., TurnParams]:
     def make(**overrides: Any) -> TurnParams:
         values: dict[str, Any] = {

@@ -37,11 +37,6 @@ pytestmark = pytest.mark.codex
 CLI = Path(sys.executable).parent / "codex-turn"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _params(tmp_path: Path, session: str, prompt: str) -> TurnParams:
     return TurnParams(
         session_id=session,

@@ -1,4 +1,4 @@
-"""Issue 14's fleet under fire: 3 ``codex-turn worker`` processes, 20 sessions x 5 turns on
+"""The fleet under fire: 3 ``codex-turn worker`` processes, 20 sessions x 5 turns on
 the real Codex binary and the offline model, workers SIGKILLed at random moments (at least 10
 kills, each while turns were running, whatever stage each turn is in; every other kill hits a
 worker that runs a turn, and a restarted worker is up before it is killed again) and the whole

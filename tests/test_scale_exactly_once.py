@@ -31,11 +31,6 @@ from codex_turn.harness.session import mirror_prompt, mirror_turn
 from codex_turn.testing import OfflineModel, Reply
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _messages(session_file: str | Path) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in Path(session_file).read_text().splitlines() if line]
     return [line["message"] for line in lines if line.get("type") == "message"]

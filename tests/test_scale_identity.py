@@ -27,11 +27,6 @@ from codex_turn.testing import OfflineModel, Reply
 pytestmark = pytest.mark.codex
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _user_entries(session_file: Path) -> list[dict[str, object]]:
     lines = [json.loads(line) for line in session_file.read_text().splitlines() if line.strip()]
     return [

@@ -33,11 +33,6 @@ SESSION_KEY = "agent:main:recover-1"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def private_texts() -> set[str]:
     return {"first question here", "second question here", "second answer there", SESSION_KEY}
 

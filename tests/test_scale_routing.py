@@ -39,11 +39,6 @@ from codex_turn.testing import OfflineModel, Reply
 pytestmark = pytest.mark.codex
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class _Workers:
     """``codex-turn worker`` processes by executor id, stopped at the end of the test."""
 

@@ -116,7 +116,7 @@ def test_values_of_credential_keys_are_masked_and_keys_kept(key: str) -> None:
         assert redact_secrets(line) == expected, line
 
 
-def test_json_quoted_keys_from_the_review_are_masked() -> None:
+def test_json_quoted_keys_are_masked() -> None:
     assert redact_secrets('{"apiKey": "abc123def456"}') == '{"apiKey": "[redacted]"}'
     assert redact_secrets('"password":"hunter2"') == '"password":"[redacted]"'
     assert redact_secrets("{'api_key': 'x'}") == "{'api_key': '[redacted]'}"
@@ -154,7 +154,7 @@ def test_json_inside_a_json_string_is_masked() -> None:
     assert redact_secrets(line) == '{"body": "{\\"token\\": \\"[redacted]\\", \\"n\\": 1}"}'
 
 
-# --- provider token shapes (issue 11): masked wherever they occur ------------------------------
+# --- provider token shapes: masked wherever they occur -----------------------------------------
 
 # Shaped like the real thing, but not real keys (each provider documents its shape).
 PROVIDER_TOKENS = {
@@ -404,7 +404,7 @@ def test_projected_tool_results_keep_counters_and_mask_the_new_keys() -> None:
             "note": 'sent {"apiKey": "[redacted]"}',
         },
         indent=2,
-        sort_keys=True,  # canonical JSON: key order never changes the bytes (issue 10)
+        sort_keys=True,  # canonical JSON: key order never changes the bytes
         ensure_ascii=False,
     )
 
@@ -445,7 +445,7 @@ def test_redaction_is_idempotent_on_masked_assignments(before: str, key: str, va
         assert redact_secrets(once) == once
 
 
-# The pre-check (issue 13): a text without any trigger literal skips the patterns. It must never
+# The pre-check: a text without any trigger literal skips the patterns. It must never
 # skip a text the patterns would change, whatever its case or Unicode case-equivalents.
 _PRECHECK_PIECES = st.sampled_from(
     [

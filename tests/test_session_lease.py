@@ -1,4 +1,4 @@
-"""The whole-turn session lease across real OS processes (issue 14, without any engine).
+"""The whole-turn session lease across real OS processes (without any engine).
 
 Each process runs :func:`codex_turn.run_codex_turn` against its own in-process fake app-server
 (``tests/support/fake_appserver.py``) on ONE session file. The fakes share a "Codex home": a
@@ -458,11 +458,6 @@ async def test_cancellation_while_waiting_for_the_lease_leaves_nothing_held(
     assert result.outcome is TurnOutcome.COMPLETED
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- compaction, and lock paths that cannot be used --------------------------------------------
 
 
@@ -527,10 +522,10 @@ async def test_an_unusable_lock_path_is_refused_by_the_preflight(tmp_path: Path,
 
 
 def test_two_event_loops_of_one_process_take_turns_on_a_session(tmp_path: Path) -> None:
-    """Review: the in-process gate was one anyio lock per session for the whole process, so a
-    second event loop (another thread) was not woken when the first released it (it waited
-    out its timeout), and a trio loop failed on the asyncio loop's lock. The gate is now per
-    event loop; the lease keeps the loops apart, as it keeps processes apart."""
+    """Before its fix, the in-process gate was one anyio lock per session for the whole
+    process, so a second event loop (another thread) was not woken when the first released it
+    (it waited out its timeout), and a trio loop failed on the asyncio loop's lock. The gate is
+    now per event loop; the lease keeps the loops apart, as it keeps processes apart."""
     import threading
 
     path = str(tmp_path / "s.jsonl")

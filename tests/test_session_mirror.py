@@ -360,7 +360,7 @@ def test_foreign_files_are_refused_and_left_alone(tmp_path: Path) -> None:
         "prose.jsonl": b"notes, not a transcript",
         "no-id.jsonl": b'{"type":"session","version":3}\n',
         "torn-then-garbage.jsonl": b'{"type":"sess\nmore garbage\n',
-        # A torn header or a blank file holds nothing: recovered, see test_hardening_session.
+        # A torn header or a blank file holds nothing: recovered, see test_session_preflight.
     }.items():
         path = tmp_path / name
         path.write_bytes(content)

@@ -1,4 +1,4 @@
-"""Issue 17, "Engine mistakes are invisible": the engine is checked before a turn starts, and a
+"""Engine mistakes are visible: the engine is checked before a turn starts, and a
 strict turn raises the engine's first contract violation instead of logging it.
 
 Before: a spec string, an object without ``info`` or an engine whose ``assemble`` returns
@@ -55,11 +55,6 @@ pytestmark = pytest.mark.anyio
 
 PROMPT = "please summarise the quarterly figures for me"
 REPLY = "Done."
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

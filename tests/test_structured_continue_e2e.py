@@ -1,4 +1,4 @@
-"""Continued forks, against the real binary (issue 15: the fastest sound thread strategy).
+"""Continued forks, against the real binary (the fastest sound thread strategy).
 
 After a turn that completed in a fork of the session's base, the fork is kept with what it
 holds; the next turn continues it, injecting only what follows, when the fork table says so
@@ -38,11 +38,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.codex]
 
 MARKER = "DEV-MARKER-continued-fork"
 TURNS = 20  # the issue's bound: the 20th request holds every earlier turn exactly once
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

@@ -37,11 +37,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.codex]
 DEV = "DEV-MARKER-structured-15"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def convert(messages: list[dict[str, Any]], prompt: str = "") -> list[dict[str, Any]]:
     converted = convert_messages(messages, prompt=prompt, payload_policy="shape-only")
     assert isinstance(converted, ConvertedItems), converted

@@ -1,4 +1,4 @@
-"""How the structured projection's fork fails (issue 15), in process, no binary needed.
+"""How the structured projection's fork fails, in process, no binary needed.
 
 * Codex refusing (a JSON-RPC error) is definitive: the turn falls back to the text frame
   (``fork_failed`` -> ``reprojecting``); no answer (a timeout, a closed process) is not: the
@@ -43,11 +43,6 @@ from codex_turn.harness.structured import (
 pytestmark = pytest.mark.anyio
 
 ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class ForkingFake(FakeAppServer):

@@ -1,4 +1,4 @@
-"""The structured projection through ``run_codex_turn``, against the real binary (issue 15).
+"""The structured projection through ``run_codex_turn``, against the real binary.
 
 An engine that projects per turn gets its assembly to Codex as Responses items, injected into
 an ephemeral fork of the session's base thread; the turn machine shows the branch
@@ -40,11 +40,6 @@ from codex_turn.testing import OfflineModel, RecordingEngine, Reply
 pytestmark = [pytest.mark.anyio, pytest.mark.codex]
 
 MARKER = "DEV-MARKER-structured-turn"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

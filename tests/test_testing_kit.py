@@ -33,11 +33,6 @@ from codex_turn.testing.recording_engine import ALL_METHODS, OPTIONAL_METHODS
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- Exports --------------------------------------------------------------------------------
 
 

@@ -55,11 +55,6 @@ from codex_turn.testing import OfflineModel, Reply
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- helpers ------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""A turn's own sandbox / approval policy never outlives its host process (review finding).
+"""A turn's own sandbox / approval policy never outlives its host process.
 
 Codex keeps ``turn/start``'s approval policy and sandbox on the thread and restores them from
 the rollout when a later process resumes it. A new host process knows nothing of the earlier
@@ -285,11 +285,6 @@ class ConfigCodex:
 
     def kill(self) -> None:
         self._out.close()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def _resume_two(fake: ConfigCodex, tmp_path: Path) -> AppServerClient:

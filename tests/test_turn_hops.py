@@ -1,4 +1,4 @@
-"""A turn's worker-thread hops (issue 13): each costs two thread wake-ups (~0.2 ms of wall
+"""A turn's worker-thread hops: each costs two thread wake-ups (~0.2 ms of wall
 time and of CPU on this project's 2-vCPU machine), so a turn takes only the ones it needs.
 
 Five for a turn with or without an engine (that does not bootstrap): the session lease, the
@@ -11,7 +11,6 @@ fake app-server on asyncio (trio takes anyio's workers, which are not counted he
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,24 +18,13 @@ from structlog.testing import capture_logs
 from support.engine_sqlite_workload import texts
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
-from support.turns import temporary_session_file, turn_params
+from support.turns import turn_params
 
 from codex_turn import AssembleResult, ContextProjection, TurnOutcome, run_codex_turn
 from codex_turn.harness import _fs, history_cache
 from codex_turn.harness.session import SessionError
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def session_file() -> Iterator[str]:
-    with temporary_session_file("codex-turn-hops-") as path:
-        yield path
 
 
 @pytest.fixture

@@ -58,11 +58,6 @@ SCHEMA = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # --- the typed API ------------------------------------------------------------------------------
 
 
@@ -426,7 +421,7 @@ async def test_a_declined_command_does_not_run_and_the_turn_continues(
     ("overrides", "bound"),
     [
         ({"approval_timeout": 0.5}, 0.5),
-        # An approval_timeout above the idle timeout is kept (review 16: it was cut to 80% of
+        # An approval_timeout above the idle timeout is kept (before its fix it was cut to 80% of
         # it): the idle timer pauses while the host is asked; declined, the turn goes on.
         ({"approval_timeout": 2.0, "idle_timeout": 1.0}, 2.0),
     ],
@@ -663,7 +658,7 @@ async def test_a_turn_without_settings_runs_with_the_configured_defaults_even_af
     params: Callable[..., TurnParams],
     workspace: Path,
 ) -> None:
-    # Review 16: one turn's sandbox / approval policy leaked into later turns that stated
+    # Before its fix: one turn's sandbox / approval policy leaked into later turns that stated
     # none (Codex keeps turn/start's values on the thread), and an app-server restart kept
     # the approval policy but lost the sandbox. None means the configured default, always.
     from codex_turn.harness.appserver.process import AppServerProcess
@@ -720,7 +715,7 @@ async def test_a_callback_that_ignores_cancellation_is_answered_at_the_deadline(
     params: Callable[..., TurnParams],
     workspace: Path,
 ) -> None:
-    # Review 16: a callback sleeping in a shielded scope held the request (and the turn) past
+    # Before its fix: a callback sleeping in a shielded scope held the request (and the turn) past
     # approval_timeout. The safe answer goes out at the deadline; the callback is abandoned.
     finished = anyio.Event()
 

@@ -1,4 +1,4 @@
-"""Issue 16 (items 1, 4, 5): steering a running turn, files Codex saved, the turn's event stream.
+"""Steering a running turn, files Codex saved, the turn's event stream.
 
 End-to-end tests (marker ``codex``) run the real ``codex app-server`` against the offline
 model: a message steered during a slow reply reaches the model in the same turn and is
@@ -56,11 +56,6 @@ from codex_turn.harness.streaming import (
 from codex_turn.testing import OfflineModel, RecordingEngine, Reply
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # each e2e test starts a real process: one backend suffices
 
 
 @pytest.fixture
@@ -581,7 +576,7 @@ async def test_the_event_stream_ends_when_the_turn_is_refused_before_it_starts(
     assert received == []
 
 
-# --- what became of a steer: answered, unanswered, timed out (review 16) -----------------------
+# --- what became of a steer: answered, unanswered, timed out ------------------------------------
 
 
 class _SteerHandle:
@@ -854,7 +849,7 @@ async def test_a_steer_whose_request_times_out_but_codex_applies_is_steered(
 async def test_a_consumer_that_never_reads_still_gets_every_state_change_and_the_reply(
     appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
 ) -> None:
-    # Review 16: a full buffer dropped the newest events, so the terminal ones were lost.
+    # Before its fix: a full buffer dropped the newest events, so the terminal ones were lost.
     offline_model.script(Reply.fixed("x" * 40, partial_text="xxxx"))
     events = TurnEventStream(max_buffered=2)
     result = await run_codex_turn(params(), app_server=appserver, events=events)

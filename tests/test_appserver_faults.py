@@ -1,4 +1,4 @@
-"""Issue 11, the app-server's share, against in-process fakes (exact control, no binary).
+"""App-server faults against in-process fakes (exact control, no binary).
 
 * Liveness: a missed deadline asks once whether the process is alive; silence gets it killed
   and the connection closed (every pending call fails), and :class:`AppServer` replaces it
@@ -8,6 +8,8 @@
   raises both kinds.
 * Tool arguments are validated against the tool's schema before the host function runs.
 * Identifiers of any size are capped in logs and error messages.
+
+The same faults against the real binary: test_appserver_faults_e2e.py.
 """
 
 from __future__ import annotations
@@ -46,15 +48,10 @@ from codex_turn.harness.appserver.client import LIVENESS_PROBE_METHOD, encode_me
 from codex_turn.harness.appserver.defaults import MAX_LOGGED_ID_CHARS
 from codex_turn.harness.appserver.errors import MAX_MESSAGE_CHARS
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 LIVENESS = 0.3
 Message = dict[str, Any]
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 class StoppableCodex:

@@ -1,4 +1,7 @@
-"""Issue 10, "fix while reshaping": each test here failed on the code before the redesign.
+"""A turn's thread and context through the orchestrator: the context-loss fallback (a policy or
+tools change on a bound thread without context), resumes that are refused or time out, the
+hooks' view of the projected prompt, and what the turn reports beside them (prompt cache,
+runtime policy, diagnostics).
 
 The fast ones run against the in-process fake app-server (whose turn handle and projector are
 the product's own); the context-loss rule is proven end to end against the real binary: the
@@ -8,7 +11,6 @@ model request of the fallback turn contains the earlier turns.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
-from support.turns import temporary_session_file, turn_params
+from support.turns import turn_params as params
 
 from codex_turn import (
     AppServer,
@@ -39,21 +41,6 @@ from codex_turn.testing import OfflineModel
 pytestmark = pytest.mark.anyio
 
 HEADER = "OpenClaw assembled context for this turn:"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def session_file() -> Iterator[str]:
-    with temporary_session_file("codex-turn-issue10-") as path:
-        yield path
-
-
-def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
-    return turn_params(session_file, prompt, **overrides)
 
 
 def memory_engine() -> RecordingEngine:
@@ -226,9 +213,9 @@ async def test_the_maintenance_skip_is_logged_with_the_spec_line(session_file: s
 
 
 async def test_a_bound_thread_gets_and_records_the_runtime_policy(session_file: str) -> None:
-    """Issue 10 asked that a changed policy take effect on a bound thread without rotating
+    """A changed policy takes effect on a bound thread without rotating
     it. The service tier is re-sent on resume; the approval policy and sandbox are sent on
-    the turn's turn/start (issue 16: Codex ignores them on a resume of a loaded thread, and
+    the turn's turn/start (Codex ignores them on a resume of a loaded thread, and
     sent there they became the thread's sticky default). All are recorded in the binding."""
     server = FakeAppServer()
     await run_codex_turn(params(session_file, "one"), app_server=server)
@@ -251,7 +238,7 @@ async def test_a_bound_thread_gets_and_records_the_runtime_policy(session_file: 
     )
 
 
-# --- found in review (each failed before its fix) ------------------------------------------
+# --- more thread and turn cases (each failed before its fix) ------------------------------
 
 
 def _seed(session_file: str, *texts: str) -> None:
@@ -412,7 +399,7 @@ async def test_a_hung_on_turn_end_cannot_hold_a_cancelled_turn(session_file: str
 
 
 async def test_a_resume_that_merely_times_out_keeps_the_binding(session_file: str) -> None:
-    # Issue 11 item 3. Before: any resume failure cleared the binding and the next turn
+    # Before its fix: any resume failure cleared the binding and the next turn
     # started a fresh thread; the model forgot the conversation.
     from codex_turn.harness.appserver import AppServerTimeout
 
@@ -453,7 +440,7 @@ async def test_the_in_turn_owns_compaction_diagnostic_is_logged_by_default(
 async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_session(
     session_file: str,
 ) -> None:
-    # Found in review: a corrupt rollout (-32603 "failed to read thread") was treated as
+    # Before its fix: a corrupt rollout (-32603 "failed to read thread") was treated as
     # transient, the binding kept, and every later turn failed the same way.
     from codex_turn.harness.appserver import AppServerRpcError
 
@@ -470,7 +457,7 @@ async def test_a_rollout_codex_cannot_read_rotates_instead_of_blocking_the_sessi
 async def test_the_frame_is_rendered_only_when_the_thread_decision_can_send_it(
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13's lazy projection: a resumed thread that carries this epoch's context gets
+    """The lazy projection: a resumed thread that carries this epoch's context gets
     the raw prompt, so the frame is not rendered; a refused resume renders it after all."""
     from codex_turn.harness.appserver import ThreadNotFound
 

@@ -1,4 +1,4 @@
-"""Issue 11, the app-server's share, end to end against the REAL ``codex app-server`` 0.163.0.
+"""App-server faults end to end against the REAL ``codex app-server`` 0.163.0.
 
 * A wedged (SIGSTOPped) process is declared dead after a missed deadline and a silent
   liveness probe, killed and replaced; the same thread then continues with its history.
@@ -8,6 +8,8 @@
   failure keeps its own type.
 * A private CODEX_HOME, and everything Codex writes into it, is owner-only.
 * Dynamic tool arguments that violate the tool's schema never reach the host function.
+
+The same faults under exact control, without the binary: test_appserver_faults.py.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from codex_turn.harness.appserver import (
 )
 from codex_turn.testing import OfflineModel, Reply
 
-pytestmark = [pytest.mark.anyio, pytest.mark.codex]
+pytestmark = [pytest.mark.anyio, pytest.mark.codex, pytest.mark.both_backends]
 
 ConfigFactory = Callable[..., AppServerConfig]
 

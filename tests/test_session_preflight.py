@@ -1,7 +1,8 @@
-"""Issue 11, the transcript side: a transcript that cannot take the turn's mirror is refused
-before anything reaches Codex, one that holds only a torn header is recovered, hostile paths
-(a dangling symbolic link, a FIFO, a directory) fail at once with a typed error, stale-lock
-leftovers are swept, and the user's prompt is durable before the model sees it."""
+"""What a transcript must be before a turn reaches Codex, and what the turn writes first: a
+transcript that cannot take the turn's mirror is refused before anything reaches Codex, one
+that holds only a torn header is recovered, hostile paths (a dangling symbolic link, a FIFO, a
+directory) fail at once with a typed error, stale-lock leftovers are swept, and the user's
+prompt is durable before the model sees it."""
 
 from __future__ import annotations
 

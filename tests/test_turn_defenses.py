@@ -1,6 +1,6 @@
-"""Issue 11 items that live in the turn itself: careless engines, hung engines, bad params.
-
-Each test failed on the code before its fix (noted per test). In-process fake app-server.
+"""What a turn does not let its inputs break: careless engines (editing what they were given,
+hanging in compaction, raising a BaseException), bad params, and transcripts or sidecars that
+cannot take the turn. In-process fake app-server.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import anyio
 import pytest
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
-from support.turns import temporary_session_file, turn_params
+from support.turns import turn_params
 
 from codex_turn import (
     AssembleResult,
@@ -34,18 +33,8 @@ from codex_turn.harness.session import clear_session_cache, load_session_message
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def session_file() -> Iterator[str]:
-    with temporary_session_file("codex-turn-hardening-") as path:
-        yield path
-
-
 def params(session_file: str, prompt: str, **overrides: Any) -> TurnParams:
+    """Like ``support.turns.turn_params``, but with no session key."""
     return turn_params(session_file, prompt, session_key=None, **overrides)
 
 
@@ -293,7 +282,7 @@ async def test_a_copied_sidecar_is_ignored(tmp_path: Any) -> None:
 
 
 async def test_an_old_sidecar_copied_from_a_live_session_is_ignored(tmp_path: Any) -> None:
-    # Found in review: a pre-upgrade sidecar (no sessionId/transcriptId) copied next to
+    # Before its fix: a pre-upgrade sidecar (no sessionId/transcriptId) copied next to
     # another session's transcript was accepted, then "upgraded" into looking legitimate.
     from codex_turn.harness.binding import binding_path
 
@@ -313,7 +302,7 @@ async def test_an_old_sidecar_copied_from_a_live_session_is_ignored(tmp_path: An
 
 
 def test_a_torn_header_with_an_entry_glued_on_is_refused_not_wiped(tmp_path: Path) -> None:
-    # Found in review: "holds only a torn header" accepted any one unparseable line naming a
+    # Before its fix: "holds only a torn header" accepted any one unparseable line naming a
     # session header, so an entry glued onto a torn header was replaced (the words lost).
     from codex_turn import TranscriptUnwritable
     from codex_turn.harness.session import ensure_transcript_writable
@@ -333,7 +322,7 @@ def test_a_torn_header_with_an_entry_glued_on_is_refused_not_wiped(tmp_path: Pat
 
 
 async def test_a_sidecar_that_cannot_be_written_refuses_the_turn(tmp_path: Path) -> None:
-    # Found in review: with a directory at the binding path every turn started a new thread
+    # Before its fix: with a directory at the binding path every turn started a new thread
     # and reported "completed" while the model forgot the conversation.
     from codex_turn import TranscriptUnwritable
     from codex_turn.harness.binding import binding_path
@@ -347,7 +336,7 @@ async def test_a_sidecar_that_cannot_be_written_refuses_the_turn(tmp_path: Path)
 
 
 def test_images_from_a_generator_are_kept() -> None:
-    # Found in review: the validation consumed a generator and the turn had no images.
+    # Before its fix: the validation consumed a generator and the turn had no images.
     urls = (f"data:image/png;base64,AA{i}" for i in range(2))
     assert params("/tmp/s.jsonl", "look", images=urls).images == (
         "data:image/png;base64,AA0",
