@@ -8,7 +8,7 @@ follow, and the logger itself enforces the parts that can be enforced mechanical
   is passed through :func:`redact_text`, which masks secret-shaped substrings (bearer tokens,
   ``sk-`` keys, ``KEY=value`` assignments) and any value registered with :func:`sensitive`,
   however the caller built the event. The level check comes first: a filtered-out event is
-  neither built nor scrubbed (issue 13).
+  neither built nor scrubbed.
 * :func:`format_error` turns an exception into a short redacted string. Never log the
   exception object itself: its ``repr`` and traceback can carry request bodies.
 * A field whose *name* is a credential key (``api_key=...``, ``headers={"Authorization":
@@ -39,7 +39,7 @@ error message only if an engine puts it there; the registered prompt and the tes
 privacy guard (``tests/conftest.py``) are the defence for that. We did not add a
 per-exception ``sensitive_texts`` capability: the orchestrator already registers the prompt.
 
-Where logs go (issue 17). A library is quiet until its host asks: events are standard-library
+Where logs go. A library is quiet until its host asks: events are standard-library
 records of the ``codex_turn.*`` loggers, and ``codex_turn`` carries a ``NullHandler``, so an
 unconfigured process prints nothing. :func:`configure_logging` (the CLI's ``-v``/``-q``/
 ``--log-format``) shows them as JSON lines or console lines on stderr; a host with its own

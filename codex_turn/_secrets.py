@@ -238,7 +238,7 @@ def _mask_assignments(text: str) -> str:
 # Each pattern above needs one of these literals (case-folded: ``(?i)`` also matches the
 # Kelvin sign and the long s, which casefold() maps to k and s). A text without any of them,
 # which is most of what a log line holds ("done", ids, masked keys), is returned after one
-# pass of substring checks instead of a dozen regex scans (issue 13: ~0.5 us instead of ~5).
+# pass of substring checks instead of a dozen regex scans (~0.5 us instead of ~5).
 _TRIGGERS: Final = (
     *("token", "key", "auth", "pass", "secret", "credential", "cookie", "://"),
     *("bearer", "sk-", "gh", "xox", "akia", "k_live_", "k_test_", "aiza", "gl", "hf_"),
