@@ -325,9 +325,9 @@ def check_path(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def path_mermaid(steps: list[dict[str, Any]]) -> str:
-    """The turn diagram (:func:`codex_turn.fsm.diagrams.render_mermaid`) with the states a
+    """The turn diagram (:func:`codex_turn.diagrams.render_mermaid`) with the states a
     recorded turn visited marked, the last one as current; the path as a comment."""
-    from codex_turn.fsm.diagrams import render_mermaid
+    from codex_turn.diagrams import render_mermaid
 
     source = render_mermaid("turn")
     if not steps:

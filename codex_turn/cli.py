@@ -369,7 +369,7 @@ def source_diagrams_dir() -> Path | None:
 
 
 def _diagrams(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from codex_turn.fsm.diagrams import write_diagrams
+    from codex_turn.diagrams import write_diagrams
 
     if args.out and args.directory:
         raise UsageError("give the directory once, with --out")

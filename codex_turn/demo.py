@@ -325,7 +325,7 @@ def _render_diagrams(directory: Path, results: Sequence[TurnResult]) -> list[Pat
     """The machines' diagrams, and each turn's path over the turn diagram."""
     from codex_turn._cli_inspect import path_mermaid, trace_steps
     from codex_turn._cli_support import trace_to_json
-    from codex_turn.fsm.diagrams import write_diagrams
+    from codex_turn.diagrams import write_diagrams
 
     with _quiet_stderr_fd():  # Graphviz's fontconfig warns on stderr on some systems
         written = write_diagrams(directory, svg=True)

@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from codex_turn import cli
+from codex_turn import diagrams as diagrams_module
 from codex_turn._cli_support import EXIT_USAGE
-from codex_turn.fsm import diagrams as diagrams_module
-from codex_turn.fsm.compaction import CompactionFacts, CompactionModel
-from codex_turn.fsm.diagrams import (
+from codex_turn.diagrams import (
     DIAGRAMS,
     PHASES,
     ArrowKind,
@@ -31,7 +30,7 @@ from codex_turn.fsm.diagrams import (
     spine,
     write_diagrams,
 )
-from codex_turn.fsm.diagrams import main as diagrams_main
+from codex_turn.fsm.compaction import CompactionFacts, CompactionModel
 from codex_turn.fsm.turn import TurnFacts, TurnModel, TurnOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +97,7 @@ def svg_arrows(root: ET.Element) -> dict[str, ET.Element]:
 def test_committed_mermaid_diagram_is_fresh(name: str) -> None:
     committed = (ROOT / "diagrams" / f"{name}.mmd").read_text(encoding="utf-8")
     assert committed == render_mermaid(name), (
-        f"diagrams/{name}.mmd is stale: run `python -m codex_turn.fsm.diagrams`"
+        f"diagrams/{name}.mmd is stale: run `python -m codex_turn diagrams`"
     )
 
 
@@ -272,7 +271,7 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         out = tmp_path / seed
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run(
-            [sys.executable, "-m", "codex_turn.fsm.diagrams", "--out", str(out), "--no-svg"],
+            [sys.executable, "-m", "codex_turn", "diagrams", "--out", str(out), "--no-svg"],
             check=True,
             env=env,
             capture_output=True,
@@ -301,16 +300,16 @@ def test_write_diagrams_takes_no_default_directory() -> None:
 def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m codex_turn.fsm.diagrams`` is ``codex-turn diagrams``: run from an installed
+    """``python -m codex_turn diagrams`` is ``codex-turn diagrams``: run from an installed
     package (not a source checkout) in an empty directory, it asks for --out and writes
     nothing there."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli, "source_diagrams_dir", lambda: None)
-    assert diagrams_main([]) == EXIT_USAGE
+    assert cli.main(["diagrams"]) == EXIT_USAGE
     assert "--out DIR is required" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     out = tmp_path / "out"
-    assert diagrams_main(["--out", str(out), "--no-svg"]) == 0
+    assert cli.main(["diagrams", "--out", str(out), "--no-svg"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["compaction.mmd", "turn.mmd"]
     assert capsys.readouterr().out.split() == [str(out / "turn.mmd"), str(out / "compaction.mmd")]
 
@@ -327,14 +326,14 @@ def test_the_module_cli_defaults_to_the_checkout_like_codex_turn_diagrams(
         return []
 
     monkeypatch.setattr(diagrams_module, "write_diagrams", fake_write)
-    assert diagrams_main(["--no-svg"]) == 0
+    assert cli.main(["diagrams", "--no-svg"]) == 0
     assert cli.main(["diagrams", "--no-svg"]) == 0
     assert seen == [(ROOT / "diagrams", False)] * 2
 
 
 def test_the_module_cli_help_describes_itself(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        diagrams_main(["--help"])
+        cli.main(["diagrams", "--help"])
     assert exit_.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--out DIR" in help_text

@@ -3,7 +3,7 @@
 No I/O and no async in this package. See :mod:`codex_turn.fsm.turn` for the theory.
 """
 
-from codex_turn.fsm._machine import Edge, TraceEntry
+from codex_turn.fsm._machine import Edge, TableMachine, TraceEntry
 from codex_turn.fsm.compaction import (
     COMPACTION_TABLE,
     CompactionFacts,
@@ -66,6 +66,7 @@ __all__ = [
     "ResumeFacts",
     "Rule",
     "SkipReason",
+    "TableMachine",
     "ThreadAction",
     "ThreadDecision",
     "ThreadFacts",

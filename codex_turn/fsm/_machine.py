@@ -5,7 +5,7 @@ edges leaving it, declared as data in its own module. The table lookup is the ru
 function, :meth:`TableMachine.select`, finds the edge a trigger takes (the first whose guards
 hold) and both :meth:`Model.fire` and :meth:`Model.allows` ask it, so a guard is evaluated by
 one piece of code only. ``transitions`` holds the states and the table's transitions (the
-diagrams are drawn from the same tables, :mod:`codex_turn.fsm.diagrams`) and is driven only
+diagrams are drawn from the same tables, :mod:`codex_turn.diagrams`) and is driven only
 through its public API (``set_state``); no private hook of it is overridden. Models get a
 single entry point, :meth:`Model.fire`, in the spirit of h2's ``process_input``:
 

@@ -57,8 +57,8 @@ context engine is a plugin and must never be able to break a turn:
 Guards are tried in declaration order; the first edge whose guards hold wins. A trigger
 whose edges are all closed is illegal like any other (see ``_machine``).
 
-WARNING: ``diagrams/turn.mmd`` is rendered from this table by ``python -m
-codex_turn.fsm.diagrams``; a test fails when the committed diagram is stale.
+WARNING: ``diagrams/turn.mmd`` is rendered from this table by ``python -m codex_turn
+diagrams`` (:mod:`codex_turn.diagrams`); a test fails when the committed diagram is stale.
 """
 
 from __future__ import annotations

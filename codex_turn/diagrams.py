@@ -1,6 +1,7 @@
 """Render the state diagrams from the tables: ``codex-turn diagrams [--out DIR]``.
 
-``python -m codex_turn.fsm.diagrams`` is the same command (:func:`main`). Without ``--out``
+``python -m codex_turn diagrams`` is the same command. Rendering lives outside
+:mod:`codex_turn.fsm`, which stays tables; the command itself is the CLI's. Without ``--out``
 it rewrites the ``diagrams/`` of the source checkout it runs from, and refuses to run
 anywhere else (an installed package writes only where it is told to).
 
@@ -41,14 +42,13 @@ from __future__ import annotations
 
 import enum
 import html
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from codex_turn.fsm._machine import Edge, TableMachine
+from codex_turn.fsm import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
 from codex_turn.fsm.turn import (
     CUT_SHORT_TRIGGERS,
@@ -605,17 +605,3 @@ def write_diagrams(directory: Path, *, svg: bool = True) -> list[Path]:
             svg_path.write_bytes(data)
             written.append(svg_path)
     return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m codex_turn.fsm.diagrams [--out DIR] [--no-svg]``: the ``codex-turn
-    diagrams`` command itself (one implementation, in :mod:`codex_turn.cli`): ``--out`` is
-    required unless this package runs from a source checkout, whose ``diagrams/`` it then
-    rewrites."""
-    from codex_turn.cli import main as cli_main
-
-    return cli_main(["diagrams", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
