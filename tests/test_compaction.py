@@ -813,7 +813,7 @@ async def test_the_waiter_is_registered_before_the_request_is_sent(tmp_path: Pat
         result = await client.compact_thread(THREAD, timeout=2.0)
         assert result.completed
         assert result.item_id == "compact-1"
-        assert len(client._compaction_locks) == 0  # the per-thread lock is dropped after use
+        assert len(client.compactions._locks) == 0  # the per-thread lock is dropped after use
     assert fake.sent("thread/compact/start")[0]["params"] == {"threadId": THREAD}
 
 

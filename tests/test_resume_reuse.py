@@ -150,7 +150,7 @@ def _compaction_item(method: str, thread_id: str) -> Notification:
 async def test_the_ledger_follows_what_codex_says(
     client: AppServerClient, notification: Notification, after: str
 ) -> None:
-    client._loaded["t1"] = _loaded("t1")
+    client.threads._loaded["t1"] = _loaded("t1")
     client._route(notification)
     loaded = client.loaded_thread("t1")
     if after == "gone":

@@ -741,12 +741,12 @@ async def test_a_callback_that_ignores_cancellation_is_answered_at_the_deadline(
 async def test_a_non_text_user_input_answer_is_logged_invalid() -> None:
     from structlog.testing import capture_logs
 
-    from codex_turn.harness.appserver.server_requests import _ask_host_input, _TurnBinding
+    from codex_turn.harness.appserver.server_requests import TurnBinding, _ask_host_input
 
     async def answers(request: UserInputRequest) -> Any:
         return {"color": 5}
 
-    binding = _TurnBinding(TurnRequestHandlers(on_user_input=answers))
+    binding = TurnBinding(TurnRequestHandlers(on_user_input=answers))
     params = {"threadId": "t", "questions": [{"id": "color", "question": "Which?"}]}
     with capture_logs() as logs:
         response = await _ask_host_input(binding, params)

@@ -9,11 +9,13 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
   argv and environment;
 * :mod:`.process`: the child process as a line transport (stderr drained, graceful shutdown,
   immediate death detection);
-* :mod:`.client`: the anyio JSON-RPC client (correlation, timeouts, per-thread routing,
-  liveness after a missed deadline, always-valid outgoing text), with
-  its methods in :mod:`.threads` (thread start/resume), :mod:`.turn_start` (turn start and
-  interrupt) and :mod:`.native_compaction` (``thread/compact/start``);
-* :mod:`.server_requests`: what Codex asks of us (dynamic tools, approvals, user input);
+* :mod:`.connection`: JSON-RPC over the transport (correlation, timeouts, per-thread
+  routing, liveness after a missed deadline, always-valid outgoing text);
+* its parts, each on the connection: :mod:`.threads` (thread start/resume/fork),
+  :mod:`.turn_start` (turn start and interrupt), :mod:`.native_compaction`
+  (``thread/compact/start``) and :mod:`.server_requests` (what Codex asks of us: dynamic
+  tools, approvals, user input);
+* :mod:`.client`: :class:`AppServerClient`, the connection with its parts composed;
 * :mod:`.turn`: :class:`TurnHandle`, one Codex turn and the theory of its phases;
 * :mod:`.projector`: a turn's notifications folded into a :class:`CodexTurnResult`;
 * :mod:`.manager`: :class:`AppServer`, many threads over one process, replaced after a crash

@@ -356,7 +356,7 @@ class AppServerConfig:
     ``interrupt_grace``: how long an abandoned turn (cancelled, timed out) may take to be
     acknowledged after its ``turn/interrupt``. ``liveness_timeout``: how long a process that
     missed a deadline has to show a sign of life before it is declared dead and replaced
-    (see :mod:`.client`). ``umask``: the child's umask (``None``: the parent's; see the module
+    (see :mod:`.connection`). ``umask``: the child's umask (``None``: the parent's; see the module
     header). ``log_stderr_text``: Codex's stderr is logged
     as counts and levels only (``appserver.stderr`` at debug, with ``codex_level`` and ``chars``);
     set this to also log each line's (secret-scrubbed, truncated) text. Off by default: with

@@ -39,7 +39,7 @@ items it holds."""
 LIVENESS_TIMEOUT_S: Final = 10.0
 """How long a process that just missed a deadline has to show any sign of life (a line on
 stdout, e.g. the answer to the liveness probe, which Codex gives in under a millisecond even
-mid-turn) before it is declared dead, killed and replaced (see :mod:`.client`)."""
+mid-turn) before it is declared dead, killed and replaced (see :mod:`.connection`)."""
 
 MAX_LOGGED_ID_CHARS: Final = 200
 """The longest identifier (thread, turn, request id, tool or method name) logged verbatim;

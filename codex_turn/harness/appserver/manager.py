@@ -10,7 +10,7 @@ client" plus two policies:
   call fails with :class:`AppServerClosed`; the *next* call spawns a fresh process on the same
   CODEX_HOME (already initialised, so that is safe) and counts a restart. A process that
   stops answering is the same case: the client declares it dead once it misses a deadline
-  and then a liveness probe (see "Liveness" in :mod:`.client`), kills it and closes, and the
+  and then a liveness probe (see "Liveness" in :mod:`.connection`), kills it and closes, and the
   manager replaces it exactly like a crashed one; threads and bindings are never dropped on
   a timeout.
 * **Thread memory.** Threads started or resumed through the manager remember their resume
@@ -68,8 +68,9 @@ import attrs
 from codex_turn._log import format_error, get_logger
 
 from .account import check_login, should_check
-from .client import AppServerClient, NotificationListener, unwrap_single_group
+from .client import AppServerClient
 from .config import AppServerConfig
+from .connection import NotificationListener, unwrap_single_group
 from .defaults import (
     INTERRUPT_GRACE_S,
     MAX_KEPT_FORKS,
@@ -78,7 +79,7 @@ from .defaults import (
 )
 from .errors import AppServerClosed, AppServerError, AppServerRpcError
 from .logsafe import capped
-from .native_compaction import CompactionResult, _KeyedLocks
+from .native_compaction import CompactionResult, KeyedLocks
 from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
@@ -166,7 +167,7 @@ class AppServer:
         self._kept: collections.OrderedDict[str, KeptFork] = collections.OrderedDict()
         self._listeners: list[NotificationListener] = []
         self._closing = False
-        self._compaction_locks = _KeyedLocks()
+        self._compaction_locks = KeyedLocks()
         self._transport_factory = transport_factory
 
     @classmethod

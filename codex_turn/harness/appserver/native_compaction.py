@@ -1,15 +1,15 @@
 """Native compaction of one thread: ``thread/compact/start`` run to its end.
 
-A mixin of :class:`~.client.AppServerClient` (typed against the connection core,
-:class:`~.client._Connection`; no state of its own: the per-thread locks live in the core).
-:meth:`_CompactionMethods.compact_thread` runs ``thread/compact/start`` (a turn of its own in
-Codex) to its end, serialised per thread (:class:`_KeyedLocks`, which
-:class:`~.manager.AppServer` uses too); :class:`_CompactionWatch` folds the thread's
+:class:`Compactions` is a part of :class:`~.client.AppServerClient` (which hands its method
+on), built on the :class:`~.connection.Connection`. :meth:`Compactions.compact_thread` runs
+``thread/compact/start`` (a turn of its own in Codex) to its end, serialised per thread
+(:class:`KeyedLocks`, which :class:`~.manager.AppServer` uses too); :class:`_CompactionWatch`
+folds the thread's
 notifications into the compaction's state and its :class:`CompactionResult`. Past its deadline
 it interrupts the compaction turn and, when the interrupt is not acknowledged within a grace
-period, :meth:`~.client.AppServerClient.retire` s the connection before returning (after asking
+period, :meth:`~.connection.Connection.retire` s the connection before returning (after asking
 whether the process is alive at all: a silent one is killed at once rather than shut down
-gracefully, see "Liveness" in :mod:`.client`). Nothing is ever retried.
+gracefully, see "Liveness" in :mod:`.connection`). Nothing is ever retried.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
 
 import anyio
 import attrs
@@ -25,18 +24,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from codex_turn._log import get_logger
 
+from .connection import Connection
 from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .errors import AppServerClosed, AppServerRpcError, AppServerTimeout
 from .logsafe import capped
 from .projector import Notification
 from .types import ThreadCompactStartParams, TurnInterruptParams, unstructure
 
-if TYPE_CHECKING:
-    from .client import _Connection
-else:
-    _Connection = object
-
-__all__ = ["CompactionResult"]
+__all__ = ["CompactionResult", "Compactions", "KeyedLocks"]
 
 log = get_logger(__name__)
 
@@ -73,8 +68,12 @@ class CompactionResult:
         return self.signal is not None
 
 
-class _CompactionMethods(_Connection):
+class Compactions:
     """``thread/compact/start`` to its end (see the module header)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._locks = KeyedLocks()  # compactions of one thread run one at a time
 
     async def compact_thread(
         self,
@@ -95,25 +94,27 @@ class _CompactionMethods(_Connection):
         (the ``turn/interrupt`` is always sent) and the turn's ``turn/completed`` is awaited
         for ``interrupt_grace`` seconds; when that acknowledgement does not come (or the turn
         never started, so there is nothing to interrupt), this connection is *retired*
-        (:meth:`retire`) before the method returns, and therefore before the per-thread
-        compaction lock is released. Compactions of one thread are serialised by that lock.
-        Nothing is ever retried: a failed compaction is reported, never re-sent as a prompt.
+        (:meth:`~.connection.Connection.retire`) before the method returns, and therefore
+        before the per-thread compaction lock is released. Compactions of one thread are
+        serialised by that lock. Nothing is ever retried: a failed compaction is reported,
+        never re-sent as a prompt.
 
         Raises :class:`AppServerRpcError` when Codex refuses the request and
         :class:`AppServerClosed` when the process dies meanwhile.
         """
-        async with self._compaction_locks.hold(thread_id):
+        async with self._locks.hold(thread_id):
             return await self._compact_locked(thread_id, timeout, interrupt_grace)
 
     async def _compact_locked(
         self, thread_id: str, seconds: float, interrupt_grace: float
     ) -> CompactionResult:
+        connection = self._connection
         started = time.perf_counter()
         watch = _CompactionWatch(thread_id)
-        with self.subscribe(thread_id) as stream:
+        with connection.subscribe(thread_id) as stream:
             with anyio.move_on_after(seconds):
                 try:
-                    await self.request(
+                    await connection.request(
                         "thread/compact/start",
                         unstructure(ThreadCompactStartParams(thread_id=thread_id)),
                         timeout=seconds,
@@ -122,7 +123,7 @@ class _CompactionMethods(_Connection):
                     pass  # handled below as a compaction timeout
                 else:
                     log.info("appserver.compaction_started", thread_id=capped(thread_id))
-                    async for n in _until_closed(self, stream):
+                    async for n in _until_closed(connection, stream):
                         if watch.feed(n):
                             return watch.result(started)
             # The deadline passed: interrupt, wait for the acknowledgement, else retire.
@@ -134,11 +135,11 @@ class _CompactionMethods(_Connection):
             )
             acknowledged = await self._interrupt_compaction(watch, stream, interrupt_grace)
             retired = False
-            if not acknowledged and not self.closed:
+            if not acknowledged and not connection.closed:
                 # A silent process is killed at once (declared dead); a live one is retired.
-                await self._deadline_missed("turn/interrupt")
-                if not self.closed:
-                    await self.retire("compaction interrupt not acknowledged")
+                await connection.deadline_missed("turn/interrupt")
+                if not connection.closed:
+                    await connection.retire("compaction interrupt not acknowledged")
                 retired = True
             return watch.result(
                 started,
@@ -154,7 +155,8 @@ class _CompactionMethods(_Connection):
         grace: float,
     ) -> bool:
         """Interrupt the compaction turn; True when its ``turn/completed`` came in time."""
-        if self.closed:
+        connection = self._connection
+        if connection.closed:
             return False
         # Notifications already buffered may name the turn, or even end it.
         while watch.turn_id is None and not watch.done:
@@ -176,7 +178,7 @@ class _CompactionMethods(_Connection):
             # that does not take one line within the grace plus a second is itself a reason
             # to retire.
             with anyio.move_on_after(grace + 1.0):
-                msg_id, pending = await self._start_request(
+                msg_id, pending = await connection.start_request(
                     "turn/interrupt",
                     unstructure(
                         TurnInterruptParams(thread_id=watch.thread_id, turn_id=watch.turn_id)
@@ -189,7 +191,7 @@ class _CompactionMethods(_Connection):
                 if isinstance(pending.error, AppServerRpcError):
                     # "no active turn": it ended meanwhile; its turn/completed is coming.
                     log.info("appserver.interrupt_refused", code=pending.error.code)
-                async for n in _until_closed(self, stream):
+                async for n in _until_closed(connection, stream):
                     if watch.feed(n):
                         return True
             return False
@@ -197,10 +199,10 @@ class _CompactionMethods(_Connection):
             return False
         finally:
             if msg_id is not None:
-                self._pending.pop(msg_id, None)
+                connection.forget_request(msg_id)
 
 
-class _KeyedLocks:
+class KeyedLocks:
     """One :class:`anyio.Lock` per key, dropped again when nobody holds or awaits it."""
 
     def __init__(self) -> None:
@@ -302,11 +304,11 @@ def _ms_since(started: float) -> int:
 
 
 async def _until_closed(
-    client: _Connection, stream: MemoryObjectReceiveStream[Notification]
+    connection: Connection, stream: MemoryObjectReceiveStream[Notification]
 ) -> AsyncIterator[Notification]:
-    """Iterate a subscription; a closed client raises its :class:`AppServerClosed`."""
+    """Iterate a subscription; a closed connection raises its :class:`AppServerClosed`."""
     while True:
         try:
             yield await stream.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise client.closed_error or AppServerClosed() from None
+            raise connection.closed_error or AppServerClosed() from None

@@ -10,7 +10,7 @@ orchestrator starts to use belongs here first, so that the fake cannot lag behin
 The runtime policy keywords (``approval_policy``, ``sandbox``, ``approvals_reviewer``,
 ``service_tier``) are sent only when not ``None``, as ``approvalPolicy``, ``sandbox``,
 ``approvalsReviewer`` and ``serviceTier``; a resume that loads a thread should re-send them
-(see :meth:`~.threads._ThreadMethods.resume_thread`).
+(see :meth:`~.threads.Threads.resume_thread`).
 """
 
 from __future__ import annotations

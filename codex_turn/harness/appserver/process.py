@@ -34,7 +34,7 @@ what Codex writes there is owner-only).
 
 Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
 then kill. It is shielded from cancellation so a cancelled caller never leaks a process. A
-process declared dead (see :mod:`.client`) is :meth:`AppServerProcess.kill` ed first: SIGKILL
+process declared dead (see :mod:`.connection`) is :meth:`AppServerProcess.kill` ed first: SIGKILL
 also ends a stopped process, which would never act on stdin EOF or SIGTERM.
 """
 

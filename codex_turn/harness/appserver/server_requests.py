@@ -1,6 +1,6 @@
 """Requests Codex sends *us* (server requests), and how each is answered.
 
-The connection core (:mod:`.client`) starts :func:`serve_request` in a task of its own for
+The connection (:mod:`.connection`) starts :meth:`Responder.serve` in a task of its own for
 every message with both an ``id`` and a ``method``; it answers exactly once:
 
 * ``item/tool/call`` goes to the thread's :class:`~.tools.ToolRegistry` (an unknown thread or
@@ -15,7 +15,7 @@ every message with both an ``id`` and a ``method``; it answers exactly once:
   the method and the redacted error, never the params).
 
 **The per-turn bridge.** A turn may bind :class:`TurnRequestHandlers` to its thread for as
-long as it runs (:func:`bind_turn_handlers`, done by ``turn(..., handlers=...)``). Then:
+long as it runs (:meth:`Responder.bind`, done by ``turn(..., handlers=...)``). Then:
 
 * command execution (``item/commandExecution/requestApproval``), file change
   (``item/fileChange/requestApproval``) and MCP tool approvals (``mcpServer/elicitation/
@@ -59,19 +59,17 @@ import math
 import re
 import time
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import anyio
 import attrs
 
 from codex_turn._log import format_error, get_logger
 
+from .connection import Connection
 from .logsafe import capped
 from .tools import ToolRegistry
-
-if TYPE_CHECKING:
-    from .client import _Connection
 
 __all__ = [
     "APPROVAL_METHODS",
@@ -82,6 +80,8 @@ __all__ = [
     "ApprovalKind",
     "ApprovalPolicy",
     "ApprovalRequest",
+    "Responder",
+    "TurnBinding",
     "TurnRequestHandlers",
     "UserInputAnswers",
     "UserInputCallback",
@@ -89,9 +89,7 @@ __all__ = [
     "UserInputOption",
     "UserInputQuestion",
     "UserInputRequest",
-    "bind_turn_handlers",
     "decline_all",
-    "serve_request",
 ]
 
 log = get_logger(__name__)
@@ -244,13 +242,13 @@ class TurnRequestHandlers:
     )
 
 
-class _TurnBinding:
+class TurnBinding:
     """The handlers bound to one thread while its turn runs, and the waits in flight."""
 
     def __init__(
         self,
         handlers: TurnRequestHandlers,
-        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
     ) -> None:
         self.handlers = handlers
         self.closed = False
@@ -332,26 +330,6 @@ class _TurnBinding:
         self.closed = True
         for scope in list(self._waits):
             scope.cancel()
-
-
-@contextlib.contextmanager
-def bind_turn_handlers(
-    client: _Connection, thread_id: str, handlers: TurnRequestHandlers | None
-) -> Iterator[None]:
-    """Route ``thread_id``'s approvals and user-input requests to ``handlers`` for the block
-    (nothing when ``None``); on exit, pending callbacks are cancelled (safe answers sent)."""
-    if handlers is None:
-        yield
-        return
-    group = getattr(client, "_tg", None)
-    binding = _TurnBinding(handlers, group.start_soon if group is not None else None)
-    client._turn_handlers[thread_id] = binding
-    try:
-        yield
-    finally:
-        binding.close()
-        if client._turn_handlers.get(thread_id) is binding:
-            del client._turn_handlers[thread_id]
 
 
 # --- approvals ----------------------------------------------------------------------------------
@@ -446,7 +424,7 @@ def approval_response(request: ApprovalRequest, decision: ApprovalDecision) -> d
     return {"decision": _COMMAND_DECISIONS[decision]}
 
 
-async def _ask_host(binding: _TurnBinding, request: ApprovalRequest) -> dict[str, Any]:
+async def _ask_host(binding: TurnBinding, request: ApprovalRequest) -> dict[str, Any]:
     handlers = binding.handlers
     assert handlers.on_approval is not None
     callback = handlers.on_approval
@@ -529,7 +507,7 @@ def user_input_response(request: UserInputRequest, answers: Any) -> dict[str, An
     return {"answers": result}
 
 
-async def _ask_host_input(binding: _TurnBinding, params: Mapping[str, Any]) -> dict[str, Any]:
+async def _ask_host_input(binding: TurnBinding, params: Mapping[str, Any]) -> dict[str, Any]:
     handlers = binding.handlers
     assert handlers.on_user_input is not None
     callback = handlers.on_user_input
@@ -570,44 +548,81 @@ async def _ask_host_input(binding: _TurnBinding, params: Mapping[str, Any]) -> d
 # --- dispatch -----------------------------------------------------------------------------------
 
 
-async def serve_request(client: _Connection, msg_id: Any, method: str, params: Any) -> None:
-    """Answer one server request, exactly once (a failing handler gets ``-32000``)."""
-    params = params if isinstance(params, dict) else {}
-    thread_id = str(params.get("threadId", ""))
-    binding = client._turn_handlers.get(thread_id)
-    try:
-        if method == "item/tool/call":
-            registry = client._tools.get(thread_id) or ToolRegistry()
-            result = await registry.call(str(params.get("tool", "")), params.get("arguments"))
-        elif method in APPROVAL_METHODS:
-            log.info("appserver.approval_request", method=capped(method))
-            request = approval_request(method, params)
-            if (
-                binding is not None
-                and binding.handlers.on_approval is not None
-                and request is not None
-            ):
-                result = await _ask_host(binding, request)
-            else:
-                result = dict(await client.approval_policy(method, params))
-        elif method == USER_INPUT_METHOD:
-            if binding is not None and binding.handlers.on_user_input is not None:
-                result = await _ask_host_input(binding, params)
-            elif client.user_input_handler is not None:
-                result = dict(await client.user_input_handler(params))
-            else:
-                result = {"answers": {}}
-        else:
-            log.warning("appserver.unknown_server_request", method=capped(method))
-            await client._respond(
-                msg_id,
-                error={"code": -32601, "message": f"method not supported: {capped(method)}"},
-            )
+class Responder:
+    """Answers the requests Codex sends (see the module header): a part of
+    :class:`~.client.AppServerClient`, its :attr:`~.connection.Connection.serve_request`.
+
+    ``tools``: each thread's Python tools (:attr:`~.threads.Threads.tools`, shared);
+    ``approval_policy`` and ``user_input_handler``: the connection-wide defaults."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        tools: Mapping[str, ToolRegistry],
+        *,
+        approval_policy: ApprovalPolicy = decline_all,
+        user_input_handler: UserInputHandler | None = None,
+    ) -> None:
+        self._connection = connection
+        self._tools = tools
+        self.approval_policy = approval_policy
+        self.user_input_handler = user_input_handler
+        #: The handlers each thread's running turn bound (:meth:`bind`).
+        self.bindings: dict[str, TurnBinding] = {}
+
+    @contextlib.contextmanager
+    def bind(self, thread_id: str, handlers: TurnRequestHandlers | None) -> Iterator[None]:
+        """Route ``thread_id``'s approvals and user-input requests to ``handlers`` for the
+        block (nothing when ``None``); on exit, pending callbacks are cancelled (safe answers
+        sent)."""
+        if handlers is None:
+            yield
             return
-    except Exception as exc:
-        log.warning(
-            "appserver.server_request_failed", method=capped(method), error=format_error(exc)
-        )
-        await client._respond(msg_id, error={"code": -32000, "message": "client handler failed"})
-        return
-    await client._respond(msg_id, result=result)
+        group = self._connection.task_group
+        binding = TurnBinding(handlers, group.start_soon if group is not None else None)
+        self.bindings[thread_id] = binding
+        try:
+            yield
+        finally:
+            binding.close()
+            if self.bindings.get(thread_id) is binding:
+                del self.bindings[thread_id]
+
+    async def serve(self, msg_id: Any, method: str, params: Any) -> None:
+        """Answer one server request, exactly once (a failing handler gets ``-32000``)."""
+        params = params if isinstance(params, dict) else {}
+        thread_id = str(params.get("threadId", ""))
+        binding = self.bindings.get(thread_id)
+        respond = self._connection.respond
+        try:
+            if method == "item/tool/call":
+                registry = self._tools.get(thread_id) or ToolRegistry()
+                result = await registry.call(str(params.get("tool", "")), params.get("arguments"))
+            elif method in APPROVAL_METHODS:
+                log.info("appserver.approval_request", method=capped(method))
+                request = approval_request(method, params)
+                if (
+                    binding is not None
+                    and binding.handlers.on_approval is not None
+                    and request is not None
+                ):
+                    result = await _ask_host(binding, request)
+                else:
+                    result = dict(await self.approval_policy(method, params))
+            elif method == USER_INPUT_METHOD:
+                if binding is not None and binding.handlers.on_user_input is not None:
+                    result = await _ask_host_input(binding, params)
+                elif self.user_input_handler is not None:
+                    result = dict(await self.user_input_handler(params))
+                else:
+                    result = {"answers": {}}
+            else:
+                await self._connection.refuse_request(msg_id, method)
+                return
+        except Exception as exc:
+            log.warning(
+                "appserver.server_request_failed", method=capped(method), error=format_error(exc)
+            )
+            await respond(msg_id, error={"code": -32000, "message": "client handler failed"})
+            return
+        await respond(msg_id, result=result)

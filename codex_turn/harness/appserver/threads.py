@@ -1,21 +1,23 @@
-"""The client's thread methods: ``thread/start``, ``thread/resume`` and each thread's local state.
+"""The client's threads: ``thread/start``, ``thread/resume``, ``thread/fork``,
+``thread/inject_items`` and each thread's local state.
 
-A mixin of :class:`~.client.AppServerClient` (typed against the connection core,
-:class:`~.client._Connection`; no state of its own). A thread's local state is its
+:class:`Threads` is a part of :class:`~.client.AppServerClient` (which hands its methods on),
+built on the :class:`~.connection.Connection`. A thread's local state is its
 :class:`~.tools.ToolRegistry` (bound at start or resume, consulted by
-:func:`~.server_requests.serve_request` for ``item/tool/call``) and whether this process loaded
-it; :meth:`_ThreadMethods.forget_thread` releases both.
+:class:`~.server_requests.Responder` for ``item/tool/call``) and whether this process loaded
+it; :meth:`Threads.forget_thread` releases both.
 
 ``thread/resume`` always sends ``excludeTurns`` and the developer instructions again: Codex
 keeps only what is re-sent there across a later compaction. The runtime policy
 (``approval_policy``, ``sandbox``, ``approvals_reviewer``, ``service_tier``) is sent only when
-given; see :meth:`_ThreadMethods.resume_thread` for what a resume without it loses.
+given; see :meth:`Threads.resume_thread` for what a resume without it loses.
 
 The client also keeps, per thread this process loaded, what Codex holds
 (:class:`LoadedThread`): the result of the last start/resume, the key of the settings sent
 with it (:func:`settings_key`) and whether Codex has compacted or unloaded the thread since
-(the connection core watches every notification: ``contextCompaction`` items,
-``thread/compacted``, ``thread/status/changed`` to ``notLoaded``). The turn's resume table
+(:meth:`Threads.note` watches every notification, a listener of the connection:
+``contextCompaction`` items, ``thread/compacted``, ``thread/status/changed`` to
+``notLoaded``). The turn's resume table
 (:func:`codex_turn.fsm.thread.decide_resume`) reads it to skip a ``thread/resume`` that
 would change nothing.
 
@@ -41,14 +43,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import attrs
 
 from codex_turn._log import get_logger
 
+from .connection import Connection
 from .errors import AppServerRpcError, ThreadNotFound
 from .logsafe import capped
+from .projector import Notification
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
     ApprovalsReviewer,
@@ -61,16 +65,12 @@ from .types import (
     unstructure,
 )
 
-if TYPE_CHECKING:
-    from .client import _Connection
-else:
-    _Connection = object
-
 __all__ = [
     "INJECT_BATCH",
     "STICKY_TURN_FIELDS",
     "KeptFork",
     "LoadedThread",
+    "Threads",
     "configured_defaults",
     "loaded_defaults",
     "settings_key",
@@ -88,6 +88,27 @@ _FORK_SETTINGS: Final = "ephemeral-fork"
 
 #: ``turn/start`` fields Codex keeps on the thread "for this turn and subsequent turns".
 STICKY_TURN_FIELDS: Final = ("effort", "approvalPolicy", "sandboxPolicy")
+
+# Notifications after which Codex may no longer hold a thread as this process loaded it.
+_UNLOADING: Final = frozenset(
+    {
+        "thread/closed",
+        "thread/archived",
+        "thread/deleted",
+        "thread/reverted",
+        "thread/settings/updated",
+    }
+)
+_UNLOADED_STATUSES: Final = frozenset({"notLoaded", "systemError"})
+# Every method that can change what a loaded thread holds: the unloading ones, a status
+# change, and those that can carry a compaction (Notification.compaction_phase). Others
+# (deltas, token usage...) skip the check.
+_THREAD_CHANGES: Final = _UNLOADING | {
+    "thread/status/changed",
+    "thread/compacted",
+    "item/started",
+    "item/completed",
+}
 
 
 @attrs.frozen
@@ -260,14 +281,78 @@ def _sent_sticky(approval_policy: object, sandbox: object) -> tuple[str, ...]:
     return tuple(field for field, value in fields if value is not None)
 
 
-class _ThreadMethods(_Connection):
-    """``thread/start``, ``thread/resume`` and the thread's local state (see the module header)."""
+def _status_type(params: Mapping[str, Any]) -> object:
+    status = params.get("status")
+    return status.get("type") if isinstance(status, Mapping) else None
+
+
+class Threads:
+    """``thread/start``, ``thread/resume``, ``thread/fork``, ``thread/inject_items`` and the
+    threads' local state (see the module header)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        #: Each thread's Python tools (what ``item/tool/call`` runs).
+        self.tools: dict[str, ToolRegistry] = {}
+        self._loaded: dict[str, LoadedThread] = {}
+        #: Per cwd, the sticky turn defaults of Codex's configuration (``config/read``), or
+        #: ``None`` when this app-server cannot tell.
+        self._configured: dict[str | None, Mapping[str, Any] | None] = {}
+
+    def note(self, n: Notification) -> None:
+        """Keep :class:`LoadedThread` true (a listener of the connection): a compaction may
+        drop the instructions a resume re-sent, an unload drops the thread (both make the
+        next turn resume)."""
+        if n.method not in _THREAD_CHANGES:
+            return
+        thread_id = n.thread_id
+        if thread_id is None:
+            return
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
+            return
+        if n.compaction_phase is not None:
+            if not loaded.compacted:
+                self._loaded[thread_id] = attrs.evolve(loaded, compacted=True)
+        elif n.method in _UNLOADING or (
+            n.method == "thread/status/changed" and _status_type(n.params) in _UNLOADED_STATUSES
+        ):
+            del self._loaded[thread_id]
+
+    def sticky_defaults(self, thread_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The defaults a ``turn/start`` sends back: Codex keeps a turn's effort, approval
+        policy and sandbox for the thread's later turns, so a turn that states none of its
+        own after a turn that did runs with the defaults recorded when the thread was loaded
+        (sent explicitly)."""
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
+            return {}
+        return {
+            field: loaded.defaults[field]
+            for field in loaded.overridden
+            if field not in overrides and field in loaded.defaults
+        }
+
+    def note_sticky(self, thread_id: str, wire: Mapping[str, Any]) -> None:
+        """A ``turn/start`` sent ``wire``: record which sticky fields the thread now holds
+        other than its defaults."""
+        loaded = self._loaded.get(thread_id)
+        if loaded is None:
+            return
+        overridden = frozenset(
+            field
+            for field in STICKY_TURN_FIELDS
+            if (field in wire and wire[field] != loaded.defaults.get(field))
+            or (field not in wire and field in loaded.overridden)
+        )
+        if overridden != loaded.overridden:
+            self._loaded[thread_id] = attrs.evolve(loaded, overridden=overridden)
 
     def register_tools(self, thread_id: str, tools: ToolRegistry | Iterable[DynamicTool]) -> None:
         """Bind Python tools to a thread (done by start/resume; also usable directly)."""
         registry = as_registry(tools)
         assert registry is not None
-        self._tools[thread_id] = registry
+        self.tools[thread_id] = registry
 
     def is_loaded(self, thread_id: str) -> bool:
         """Whether this process started or resumed ``thread_id`` (and Codex kept it loaded)."""
@@ -301,7 +386,7 @@ class _ThreadMethods(_Connection):
             return self._configured[cwd]
         params: dict[str, Any] = {} if cwd is None else {"cwd": cwd}
         try:
-            raw = await self.request("config/read", params, timeout=timeout)
+            raw = await self._connection.request("config/read", params, timeout=timeout)
             config = raw.get("config") if isinstance(raw, Mapping) else None
             if not isinstance(config, Mapping):
                 raise TypeError("config/read answered without a config object")
@@ -330,7 +415,7 @@ class _ThreadMethods(_Connection):
         turn here (e.g. when the engine rotated to a fresh thread): a later tool call for it
         would be answered as an unknown tool, and a later compaction would resume it first.
         Idempotent; unknown ids are ignored."""
-        self._tools.pop(thread_id, None)
+        self.tools.pop(thread_id, None)
         self._loaded.pop(thread_id, None)
 
     async def start_thread(
@@ -371,7 +456,7 @@ class _ThreadMethods(_Connection):
             config=config,
             ephemeral=ephemeral,
         )
-        raw = await self.request("thread/start", unstructure(params), timeout=timeout)
+        raw = await self._connection.request("thread/start", unstructure(params), timeout=timeout)
         result = structure(raw, ThreadResult)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
@@ -438,7 +523,9 @@ class _ThreadMethods(_Connection):
         )
         configured = await self._configured_defaults(cwd, timeout)  # cached per cwd
         try:
-            raw = await self.request("thread/resume", unstructure(params), timeout=timeout)
+            raw = await self._connection.request(
+                "thread/resume", unstructure(params), timeout=timeout
+            )
         except AppServerRpcError as exc:
             not_found = ThreadNotFound.match(exc, thread_id)
             if not_found is None:
@@ -505,7 +592,7 @@ class _ThreadMethods(_Connection):
         if service_tier is not None:
             params["serviceTier"] = service_tier
         configured = await self._configured_defaults(cwd, timeout)
-        raw = await self.request("thread/fork", params, timeout=timeout)
+        raw = await self._connection.request("thread/fork", params, timeout=timeout)
         result = structure(raw, ThreadResult)
         registry = as_registry(tools)
         if registry is not None:
@@ -536,7 +623,7 @@ class _ThreadMethods(_Connection):
         for start in range(0, len(items), INJECT_BATCH):
             batch = [dict(item) for item in items[start : start + INJECT_BATCH]]
             try:
-                await self.request(
+                await self._connection.request(
                     "thread/inject_items", {"threadId": thread_id, "items": batch}, timeout=timeout
                 )
             except AppServerRpcError as exc:

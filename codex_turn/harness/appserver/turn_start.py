@@ -1,37 +1,39 @@
 """The client's turn methods: ``turn/start`` without orphaning the turn, ``turn/interrupt``.
 
-A mixin of :class:`~.client.AppServerClient` (typed against the connection core,
-:class:`~.client._Connection`; no state of its own). :meth:`_TurnMethods.turn` starts a turn
-and yields its :class:`~.turn.TurnHandle` (the theory of a turn is in :mod:`.turn`);
-:meth:`_TurnMethods.run_turn` does it all and returns the :class:`~.projector.CodexTurnResult`.
+:class:`Turns` is a part of :class:`~.client.AppServerClient` (which hands its methods on),
+built on the :class:`~.connection.Connection`, the client's :class:`~.threads.Threads` (a
+turn sends back the thread's sticky defaults) and its :class:`~.server_requests.Responder`
+(a turn binds its host callbacks there). :meth:`Turns.turn` starts a turn and yields its
+:class:`~.turn.TurnHandle` (the theory of a turn is in :mod:`.turn`); :meth:`Turns.run_turn`
+does it all and returns the :class:`~.projector.CodexTurnResult`.
 
 A cancelled or timed-out turn is interrupted (once: a second ``turn/interrupt`` for the same
 turn would hang in Codex; and only once the turn is active, after its ``turn/started``: Codex
 refuses an earlier one and the turn runs on). That holds from the moment ``turn/start`` is
 sent: a caller cancelled (or timed out) before its response still interrupts the turn Codex
-started (:meth:`_TurnMethods._start_turn`). Each wait of an abandonment is bounded by the
+started (:meth:`Turns._start_turn`). Each wait of an abandonment is bounded by the
 interrupt grace (:data:`~.defaults.INTERRUPT_GRACE_S`, or ``AppServerConfig.interrupt_grace``).
 A ``turn/start`` that gets no answer in time also asks whether the process is still alive
-(see "Liveness" in :mod:`.client`) before its :class:`~.errors.AppServerTimeout` is raised.
+(see "Liveness" in :mod:`.connection`) before its :class:`~.errors.AppServerTimeout` is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-import attrs
 
 from codex_turn._log import get_logger
 
+from .connection import Connection, Pending, TurnNotifications
 from .defaults import INTERRUPT_GRACE_S
-from .errors import AppServerTimeout
+from .errors import AppServerClosed, AppServerTimeout
 from .logsafe import capped
 from .projector import CodexTurnResult, Notification, TurnProjector
-from .server_requests import TurnRequestHandlers, bind_turn_handlers
-from .threads import STICKY_TURN_FIELDS
+from .server_requests import Responder, TurnRequestHandlers
+from .threads import Threads
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
     ImageInput,
@@ -44,18 +46,37 @@ from .types import (
     unstructure,
 )
 
-if TYPE_CHECKING:
-    from .client import TurnNotifications, _Connection, _Pending
-else:
-    _Connection = object
-
-__all__: list[str] = []
+__all__ = ["Turns"]
 
 log = get_logger(__name__)
 
 
-class _TurnMethods(_Connection):
-    """Starting, interrupting and running turns (see the module header)."""
+class Turns:
+    """Starting, interrupting and running turns (see the module header). It is the client its
+    :class:`TurnHandle` s interrupt through."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        threads: Threads,
+        responder: Responder,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        interrupt_grace: float = INTERRUPT_GRACE_S,
+    ) -> None:
+        self._connection = connection
+        self._threads = threads
+        self._responder = responder
+        self.provider = provider
+        self.model = model
+        self.interrupt_grace = interrupt_grace
+        # What a TurnHandle reads of its client to see a host callback pending (by name).
+        self._turn_handlers = responder.bindings
+
+    @property
+    def closed_error(self) -> AppServerClosed | None:
+        return self._connection.closed_error
 
     async def interrupt_turn(
         self,
@@ -65,7 +86,7 @@ class _TurnMethods(_Connection):
         timeout: float = INTERRUPT_GRACE_S,  # noqa: ASYNC109
     ) -> None:
         params = TurnInterruptParams(thread_id=thread_id, turn_id=turn_id)
-        await self.request("turn/interrupt", unstructure(params), timeout=timeout)
+        await self._connection.request("turn/interrupt", unstructure(params), timeout=timeout)
 
     @contextlib.asynccontextmanager
     async def turn(
@@ -105,13 +126,16 @@ class _TurnMethods(_Connection):
             items = list(input)
             text = "\n".join(i.text for i in items if isinstance(i, TextInput))
         items += [ImageInput(url) for url in images]
-        with self._turn_queue(thread_id) as queue, bind_turn_handlers(self, thread_id, handlers):
+        with (
+            self._connection.turn_queue(thread_id) as queue,
+            self._responder.bind(thread_id, handlers),
+        ):
             params = TurnStartParams(thread_id=thread_id, input=items)
-            sticky = self._sticky_defaults(thread_id, overrides or {})
+            sticky = self._threads.sticky_defaults(thread_id, overrides or {})
             wire = {**sticky, **(overrides or {}), **unstructure(params)}  # its own fields win
             raw = await self._start_turn(thread_id, wire, queue, timeout)
             started = structure(raw, TurnStartResult)
-            self._note_sticky(thread_id, wire)
+            self._threads.note_sticky(thread_id, wire)
             projector = TurnProjector(
                 thread_id=thread_id,
                 prompt=text if prompt is None else prompt,
@@ -137,33 +161,6 @@ class _TurnMethods(_Connection):
             finally:
                 await handle.aclose()
 
-    def _sticky_defaults(self, thread_id: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-        """The defaults to send back: Codex keeps a turn's effort, approval policy and sandbox
-        for the thread's later turns, so a turn that states none of its own after a turn that
-        did runs with the defaults recorded when the thread was loaded (sent explicitly)."""
-        loaded = self._loaded.get(thread_id)
-        if loaded is None:
-            return {}
-        return {
-            field: loaded.defaults[field]
-            for field in loaded.overridden
-            if field not in overrides and field in loaded.defaults
-        }
-
-    def _note_sticky(self, thread_id: str, wire: Mapping[str, Any]) -> None:
-        """Record which sticky fields the thread now holds other than its defaults."""
-        loaded = self._loaded.get(thread_id)
-        if loaded is None:
-            return
-        overridden = frozenset(
-            field
-            for field in STICKY_TURN_FIELDS
-            if (field in wire and wire[field] != loaded.defaults.get(field))
-            or (field not in wire and field in loaded.overridden)
-        )
-        if overridden != loaded.overridden:
-            self._loaded[thread_id] = attrs.evolve(loaded, overridden=overridden)
-
     async def _start_turn(
         self,
         thread_id: str,
@@ -182,16 +179,16 @@ class _TurnMethods(_Connection):
         would keep running (tool calls included) and the thread's next ``turn/start`` would
         be steered into it (Codex 0.163 answers it with the orphan's turn id).
         """
-        seconds = self.request_timeout if timeout is None else timeout
+        seconds = self._connection.request_timeout if timeout is None else timeout
         msg_id: int | None = None
-        pending: _Pending | None = None
+        pending: Pending | None = None
         try:
             try:
                 with anyio.fail_after(seconds):
-                    msg_id, pending = await self._start_request("turn/start", params)
+                    msg_id, pending = await self._connection.start_request("turn/start", params)
                     await pending.event.wait()
             except TimeoutError:
-                await self._deadline_missed("turn/start")  # alive? a dead one is retired
+                await self._connection.deadline_missed("turn/start")  # alive? a dead one is retired
                 raise AppServerTimeout(
                     f"turn/start got no response within {seconds:g}s",
                     method="turn/start",
@@ -205,7 +202,7 @@ class _TurnMethods(_Connection):
         finally:
             # Only now: the abandonment above still needs the response routed to ``pending``.
             if msg_id is not None:
-                self._pending.pop(msg_id, None)
+                self._connection.forget_request(msg_id)
         if pending.error is not None:
             raise pending.error
         return pending.result
@@ -213,7 +210,7 @@ class _TurnMethods(_Connection):
     async def _abandon_turn_start(
         self,
         thread_id: str,
-        pending: _Pending,
+        pending: Pending,
         stream: TurnNotifications,
     ) -> None:
         """Interrupt the turn an abandoned ``turn/start`` started (never raises).
@@ -232,7 +229,7 @@ class _TurnMethods(_Connection):
         log.warning(
             "appserver.turn_start_abandoned", thread_id=capped(thread_id), turn_id=capped(turn_id)
         )
-        if turn_id is None or self.closed:
+        if turn_id is None or self._connection.closed:
             return  # refused, never answered within the grace, or the process is gone
         projector = TurnProjector(
             thread_id=thread_id,
@@ -257,7 +254,7 @@ class _TurnMethods(_Connection):
 
     async def _watch_turn_start(
         self,
-        pending: _Pending,
+        pending: Pending,
         stream: TurnNotifications,
         seen: list[Notification],
         response_id: list[str],
