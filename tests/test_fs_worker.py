@@ -27,7 +27,7 @@ from structlog.testing import capture_logs
 
 from codex_turn.harness import _fs
 from codex_turn.harness._fs import pinned_session_path, run_in_worker, session_path
-from codex_turn.harness.session import _lease, _lock
+from codex_turn.harness.session import _lease, _lockfile
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_fs_worker_var", default="unset")
 
@@ -237,7 +237,7 @@ def test_a_turn_lease_wakes_no_renewal_thread(
 
 @pytest.mark.parametrize("ttl", [None, 60.0, 0.0001])
 def test_the_lock_file_is_openclaws_pretty_json_byte_for_byte(ttl: float | None) -> None:
-    data = _lock.lock_payload(ttl)
+    data = _lockfile.lock_payload(ttl)
     payload = json.loads(data)
     assert data == (json.dumps(payload, indent=2) + "\n").encode()
     assert payload["pid"] == os.getpid()

@@ -48,8 +48,8 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.harness import _gates
-from codex_turn.harness.session import _lease, _lock
-from codex_turn.harness.session._format import _utc_now_iso
+from codex_turn.harness.session import _lease, _lock, _lockfile
+from codex_turn.harness.session._format import utc_now_iso
 
 ROOT = Path(__file__).parent.parent
 
@@ -65,13 +65,13 @@ SCRIPT = textwrap.dedent(
 
     import codex_turn
     from codex_turn import SessionBusy, TurnHooks, TurnParams, run_codex_turn
-    from codex_turn.harness.session import _lease, _lock
+    from codex_turn.harness.session import _lease, _lockfile
 
     path, label, concurrency, wait_timeout, delay, ttl, host = sys.argv[1:8]
     if ttl:
         _lease.LEASE_TTL_SECONDS = float(ttl)
     if host:
-        _lock.HOST = host  # poses as another host: judged by its ttl alone
+        _lockfile.HOST = host  # poses as another host: judged by its ttl alone
     codex_turn.configure_logging(level="WARNING", format="json")
 
 
@@ -336,8 +336,8 @@ def sleeper() -> Any:
 
 def _openclaw_lock(pid: int, created_at: str | None = None) -> str:
     """A lock file exactly as OpenClaw writes it: ``JSON.stringify(payload, null, 2)``."""
-    payload: dict[str, Any] = {"pid": pid, "createdAt": created_at or _utc_now_iso()}
-    starttime = _lock._process_starttime(pid)
+    payload: dict[str, Any] = {"pid": pid, "createdAt": created_at or utc_now_iso()}
+    starttime = _lockfile._process_starttime(pid)
     if starttime is not None:
         payload["starttime"] = starttime
     return json.dumps(payload, indent=2)
@@ -400,13 +400,13 @@ async def test_stale_foreign_leases_are_taken_over(
     # A fresh lease of another host, within its ttl, is respected (its pid is not checked).
     lock.write_text(
         json.dumps(
-            {"pid": 999_999_999, "createdAt": _utc_now_iso(), "host": "x.invalid", "ttlMs": 60_000}
+            {"pid": 999_999_999, "createdAt": utc_now_iso(), "host": "x.invalid", "ttlMs": 60_000}
         )
     )
     with pytest.raises(SessionBusy):
         await run_codex_turn(_params(session, concurrency="reject"), app_server=FakeAppServer())
     # A live holder on this host is never judged by its ttl (only by OpenClaw's 30 minutes).
-    lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": _utc_now_iso(), "ttlMs": 1}))
+    lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": utc_now_iso(), "ttlMs": 1}))
     await anyio.sleep(0.01)
     with pytest.raises(SessionBusy):
         await run_codex_turn(_params(session, concurrency="reject"), app_server=FakeAppServer())
@@ -433,7 +433,7 @@ async def test_the_turn_holds_the_lock_file_for_its_whole_duration(tmp_path: Pat
     # One lease, held from the first step to the last, the mirror included: never re-taken.
     assert all(p == seen[0] for p in seen)
     assert seen[0]["pid"] == os.getpid()
-    assert seen[0]["host"] == _lock.HOST
+    assert seen[0]["host"] == _lockfile.HOST
     assert seen[0]["ttlMs"] == round(_lease.LEASE_TTL_SECONDS * 1000)
     assert not lock.exists()
     assert not _lock._path_locks[str(lock)[: -len(".lock")]].holds_file()

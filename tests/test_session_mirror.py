@@ -464,7 +464,7 @@ def test_a_live_holder_times_out_with_a_typed_error(tmp_path: Path) -> None:
     lock = _lock_file(path)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": format_mod._utc_now_iso()}))
+        lock.write_text(json.dumps({"pid": sleeper.pid, "createdAt": format_mod.utc_now_iso()}))
         started = time.monotonic()
         with pytest.raises(SessionLockTimeout) as caught:
             _mirror(path, "t", 0, lock_timeout=0.3)

@@ -20,7 +20,8 @@ The rules that live here so that no caller re-derives them:
   once the pid is dead. :func:`create_exclusive` is the sibling for files that must be created
   complete and never replaced (the transcript): the same temp file, then ``link``.
 * **Appends are not here.** Appending to a transcript is one ``O_APPEND`` write owned by the
-  mirror; only :func:`write_all` (a full ``write`` loop) is shared.
+  mirror; only :func:`write_all` (a full ``write`` loop) is shared, and its reading sibling
+  :func:`pread_exact` (a full ``pread`` loop).
 * **Only regular files are opened.** :func:`open_regular` is how the transcript and the
   sidecar are opened: without blocking (``O_NONBLOCK``, so a FIFO at the path cannot hang the
   worker thread, which no cancellation could reach) and refused with
@@ -78,6 +79,7 @@ __all__ = [
     "open_regular",
     "pid_alive",
     "pinned_session_path",
+    "pread_exact",
     "run_in_worker",
     "run_in_worker_then",
     "session_path",
@@ -85,6 +87,7 @@ __all__ = [
 ]
 
 _TEMP_SUFFIX = ".tmp"
+_PREAD_CHUNK: Final = 16 << 20  # bytes per pread: a huge transcript is read in a few calls
 
 
 #: The session file a turn pinned (:func:`pinned_session_path`): the spellings it was asked
@@ -208,6 +211,20 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes from ``offset`` (``pread`` until done); fewer only when the file
+    ends first (truncated meanwhile: the caller's checks notice)."""
+    chunks: list[bytes] = []
+    while length > 0:
+        chunk = os.pread(fd, min(length, _PREAD_CHUNK), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 _write_locks: dict[str, threading.Lock] = {}

@@ -42,12 +42,8 @@ from anyio.lowlevel import RunVar
 from codex_turn._log import format_error, get_logger
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness._fs import NotRegularFileError, run_in_worker, session_path
-from codex_turn.harness.session._lease import (
-    LeaseBusy,
-    SessionLease,
-    release_lease,
-    try_acquire_lease,
-)
+from codex_turn.harness.session._lease import LeaseBusy, release_lease, try_acquire_lease
+from codex_turn.harness.session._lock import SessionLease
 
 __all__ = ["SessionBusy", "hold_session", "session_lane_busy"]
 

@@ -8,9 +8,13 @@ One private module per concern; this package re-exports the public names of each
 * ``_format.py``: the transcript format itself: parsing lines into a fold, header
   validation, the in-memory v1/v2 -> v3 migration and pi's ``buildSessionContext``. Pure:
   no I/O, no locks, no state.
-* ``_lock.py``: OpenClaw's write lock: the in-process re-entrant lock per transcript, the
-  ``<name>.lock`` file other processes honour, stale-lock recovery and
-  :class:`SessionLockTimeout`.
+* ``_lockfile.py``: OpenClaw's ``<name>.lock`` file, as every process sees it: its payload,
+  taking and releasing it, stale-lock recovery and :class:`SessionLockTimeout`.
+* ``_lock.py``: this process's side of the lock: the in-process re-entrant lock per
+  transcript and its holders (the writes, a whole-turn lease), and
+  :func:`session_write_lock`.
+* ``_lease.py``: the whole-turn lease (the lock file held for a turn, renewed by a thread),
+  which the in-process turn gates take.
 * ``_budget.py``: the byte ceiling shared by the read cache and the stripped histories
   (:func:`set_session_cache_limit`), least recently used out.
 * ``_cache.py``: the per-transcript incremental read cache and the readers on it
@@ -24,9 +28,12 @@ One private module per concern; this package re-exports the public names of each
   :func:`sync_appended` makes it durable meanwhile), :func:`mirror_turn` (one idempotent
   append per turn under the write lock) and :func:`reset_session`.
 
-The dependency order is ``_format`` <- ``_lock`` <- ``_budget`` <- ``_cache`` <- ``_stream``,
-``_writable`` <- ``_mirror``;
-nothing imports upwards. Every module keys a transcript by one name,
+The dependency order is ``_format`` <- ``_lockfile`` <- ``_lock`` <- ``_lease`` and
+``_format``, ``_budget`` <- ``_cache`` <- ``_stream``, ``_writable`` (which also takes the
+write lock) <- ``_mirror``; nothing imports upwards. Each module's ``__all__`` is what this
+package re-exports; its other names without an underscore are the package's own vocabulary,
+used by the sibling modules (and by nothing outside the harness), and no private name is
+imported across modules. Every module keys a transcript by one name,
 :func:`codex_turn.harness._fs.session_path`, as do the binding and the in-process turn gates.
 
 Everything here is synchronous file I/O. An async caller runs it in a worker thread
@@ -61,12 +68,8 @@ from codex_turn.harness.session._format import (
     migrate_session_entries,
     parse_session_bytes,
 )
-from codex_turn.harness.session._lock import (
-    DEFAULT_LOCK_TIMEOUT,
-    LOCK_STALE_SECONDS,
-    SessionLockTimeout,
-    session_write_lock,
-)
+from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
+from codex_turn.harness.session._lockfile import LOCK_STALE_SECONDS, SessionLockTimeout
 from codex_turn.harness.session._mirror import (
     MirrorInputError,
     MirrorResult,

@@ -3,7 +3,7 @@
 Theory
 ------
 Because reading a transcript is a fold over its complete lines (``_format.py``, rule 1), the
-fold of a file that only grew can be *continued* rather than redone. :class:`_FileState`
+fold of a file that only grew can be *continued* rather than redone. :class:`FileState`
 caches, per transcript (keyed by :func:`codex_turn.harness._fs.session_path`), the fold over
 the bytes up to the last newline, the file's identity ``(st_dev, st_ino)`` and a digest of
 its first and last 4 KiB. A read checks identity and digests: an appended file costs
@@ -15,8 +15,9 @@ when the new entries continue the old leaf (:func:`_extension`); a new root, a b
 older entry, a re-used id or a compaction rebuilds it. Readers hand out a
 :class:`~codex_turn.harness.session._format.MessageHistory`, an O(1) view of the cached list.
 
-Each state has its own lock; readers and the mirror (``_mirror.py``) refresh the state under
-it, so the mirror sees exactly what a reader would. Only a regular file is ever opened
+Each state has its own lock; readers, the preflight (``_writable.py``) and the mirror
+(``_mirror.py``) refresh the state under it (:func:`state_for`, :func:`refresh`, a
+:class:`View`), so the mirror sees exactly what a reader would. Only a regular file is ever opened
 (:func:`codex_turn.harness._fs.open_regular`): a FIFO, a directory or a device at the path is
 an error at once, never a read that blocks. Everything is synchronous file I/O: an async
 caller runs it in a worker thread. Messages returned by the readers are shared with the
@@ -41,27 +42,28 @@ from typing import Any, Final
 import attrs
 
 from codex_turn._log import format_error, get_logger
-from codex_turn.harness._fs import open_regular, session_path
+from codex_turn.harness._fs import open_regular, pread_exact, session_path
 from codex_turn.harness.session import _budget
 from codex_turn.harness.session._format import (
-    _BAD,
+    BAD,
     AgentMessage,
     Entry,
+    Fold,
     MessageHistory,
     ModelRef,
     SessionContext,
     SessionError,
-    _apply_settings,
-    _entry_message,
-    _feed_lines,
-    _Fold,
-    _header_version,
-    _parse_line,
-    _parse_tail,
-    _split_complete,
-    _valid_header,
+    apply_settings,
     build_session_context,
+    entry_message,
+    feed_lines,
+    first_object_problem,
+    header_version,
     migrate_session_entries,
+    parse_line,
+    parse_tail,
+    split_complete,
+    valid_header,
 )
 
 __all__ = [
@@ -75,7 +77,6 @@ __all__ = [
 _log = get_logger(__name__)
 
 _DIGEST_SPAN: Final = 4096
-_READ_CHUNK: Final = 1 << 20
 
 
 @attrs.frozen
@@ -141,8 +142,8 @@ def _extension(
     for entry in path:
         if entry.get("type") == "compaction":
             return None
-        thinking, model = _apply_settings(entry, thinking, model)
-        message = _entry_message(entry)
+        thinking, model = apply_settings(entry, thinking, model)
+        message = entry_message(entry)
         if message is not None:
             added.append(message)
     return added, thinking, model
@@ -153,7 +154,9 @@ def _extension(
 
 
 @attrs.define
-class _FileState:
+class FileState:
+    """One transcript's cached read (:func:`state_for`); guarded by ``lock``."""
+
     path: str
     dev: int = -1
     ino: int = -1
@@ -162,30 +165,33 @@ class _FileState:
     head_digest: bytes = b""
     tail_digest: bytes = b""
     committed: int = 0  # offset just past the last newline folded into `fold`
-    fold: _Fold = attrs.Factory(_Fold)
+    fold: Fold = attrs.Factory(Fold)
     ctx: _Ctx | None = None
     warned: bool = False
     lock: threading.Lock = attrs.Factory(threading.Lock)
 
 
 @attrs.define
-class _View:
+class View:
     """One consistent read: the cached fold plus the unterminated tail, if it parses."""
 
-    state: _FileState
+    state: FileState
     exists: bool
     size: int
     tentative: Entry | None
     torn: bool
     tail_bad: bool
 
+    def header_problem(self) -> str | None:
+        """:func:`~codex_turn.harness.session._format.first_object_problem` of the file."""
+        fold = self.state.fold
+        return first_object_problem(
+            fold.first_object if fold.first_object is not None else self.tentative
+        )
 
-_cache: OrderedDict[str, _FileState] = OrderedDict()
+
+_cache: OrderedDict[str, FileState] = OrderedDict()
 _cache_lock = threading.Lock()
-
-
-def _cache_key(path: str | os.PathLike[str]) -> str:
-    return session_path(path)
 
 
 def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
@@ -195,21 +201,31 @@ def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
             keys = list(_cache)
             _cache.clear()
         else:
-            keys = [_cache_key(path)]
+            keys = [session_path(path)]
             _cache.pop(keys[0], None)
     for key in keys:
         _budget.release(("read", key))
 
 
-def _state_for(key: str) -> _FileState:
+def state_for(key: str) -> FileState:
+    """The cached state of the transcript whose :func:`session_path` is ``key`` (created
+    empty); read or change it only under its ``lock``, after :func:`refresh`."""
     with _cache_lock:
         state = _cache.get(key)
         if state is None:
-            state = _cache[key] = _FileState(key)
+            state = _cache[key] = FileState(key)
         return state
 
 
-def _charge(state: _FileState) -> None:
+def holds_context(key: str) -> bool:
+    """Whether the cache holds the conversation of ``key`` (a :func:`session_path`): its
+    next read costs O(new bytes)."""
+    with _cache_lock:
+        cached = _cache.get(key)
+    return cached is not None and cached.ctx is not None
+
+
+def _charge(state: FileState) -> None:
     """Charge ``state``'s estimated bytes to the ledger (caller holds ``state.lock``)."""
     with _cache_lock:
         if _cache.get(state.path) is not state:
@@ -218,7 +234,7 @@ def _charge(state: _FileState) -> None:
     _budget.charge(("read", state.path), nbytes, lambda: _evict(state))
 
 
-def _evict(state: _FileState) -> object | None:
+def _evict(state: FileState) -> object | None:
     """The ledger's evictor: drop ``state`` from the cache, unless a reader holds it."""
     if not state.lock.acquire(blocking=False):
         return None
@@ -233,47 +249,36 @@ def _evict(state: _FileState) -> object | None:
         state.lock.release()
 
 
-def _pread_exact(fd: int, length: int, offset: int) -> bytes:
-    chunks: list[bytes] = []
-    while length > 0:
-        chunk = os.pread(fd, min(length, _READ_CHUNK * 16), offset)
-        if not chunk:
-            break  # truncated under us; the next read's digest check notices
-        chunks.append(chunk)
-        length -= len(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _digests(fd: int, size: int) -> tuple[bytes, bytes]:
     """The digests of the first and of the last :data:`_DIGEST_SPAN` bytes of ``size``."""
-    head = _pread_exact(fd, min(size, _DIGEST_SPAN), 0)
+    head = pread_exact(fd, min(size, _DIGEST_SPAN), 0)
     if size <= _DIGEST_SPAN:
         digest = _digest(head)  # head and tail are the same bytes
         return digest, digest
     start = size - _DIGEST_SPAN
-    return _digest(head), _digest(_pread_exact(fd, size - start, start))
+    return _digest(head), _digest(pread_exact(fd, size - start, start))
 
 
-def _refresh(state: _FileState) -> _View:
-    """Bring ``state`` up to date with the file (caller holds ``state.lock``)."""
+def refresh(state: FileState) -> View:
+    """Bring ``state`` up to date with the file; what it holds now (caller holds
+    ``state.lock``). Raises :class:`OSError` when the file cannot be read."""
     try:
         return _refresh_uncharged(state)
     finally:
         _charge(state)
 
 
-def _refresh_uncharged(state: _FileState) -> _View:
+def _refresh_uncharged(state: FileState) -> View:
     try:
         # Never blocks (a FIFO at the path), never reads a directory or a device.
         fd = open_regular(state.path, os.O_RDONLY)
     except FileNotFoundError:
         _reset_state(state)
-        return _View(state, False, 0, None, False, False)
+        return View(state, False, 0, None, False, False)
     try:
         st = os.fstat(fd)
         reusable = (
@@ -288,12 +293,12 @@ def _refresh_uncharged(state: _FileState) -> _View:
         # One read from the start of the new bytes or of the last _DIGEST_SPAN bytes,
         # whichever comes first: it holds the new bytes and the new tail to digest.
         read_from = min(start, max(0, st.st_size - _DIGEST_SPAN))
-        chunk = _pread_exact(fd, st.st_size - read_from, read_from)
+        chunk = pread_exact(fd, st.st_size - read_from, read_from)
         data = chunk[start - read_from :]
         size = start + len(data)
-        complete, tail = _split_complete(data)
+        complete, tail = split_complete(data)
         if complete:
-            _feed_lines(state.fold, complete[:-1], at_start=start == 0)
+            feed_lines(state.fold, complete[:-1], at_start=start == 0)
             state.committed = start + len(complete)
         head_digest = state.head_digest
         if len(chunk) != st.st_size - read_from:  # truncated under us: digest what is there
@@ -304,52 +309,33 @@ def _refresh_uncharged(state: _FileState) -> _View:
             tail_digest = _digest(chunk[-_DIGEST_SPAN:])
             if not (reusable and state.size >= _DIGEST_SPAN):  # else the head was checked
                 head_digest = _digest(
-                    chunk[:_DIGEST_SPAN] if read_from == 0 else _pread_exact(fd, _DIGEST_SPAN, 0)
+                    chunk[:_DIGEST_SPAN] if read_from == 0 else pread_exact(fd, _DIGEST_SPAN, 0)
                 )
         state.size = size
         state.mtime_ns = st.st_mtime_ns
         state.head_digest, state.tail_digest = head_digest, tail_digest
     finally:
         os.close(fd)
-    tentative, torn = _parse_tail(tail, at_start=state.committed == 0)
-    tail_bad = torn and _parse_line(tail) is _BAD
-    return _View(state, True, size, tentative, torn, tail_bad)
+    tentative, torn = parse_tail(tail, at_start=state.committed == 0)
+    tail_bad = torn and parse_line(tail) is BAD
+    return View(state, True, size, tentative, torn, tail_bad)
 
 
-def _reset_state(state: _FileState) -> None:
+def _reset_state(state: FileState) -> None:
     state.dev = state.ino = -1
     state.size = state.committed = state.mtime_ns = 0
     state.head_digest = state.tail_digest = b""
-    state.fold = _Fold()
+    state.fold = Fold()
     state.ctx = None
     state.warned = False
 
 
-def _header_problem(view: _View) -> str | None:
-    fold = view.state.fold
-    return _first_object_problem(
-        fold.first_object if fold.first_object is not None else view.tentative
-    )
-
-
-def _first_object_problem(first: Entry | None) -> str | None:
-    """Why a transcript whose first object is ``first`` reads as empty (``"empty"``: quietly;
-    anything else: with a warning), or ``None`` when it has a valid session header."""
-    if first is None:
-        return "empty"
-    if first.get("type") != "session":
-        return "first object is not a session header"
-    if not isinstance(first.get("id"), str):
-        return "session header has no string id"
-    return None
-
-
-def _context(view: _View) -> SessionContext:
+def _context(view: View) -> SessionContext:
     """The context at the last line, extending the cached one when possible."""
     state, fold = view.state, view.state.fold
     header = fold.first_object if fold.first_object is not None else view.tentative
     assert header is not None
-    if _header_version(header) < 3:
+    if header_version(header) < 3:
         # Legacy files are migrated afresh on each read (O(file)); pi rewrites them on open.
         objects = [*fold.objects, view.tentative] if view.tentative else fold.objects
         _, migrated, _ = migrate_session_entries(header, objects)
@@ -384,7 +370,7 @@ def _context(view: _View) -> SessionContext:
     return build_session_context([*entries, tentative], by_id=by_id)
 
 
-def _extend_committed(state: _FileState, ctx: _Ctx) -> _Ctx | None:
+def _extend_committed(state: FileState, ctx: _Ctx) -> _Ctx | None:
     """Extend ``ctx`` in place over the entries folded since it was built, if it continues."""
     fold = state.fold
     if max(fold.last_duplicate_at, fold.last_late_parent_at) >= ctx.count:
@@ -427,17 +413,17 @@ class _ExcludingView(Mapping[str, Entry]):
         return key not in self._excluded and key in self._base
 
 
-def _warn_once(view: _View, event: str, **fields: Any) -> None:
+def _warn_once(view: View, event: str, **fields: Any) -> None:
     if not view.state.warned:
         view.state.warned = True
         _log.warning(event, path=view.state.path, **fields)
 
 
-def _refresh_or_raise(state: _FileState) -> _View:
-    """:func:`_refresh`, with a read failure mapped once to :class:`SessionError` (and the
+def _refresh_or_raise(state: FileState) -> View:
+    """:func:`refresh`, with a read failure mapped once to :class:`SessionError` (and the
     cache dropped, so the next read starts clean). Caller holds ``state.lock``."""
     try:
-        return _refresh(state)
+        return refresh(state)
     except OSError as error:
         _reset_state(state)
         raise SessionError(f"cannot read session transcript {state.path}: {error}") from error
@@ -450,12 +436,12 @@ def load_session_context(path: str | os.PathLike[str]) -> SessionContext:
     an empty context (the latter with a warning). Raises :class:`SessionError` when the file
     exists but cannot be read. Cost: O(new bytes) when the file only grew since the last read.
     """
-    state = _state_for(_cache_key(path))
+    state = state_for(session_path(path))
     with state.lock:
         view = _refresh_or_raise(state)
         if not view.exists:
             return SessionContext([])
-        problem = _header_problem(view)
+        problem = view.header_problem()
         if problem == "empty":
             return SessionContext([])
         if problem is not None:
@@ -491,13 +477,13 @@ def read_session(path: str | os.PathLike[str]) -> SessionTranscript:
 
     O(entries) per call; for the conversation itself use :func:`load_session_context`.
     """
-    state = _state_for(_cache_key(path))
+    state = state_for(session_path(path))
     with state.lock:
         view = _refresh_or_raise(state)
         fold = state.fold
         objects = [*fold.objects, view.tentative] if view.tentative else list(fold.objects)
         first = objects[0] if objects else None
-        header = _valid_header(first)
+        header = valid_header(first)
         version: int | None = None
         if header is not None:
             header, entries, version = migrate_session_entries(header, objects)

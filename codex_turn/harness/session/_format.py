@@ -10,10 +10,10 @@ of pi's ``buildSessionContext``).
 Rules of this module
 --------------------
 1. **Reading is a fold over lines.** Each complete line either parses to a JSON object or is
-   skipped and counted (:class:`_Fold`), so the state after ``N`` bytes only depends on those
+   skipped and counted (:class:`Fold`), so the state after ``N`` bytes only depends on those
    bytes; that is what lets the read cache (``_cache.py``) fold only appended bytes. The bytes
    after the last newline (a torn write, or a line still being written) are never folded:
-   they are parsed on their own (:func:`_parse_tail`) and count only if they already form a
+   they are parsed on their own (:func:`parse_tail`) and count only if they already form a
    JSON object, as pi's parser does.
 2. **Everything is in memory.** v1/v2 files are migrated to v3 on each read
    (:func:`migrate_session_entries`) without touching the inputs or the file; pi rewrites them
@@ -75,7 +75,7 @@ class _EntryLike(Protocol):
 
 
 CURRENT_SESSION_VERSION: Final = 3
-_UTF8_BOM: Final = b"\xef\xbb\xbf"
+UTF8_BOM: Final = b"\xef\xbb\xbf"
 _MISSING: Final = object()
 
 
@@ -219,10 +219,10 @@ def _reject_constant(name: str) -> Any:
 
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 _BLANK: Final = object()
-_BAD: Final = object()
+BAD: Final = object()
 
 
-def _parse_line(raw: bytes) -> object:
+def parse_line(raw: bytes) -> object:
     # Invalid UTF-8 becomes U+FFFD, as Node's utf8 decoding does; "\r" before "\n" is JSON
     # whitespace, so CRLF files parse unchanged.
     text = raw.decode("utf-8", "replace")
@@ -231,10 +231,10 @@ def _parse_line(raw: bytes) -> object:
     try:
         return _DECODER.decode(text)
     except (ValueError, RecursionError):
-        return _BAD
+        return BAD
 
 
-def _idempotency_key(entry: Entry) -> str | None:
+def idempotency_key(entry: Entry) -> str | None:
     message = entry.get("message")
     if isinstance(message, dict):
         key = message.get("idempotencyKey")
@@ -246,7 +246,7 @@ def _idempotency_key(entry: Entry) -> str | None:
 _LEGACY_KEY: Final = re.compile(r"^(codex-app-server:.+):(user|assistant):\d+$")
 
 
-def _is_tool_result(entry: Entry) -> bool:
+def is_tool_result(entry: Entry) -> bool:
     message = entry.get("message")
     return (
         entry.get("type") == "message"
@@ -256,7 +256,7 @@ def _is_tool_result(entry: Entry) -> bool:
 
 
 @attrs.define
-class _Fold:
+class Fold:
     """The state after folding a prefix of complete lines. Mutated only under its file lock."""
 
     objects: list[Entry] = attrs.Factory(list)  # every object line, header included
@@ -284,10 +284,10 @@ class _Fold:
         return None
 
     def feed(self, raw: bytes) -> None:
-        value = _parse_line(raw)
+        value = parse_line(raw)
         if value is _BLANK:
             return
-        if value is _BAD:
+        if value is BAD:
             self.malformed += 1
         elif isinstance(value, dict):
             self.add(value)
@@ -300,7 +300,7 @@ class _Fold:
         self.objects.append(obj)
         if self.first_object is None:
             self.first_object = obj
-        key = _idempotency_key(obj)
+        key = idempotency_key(obj)
         if key is not None:
             self.keys.add(key)
             legacy = _LEGACY_KEY.match(key)
@@ -319,31 +319,31 @@ class _Fold:
             self.by_id[entry_id] = obj
             if entry_id and "parentId" in obj:
                 self.last_linked_id = entry_id
-                if not _is_tool_result(obj):
+                if not is_tool_result(obj):
                     self.last_linked_non_tool_id = entry_id
         parent = obj.get("parentId")
         if isinstance(parent, str) and parent and parent not in self.by_id:
             self.missing_parents.add(parent)
 
 
-def _feed_lines(fold: _Fold, data: bytes, *, at_start: bool) -> None:
-    if at_start and data.startswith(_UTF8_BOM):
-        data = data[len(_UTF8_BOM) :]  # JS trim() drops a leading BOM
+def feed_lines(fold: Fold, data: bytes, *, at_start: bool) -> None:
+    if at_start and data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM) :]  # JS trim() drops a leading BOM
     for raw in data.split(b"\n"):
         fold.feed(raw)
 
 
-def _split_complete(data: bytes) -> tuple[bytes, bytes]:
+def split_complete(data: bytes) -> tuple[bytes, bytes]:
     """Split ``data`` into complete lines (ending in a newline) and the unterminated rest."""
     cut = data.rfind(b"\n") + 1
     return data[:cut], data[cut:]
 
 
-def _parse_tail(tail: bytes, *, at_start: bool) -> tuple[Entry | None, bool]:
+def parse_tail(tail: bytes, *, at_start: bool) -> tuple[Entry | None, bool]:
     """Parse the unterminated last line: (object or None, torn?)."""
-    if at_start and tail.startswith(_UTF8_BOM):
-        tail = tail[len(_UTF8_BOM) :]
-    value = _parse_line(tail)
+    if at_start and tail.startswith(UTF8_BOM):
+        tail = tail[len(UTF8_BOM) :]
+    value = parse_line(tail)
     if value is _BLANK:
         return None, False
     if isinstance(value, dict):
@@ -358,16 +358,16 @@ def parse_session_bytes(data: bytes) -> ParsedSession:
     are not objects are dropped and counted; a last line without a newline is kept only if it
     already parses to an object (otherwise it is a torn write and ``torn_tail`` is set).
     """
-    complete, tail = _split_complete(data)
-    fold = _Fold()
-    _feed_lines(fold, complete[:-1] if complete else b"", at_start=True)
-    tentative, torn = _parse_tail(tail, at_start=not complete)
+    complete, tail = split_complete(data)
+    fold = Fold()
+    feed_lines(fold, complete[:-1] if complete else b"", at_start=True)
+    tentative, torn = parse_tail(tail, at_start=not complete)
     if tentative is not None:
         fold.add(tentative)
-    tail_bad = torn and _parse_line(tail) is _BAD
+    tail_bad = torn and parse_line(tail) is BAD
     first = fold.first_object
     return ParsedSession(
-        header=_valid_header(first),
+        header=valid_header(first),
         entries=tuple(fold.entries),
         malformed_lines=fold.malformed + int(tail_bad),
         non_object_lines=fold.non_objects + int(torn and not tail_bad),
@@ -376,9 +376,21 @@ def parse_session_bytes(data: bytes) -> ParsedSession:
     )
 
 
-def _valid_header(first: Entry | None) -> Entry | None:
+def valid_header(first: Entry | None) -> Entry | None:
     if first is not None and first.get("type") == "session" and isinstance(first.get("id"), str):
         return first
+    return None
+
+
+def first_object_problem(first: Entry | None) -> str | None:
+    """Why a transcript whose first object is ``first`` reads as empty (``"empty"``: quietly;
+    anything else: with a warning), or ``None`` when it has a valid session header."""
+    if first is None:
+        return "empty"
+    if first.get("type") != "session":
+        return "first object is not a session header"
+    if not isinstance(first.get("id"), str):
+        return "session header has no string id"
     return None
 
 
@@ -386,7 +398,7 @@ def _valid_header(first: Entry | None) -> Entry | None:
 # Migration (in memory only)
 
 
-def _header_version(header: Mapping[str, Any]) -> float:
+def header_version(header: Mapping[str, Any]) -> float:
     """``header.version ?? 1`` with JS number coercion (NaN compares false both ways)."""
     value = header.get("version")
     if value is None:
@@ -421,7 +433,7 @@ def migrate_session_entries(
     indices count from it). Returns ``(header, non-session entries, version)``; for a v3 file
     the entries are the inputs themselves. Changed entries are shallow copies.
     """
-    version = _header_version(header)
+    version = header_version(header)
     entries_in = [obj for obj in objects if obj.get("type") != "session"]
     if not version < 3:  # also true for NaN, as in pi
         return header, entries_in, int(version) if math.isfinite(version) else None
@@ -480,7 +492,7 @@ def _js_truthy(value: object) -> bool:
     return True  # objects and arrays, even empty ones, are truthy in JS
 
 
-def _iso_to_ms(value: object) -> int | None:
+def iso_to_ms(value: object) -> int | None:
     """``new Date(iso).getTime()`` for the ISO strings writers emit; ``None`` when invalid."""
     if not isinstance(value, str):
         return None
@@ -497,13 +509,13 @@ def _iso_to_ms(value: object) -> int | None:
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _utc_now_iso() -> str:
+def utc_now_iso() -> str:
     """``new Date().toISOString()``: UTC, millisecond precision, ``Z``."""
     now = datetime.now(UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
-def _dumps(obj: object) -> bytes:
+def dumps(obj: object) -> bytes:
     """``JSON.stringify`` bytes: compact, raw non-ASCII, no NaN; lone surrogates escaped."""
     try:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
@@ -511,16 +523,16 @@ def _dumps(obj: object) -> bytes:
         return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _header_line(session_id: str, cwd: str) -> bytes:
+def header_line(session_id: str, cwd: str) -> bytes:
     """A new v3 header line, in pi's writer key order, newline included."""
     header = {
         "type": "session",
         "version": CURRENT_SESSION_VERSION,
         "id": session_id,
-        "timestamp": _utc_now_iso(),
+        "timestamp": utc_now_iso(),
         "cwd": cwd,
     }
-    return _dumps(header) + b"\n"
+    return dumps(header) + b"\n"
 
 
 def _copy_present(target: dict[str, Any], source: _EntryLike, *keys: str) -> None:
@@ -529,7 +541,7 @@ def _copy_present(target: dict[str, Any], source: _EntryLike, *keys: str) -> Non
             target[key] = source[key]
 
 
-def _entry_message(entry: _EntryLike) -> AgentMessage | None:
+def entry_message(entry: _EntryLike) -> AgentMessage | None:
     kind = entry.get("type")
     if kind == "message":
         message = entry.get("message")
@@ -537,17 +549,17 @@ def _entry_message(entry: _EntryLike) -> AgentMessage | None:
     if kind == "custom_message":
         out: AgentMessage = {"role": "custom"}
         _copy_present(out, entry, "customType", "content", "display", "details")
-        out["timestamp"] = _iso_to_ms(entry.get("timestamp"))
+        out["timestamp"] = iso_to_ms(entry.get("timestamp"))
         return out
     if kind == "branch_summary" and _js_truthy(entry.get("summary")):
         out = {"role": "branchSummary"}
         _copy_present(out, entry, "summary", "fromId")
-        out["timestamp"] = _iso_to_ms(entry.get("timestamp"))
+        out["timestamp"] = iso_to_ms(entry.get("timestamp"))
         return out
     return None
 
 
-def _apply_settings(
+def apply_settings(
     entry: Entry, thinking: str, model: ModelRef | None
 ) -> tuple[str, ModelRef | None]:
     kind = entry.get("type")
@@ -574,7 +586,7 @@ def _parent_id(entry: Mapping[str, Any]) -> object:
     return entry.get("parentId")
 
 
-def _walk_to_root(leaf: _E, by_id: Mapping[str, _E], parent_of: Callable[[_E], object]) -> list[_E]:
+def walk_to_root(leaf: _E, by_id: Mapping[str, _E], parent_of: Callable[[_E], object]) -> list[_E]:
     """The path from the root to ``leaf``; ``parent_of`` reads an entry's ``parentId`` (the
     streaming reader walks compact records, not dicts)."""
     path: list[_E] = []
@@ -593,11 +605,11 @@ def _context_from_path(path: Sequence[Entry]) -> SessionContext:
     thinking = "off"
     model: ModelRef | None = None
     for entry in path:
-        thinking, model = _apply_settings(entry, thinking, model)
-    return SessionContext(list(_path_messages(path)), thinking, model)
+        thinking, model = apply_settings(entry, thinking, model)
+    return SessionContext(list(path_messages(path)), thinking, model)
 
 
-def _path_messages(path: Sequence[_EntryLike]) -> Iterator[AgentMessage]:
+def path_messages(path: Sequence[_EntryLike]) -> Iterator[AgentMessage]:
     """The AgentMessages of a root-to-leaf path, in order: pi's compaction rule.
 
     A generator, so the streaming reader (``_stream.py``) can hand them on in chunks. Only
@@ -609,14 +621,14 @@ def _path_messages(path: Sequence[_EntryLike]) -> Iterator[AgentMessage]:
             compaction_at = index  # only the last compaction on the path counts
     if compaction_at < 0:
         for entry in path:
-            message = _entry_message(entry)
+            message = entry_message(entry)
             if message is not None:
                 yield message
         return
     compaction = path[compaction_at]
     summary: AgentMessage = {"role": "compactionSummary"}
     _copy_present(summary, compaction, "summary", "tokensBefore")
-    summary["timestamp"] = _iso_to_ms(compaction.get("timestamp"))
+    summary["timestamp"] = iso_to_ms(compaction.get("timestamp"))
     yield summary
     first_kept = compaction.get("firstKeptEntryId", _MISSING)
     keeping = False
@@ -624,11 +636,11 @@ def _path_messages(path: Sequence[_EntryLike]) -> Iterator[AgentMessage]:
         if not keeping and entry.get("id", _MISSING) == first_kept:
             keeping = True
         if keeping:
-            message = _entry_message(entry)
+            message = entry_message(entry)
             if message is not None:
                 yield message
     for entry in itertools.islice(path, compaction_at + 1, None):
-        message = _entry_message(entry)
+        message = entry_message(entry)
         if message is not None:
             yield message
 
@@ -662,4 +674,4 @@ def build_session_context(
         if not entries:
             return SessionContext([])
         leaf = entries[-1]
-    return _context_from_path(_walk_to_root(leaf, index, _parent_id))
+    return _context_from_path(walk_to_root(leaf, index, _parent_id))

@@ -7,7 +7,8 @@ and mirrors the turn into the transcript. Two processes doing that on one sessio
 both decide ``start`` and one thread is orphaned. So a turn (and a compaction) holds the
 session for its whole duration, across processes, with the very file OpenClaw's own run
 attempt holds for a whole turn: ``<realpath(dir)>/<name>.lock``
-(:mod:`~codex_turn.harness.session._lock`). One mechanism, two holders:
+(:mod:`~codex_turn.harness.session._lockfile`). One mechanism, two holders of this process
+(:class:`~codex_turn.harness.session._lock.PathLock`):
 
 * a *write* (:func:`~codex_turn.harness.session._lock.session_write_lock`) takes the file for
   one append when nothing in this process holds it;
@@ -20,7 +21,7 @@ A lease records ``ttlMs`` (:data:`LEASE_TTL_SECONDS`) and ``host`` besides OpenC
 ``createdAt`` to ``<name>.lock.renew.<pid>.<hex>`` and renaming it over the lock (readers never
 see a torn file), only while the file still holds exactly the bytes this process last wrote. So
 a live holder never looks expired, to us (ttl) or to OpenClaw (30 minutes), whatever the turn's
-length. Another process takes the lock over only when it is stale (``_lock._lock_staleness``): its
+length. Another process takes the lock over only when it is stale (``_lockfile.py``): its
 holder is on this host and its pid is dead or recycled (at once: a SIGKILLed turn frees its
 session for the next process immediately), or its holder is on another host and it is older
 than its ttl (its renewals stopped), or it is older than OpenClaw's 30 minutes. A live holder
@@ -47,22 +48,20 @@ import attrs
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.harness._fs import session_path
-from codex_turn.harness.session._lock import (
-    _RENEW_TEMP,
+from codex_turn.harness.session._lock import PathLock, SessionLease, path_lock
+from codex_turn.harness.session._lockfile import (
     LOCK_STALE_SECONDS,
-    _path_lock,
-    _PathLock,
-    _read_lock,
-    _release_file_lock,
-    _sweep_stale_asides,
-    _take_file_lock_once,
+    RENEW_TEMP,
     lock_payload,
+    read_lock,
+    release_file_lock,
+    sweep_stale_asides,
+    take_file_lock_once,
 )
 
 __all__ = [
     "LEASE_TTL_SECONDS",
     "LeaseBusy",
-    "SessionLease",
     "release_lease",
     "try_acquire_lease",
 ]
@@ -75,17 +74,6 @@ _log = get_logger(__name__)
 LEASE_TTL_SECONDS: float = 60.0
 _RENEW_FRACTION: Final = 0.25
 _RENEW_RETRY: Final = 0.05  # the path lock was busy (a write in progress): try again soon
-
-
-@attrs.define(eq=False)
-class SessionLease:
-    """This process's whole-turn hold on a session's lock file."""
-
-    target: str  #: the session file's :func:`~codex_turn.harness._fs.session_path`
-    ttl: float
-    next_renewal: float  #: ``time.monotonic()`` of the next renewal
-    lost: bool = False
-    renewals: int = 0
 
 
 @attrs.frozen
@@ -115,7 +103,7 @@ def try_acquire_lease(
         except OSError as error:
             return error
     target = session_path(absolute)
-    lock = _path_lock(target)
+    lock = path_lock(target)
     if not lock.rlock.acquire(blocking=False):
         return LeaseBusy(None)  # a write of this process is in progress (or waiting)
     try:
@@ -128,14 +116,14 @@ def try_acquire_lease(
             try:
                 if not lock.swept:
                     lock.swept = True
-                    _sweep_stale_asides(target + ".lock")
-                written, holder, broke = _take_file_lock_once(
+                    sweep_stale_asides(target + ".lock")
+                written, holder, broke = take_file_lock_once(
                     target + ".lock", stale_after, lease_ttl
                 )
             except OSError as error:
                 return error
             if broke:
-                _sweep_stale_asides(target + ".lock")
+                sweep_stale_asides(target + ".lock")
             if written is None:
                 return LeaseBusy(holder)
             lock.payload = written
@@ -155,20 +143,20 @@ def release_lease(lease: SessionLease) -> None:
     """Give the lease up: the lock file is removed if it is still ours and no write of this
     process holds it. Waits for a write of this process in progress (a short append)."""
     _renewer.discard(lease)
-    lock = _path_lock(lease.target)
+    lock = path_lock(lease.target)
     with lock.rlock:
         if lock.lease is not lease:
             return
         lock.lease = None
         if lock.depth == 0 and lock.payload is not None:
             if not lease.lost:
-                _release_file_lock(lease.target + ".lock", lock.payload)
+                release_file_lock(lease.target + ".lock", lock.payload)
             lock.payload = None
 
 
 def _renew(lease: SessionLease) -> None:
     """Rewrite the lock with a fresh ``createdAt``, if it still holds our bytes."""
-    lock = _path_lock(lease.target)
+    lock = path_lock(lease.target)
     if not lock.rlock.acquire(timeout=_RENEW_RETRY):
         lease.next_renewal = time.monotonic() + _RENEW_RETRY
         return
@@ -189,10 +177,10 @@ def _renew(lease: SessionLease) -> None:
         lock.rlock.release()
 
 
-def _replace_lock(lease: SessionLease, lock: _PathLock) -> None:
+def _replace_lock(lease: SessionLease, lock: PathLock) -> None:
     lock_path = lease.target + ".lock"
     try:
-        current: bytes | None = _read_lock(lock_path)
+        current: bytes | None = read_lock(lock_path)
     except FileNotFoundError:
         current = None
     if current is None or current != lock.payload:
@@ -203,7 +191,7 @@ def _replace_lock(lease: SessionLease, lock: _PathLock) -> None:
         _log.warning("session lease lost: the lock file was replaced", lock=lock_path)
         return
     data = lock_payload(lease.ttl)
-    temp = f"{lock_path}{_RENEW_TEMP}{os.getpid()}.{secrets.token_hex(4)}"
+    temp = f"{lock_path}{RENEW_TEMP}{os.getpid()}.{secrets.token_hex(4)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(temp, flags, 0o600)
     try:

@@ -51,25 +51,20 @@ import attrs
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.harness import binding as _binding
 from codex_turn.harness._fs import create_exclusive, open_regular, session_path, write_all
-from codex_turn.harness.session._cache import (
-    _refresh,
-    _state_for,
-    clear_session_cache,
-)
+from codex_turn.harness.session._cache import clear_session_cache, refresh, state_for
 from codex_turn.harness.session._format import (
-    _MISSING,
     AgentMessage,
+    Fold,
     SessionError,
     TranscriptUnwritable,
-    _dumps,
-    _Fold,
-    _header_line,
-    _idempotency_key,
-    _is_tool_result,
-    _utc_now_iso,
+    dumps,
+    header_line,
+    idempotency_key,
+    is_tool_result,
+    utc_now_iso,
 )
 from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
-from codex_turn.harness.session._writable import _settle_header, _unwritable_reason
+from codex_turn.harness.session._writable import settle_header, unwritable_reason
 
 __all__ = [
     "MirrorInputError",
@@ -150,6 +145,7 @@ def sync_appended(mirrored: MirrorResult) -> None:
 
 
 _IDENTITY_KINDS: Final = frozenset({"prompt", "reasoning", "plan", "assistant"})
+_MISSING: Final = object()  # a message without content: equal only to another one
 
 
 def _legacy_match(
@@ -224,7 +220,7 @@ def mirror_turn(
         )
     except OSError as error:  # mapped once, here, at the boundary
         where = os.fspath(path)
-        why = _unwritable_reason(error)
+        why = unwritable_reason(error)
         if why is not None:
             raise TranscriptUnwritable(
                 session_path(path), why, message=f"failed to mirror into {where}: {why}"
@@ -282,9 +278,9 @@ def _mirror_locked(
     may_retry: bool = True,
 ) -> MirrorResult:
     with session_write_lock(path, timeout=lock_timeout) as target:
-        state = _state_for(target)  # the lock target is the cache key: one session_path
+        state = state_for(target)  # the lock target is the cache key: one session_path
         with state.lock:
-            view = _settle_header(_refresh(state), session_id=session_id, cwd=cwd)
+            view = settle_header(refresh(state), session_id=session_id, cwd=cwd)
             created = not view.exists
             needs_header = not view.exists or view.size == 0
             fold = state.fold
@@ -294,10 +290,10 @@ def _mirror_locked(
             legacy_index: Mapping[tuple[str, str], list[AgentMessage]] = fold.legacy
             fresh: set[str] = set()
             if view.tentative is not None:
-                tentative_key = _idempotency_key(view.tentative)
+                tentative_key = idempotency_key(view.tentative)
                 if tentative_key is not None:
                     written_keys.add(tentative_key)
-                    scratch = _Fold()  # rare: a complete last line missing only its newline
+                    scratch = Fold()  # rare: a complete last line missing only its newline
                     scratch.add(view.tentative)
                     for slot, found in scratch.legacy.items():
                         legacy_index = {**legacy_index, slot: [*legacy_index.get(slot, ()), *found]}
@@ -306,11 +302,11 @@ def _mirror_locked(
                     fresh.add(tentative_id)
                     if tentative_id and "parentId" in view.tentative:
                         last_linked = tentative_id
-                        if not _is_tool_result(view.tentative):
+                        if not is_tool_result(view.tentative):
                             last_non_tool = tentative_id
             lines: list[bytes] = []
             if needs_header:
-                lines.append(_header_line(session_id, cwd))
+                lines.append(header_line(session_id, cwd))
             appended: list[str] = []
             entry_ids: list[str] = []
             skipped: list[str] = []
@@ -323,7 +319,7 @@ def _mirror_locked(
                     continue
                 written_keys.add(key)
                 entry_id = _new_entry_id(fold.by_id, fresh)
-                is_tool_result = message.get("role") == "toolResult"
+                tool_result = message.get("role") == "toolResult"
                 parent = last_linked
                 if message.get("role") == "user" and last_non_tool is not None:
                     parent = last_non_tool
@@ -333,14 +329,14 @@ def _mirror_locked(
                     "type": "message",
                     "id": entry_id,
                     "parentId": parent,
-                    "timestamp": _utc_now_iso(),
+                    "timestamp": utc_now_iso(),
                     "message": body,
                 }
-                lines.append(_dumps(entry) + b"\n")
+                lines.append(dumps(entry) + b"\n")
                 appended.append(key)
                 entry_ids.append(entry_id)
                 last_linked = entry_id
-                if not is_tool_result:
+                if not tool_result:
                     last_non_tool = entry_id
             written = 0
             raced = False

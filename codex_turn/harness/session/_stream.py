@@ -10,10 +10,10 @@ bootstrap importing a transcript into its own store) needs every message once, i
 and nothing after: :func:`iter_session_messages` gives it exactly that.
 
 It makes two passes over the bytes, read once. The first parses every line (the fold's
-rules: ``_format._parse_line``) and keeps per entry only a tuple of atoms ``(id, parentId,
+rules: ``_format.parse_line``) and keeps per entry only a tuple of atoms ``(id, parentId,
 type, line)``, a shape CPython stops tracking at the first young collection, so the full
 collections it provokes stay short. The path is walked over those records with
-``_format._walk_to_root`` and the messages come from ``_format._path_messages`` (pi's
+``_format.walk_to_root`` and the messages come from ``_format.path_messages`` (pi's
 compaction rule) over lazy entries that parse their line again only when a field other than
 the three kept ones is read: one implementation of the format, two representations. Cost:
 about twice the parse CPU of a cached read; memory: the file's bytes plus ~150 bytes per
@@ -31,27 +31,21 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final, overload
 
 from codex_turn._log import get_logger
-from codex_turn.harness._fs import open_regular
-from codex_turn.harness.session._cache import (
-    _cache,
-    _cache_key,
-    _cache_lock,
-    _first_object_problem,
-    _pread_exact,
-    load_session_context,
-)
+from codex_turn.harness._fs import open_regular, pread_exact, session_path
+from codex_turn.harness.session._cache import holds_context, load_session_context
 from codex_turn.harness.session._format import (
-    _BAD,
-    _UTF8_BOM,
+    BAD,
+    UTF8_BOM,
     AgentMessage,
     Entry,
     SessionError,
-    _header_version,
-    _parse_line,
-    _parse_tail,
-    _path_messages,
-    _split_complete,
-    _walk_to_root,
+    first_object_problem,
+    header_version,
+    parse_line,
+    parse_tail,
+    path_messages,
+    split_complete,
+    walk_to_root,
 )
 
 __all__ = ["DEFAULT_CHUNK", "iter_session_messages"]
@@ -92,7 +86,7 @@ class _LazyEntry:
     def _full(self) -> Entry:
         if self._entry is None:
             line = self._record[3]
-            value = line if isinstance(line, dict) else _parse_line(line)
+            value = line if isinstance(line, dict) else parse_line(line)
             assert isinstance(value, dict)  # it parsed to an object in the first pass
             self._entry = value
         return self._entry
@@ -146,7 +140,7 @@ def _read_all(path: str) -> bytes | None:
     except OSError as error:
         raise SessionError(f"cannot read session transcript {path}: {error}") from error
     try:
-        return _pread_exact(fd, os.fstat(fd).st_size, 0)
+        return pread_exact(fd, os.fstat(fd).st_size, 0)
     except OSError as error:
         raise SessionError(f"cannot read session transcript {path}: {error}") from error
     finally:
@@ -177,10 +171,8 @@ def iter_session_messages(
     """
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
-    key = _cache_key(path)
-    with _cache_lock:
-        cached = _cache.get(key)
-    if cached is not None and cached.ctx is not None:
+    key = session_path(path)
+    if holds_context(key):
         return _chunks(iter(load_session_context(key).messages), chunk)
     data = _read_all(key)  # read now: an unreadable file fails the call, not a later next()
     if data is None:
@@ -189,20 +181,20 @@ def iter_session_messages(
 
 
 def _stream(key: str, data: bytes, chunk: int) -> Iterator[list[AgentMessage]]:
-    complete, tail = _split_complete(data)
+    complete, tail = split_complete(data)
     del data
     at_start = not complete
     body = complete[:-1] if complete else b""
-    if body.startswith(_UTF8_BOM):
-        body = body[len(_UTF8_BOM) :]
+    if body.startswith(UTF8_BOM):
+        body = body[len(UTF8_BOM) :]
     records: list[_Record] = []
     by_id: dict[str, _Record] = {}
     first: Entry | None = None
     malformed = 0
     # Line by line, not split(): one list of 40k lines more for each collection to traverse.
     for line in io.BytesIO(body) if complete else ():
-        value = _parse_line(line)
-        if value is _BAD:
+        value = parse_line(line)
+        if value is BAD:
             malformed += 1
         if not isinstance(value, dict):
             continue
@@ -215,8 +207,8 @@ def _stream(key: str, data: bytes, chunk: int) -> Iterator[list[AgentMessage]]:
         if isinstance(record[0], str):
             by_id[record[0]] = record  # a later duplicate wins, as in pi's Map
     del body, complete
-    tentative, torn = _parse_tail(tail, at_start=at_start)
-    if torn and _parse_line(tail) is _BAD:
+    tentative, torn = parse_tail(tail, at_start=at_start)
+    if torn and parse_line(tail) is BAD:
         malformed += 1
     if tentative is not None:
         if first is None:
@@ -226,19 +218,19 @@ def _stream(key: str, data: bytes, chunk: int) -> Iterator[list[AgentMessage]]:
             records.append(record)
             if isinstance(record[0], str):
                 by_id[record[0]] = record
-    problem = _first_object_problem(first)
+    problem = first_object_problem(first)
     if problem is not None:
         if problem != "empty":
             _log.warning("session transcript ignored", path=key, reason=problem)
         return
     assert first is not None
-    if _header_version(first) < 3:
+    if header_version(first) < 3:
         yield from _chunks(iter(load_session_context(key).messages), chunk)
         return
     if malformed:
         _log.warning("session transcript has malformed lines", path=key, malformed_lines=malformed)
     if not records:
         return
-    path = _walk_to_root(records[-1], by_id, _parent_of)
+    path = walk_to_root(records[-1], by_id, _parent_of)
     del records, by_id
-    yield from _chunks(_path_messages(_LazyPath(path)), chunk)
+    yield from _chunks(path_messages(_LazyPath(path)), chunk)

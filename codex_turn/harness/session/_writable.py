@@ -45,21 +45,16 @@ from codex_turn.harness._fs import (
     atomic_write,
     file_kind,
     open_regular,
+    pread_exact,
     session_path,
 )
 from codex_turn.harness.binding import BINDING_SUFFIX
-from codex_turn.harness.session._cache import (
-    _header_problem,
-    _pread_exact,
-    _refresh,
-    _state_for,
-    _View,
-)
+from codex_turn.harness.session._cache import View, refresh, state_for
 from codex_turn.harness.session._format import (
-    _UTF8_BOM,
+    UTF8_BOM,
     SessionFormatError,
     TranscriptUnwritable,
-    _header_line,
+    header_line,
 )
 from codex_turn.harness.session._lock import DEFAULT_LOCK_TIMEOUT, session_write_lock
 
@@ -73,7 +68,7 @@ _HEADER_START: Final = b'{"type":"session"'
 _WHITESPACE: Final = b" \t\r\n"
 
 
-def _holds_nothing(view: _View) -> bool:
+def _holds_nothing(view: View) -> bool:
     """Whether the (non-empty) file holds no entry and no header: only whitespace, or one
     torn line that begins like a session header. Caller holds the state lock."""
     fold = view.state.fold
@@ -83,10 +78,10 @@ def _holds_nothing(view: _View) -> bool:
         return False
     fd = open_regular(view.state.path, os.O_RDONLY)
     try:
-        raw = _pread_exact(fd, view.size, 0)
+        raw = pread_exact(fd, view.size, 0)
     finally:
         os.close(fd)
-    text = raw.removeprefix(_UTF8_BOM).strip(_WHITESPACE)
+    text = raw.removeprefix(UTF8_BOM).strip(_WHITESPACE)
     if not text:
         return True
     if b"\n" in text or not text.startswith(b"{"):
@@ -103,7 +98,7 @@ def _holds_nothing(view: _View) -> bool:
     )
 
 
-def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
+def settle_header(view: View, *, session_id: str, cwd: str) -> View:
     """Refuse a file the mirror may not append to; replace one that holds nothing by a fresh
     header. Returns the view to append against. Caller holds the session write lock and the
     state lock (in that order), and ``view`` is fresh."""
@@ -116,7 +111,7 @@ def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
         return view
     if view.size == 0:
         return view
-    problem = _header_problem(view)
+    problem = view.header_problem()
     if problem is None:
         return view
     if not _holds_nothing(view):
@@ -126,13 +121,13 @@ def _settle_header(view: _View, *, session_id: str, cwd: str) -> _View:
     if (current.st_dev, current.st_ino, current.st_size) != (state.dev, state.ino, view.size):
         raise SessionFormatError(target, "changed while it was being recovered")
     # Through a symbolic link, replace what it points at, not the link.
-    atomic_write(os.path.realpath(target), _header_line(session_id, cwd))
+    atomic_write(os.path.realpath(target), header_line(session_id, cwd))
     _log.warning(
         "session transcript held only a torn header; replaced with a fresh header",
         path=target,
         bytes=view.size,
     )
-    return _refresh(state)
+    return refresh(state)
 
 
 def _refusal(problem: str) -> str:
@@ -150,16 +145,16 @@ def check_session_format(path: str | os.PathLike[str]) -> None:
     passes; one that cannot be read is :class:`TranscriptUnwritable`."""
     target = session_path(path)
     try:
-        state = _state_for(target)
+        state = state_for(target)
         with state.lock:
-            view = _refresh(state)
+            view = refresh(state)
             if not view.exists or view.size == 0:
                 return
-            problem = _header_problem(view)
+            problem = view.header_problem()
             if problem is None or _holds_nothing(view):
                 return
     except OSError as error:
-        why = _unwritable_reason(error) or os.strerror(error.errno or errno.EIO)
+        why = unwritable_reason(error) or os.strerror(error.errno or errno.EIO)
         raise TranscriptUnwritable(target, why) from error
     raise SessionFormatError(target, _refusal(problem))
 
@@ -215,7 +210,7 @@ _OS_REASONS: Final = {
 }
 
 
-def _unwritable_reason(error: OSError) -> str | None:
+def unwritable_reason(error: OSError) -> str | None:
     """Why ``error`` means the transcript cannot be written at all (what the path *is* or
     *allows*), or ``None`` for a failure that may pass (a full disk, an I/O error)."""
     if isinstance(error, NotRegularFileError):
@@ -243,14 +238,14 @@ def ensure_transcript_writable(
     target = session_path(path)
     try:
         _check_path(target)
-        state = _state_for(target)
+        state = state_for(target)
         with state.lock:
-            view = _refresh(state)
-            if not view.exists or view.size == 0 or _header_problem(view) is None:
+            view = refresh(state)
+            if not view.exists or view.size == 0 or view.header_problem() is None:
                 return
         # Rare: recover (or refuse) under the write lock, as the mirror would.
         with session_write_lock(target, timeout=lock_timeout), state.lock:
-            _settle_header(_refresh(state), session_id=session_id, cwd=cwd)
+            settle_header(refresh(state), session_id=session_id, cwd=cwd)
     except OSError as error:  # mapped once, here; the preflight cannot vouch for the file
-        why = _unwritable_reason(error) or os.strerror(error.errno or errno.EIO)
+        why = unwritable_reason(error) or os.strerror(error.errno or errno.EIO)
         raise TranscriptUnwritable(target, why) from error
