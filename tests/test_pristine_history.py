@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from codex_turn.frozen import FrozenDict
 from codex_turn.harness import engine as engine_module
-from codex_turn.harness.engine import AssembleParams, AssembleResult
+from codex_turn.harness.engine import AssembleParams, AssembleResult, validation
 from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.lifecycle import (
     assemble_context_engine,
@@ -201,7 +201,7 @@ def _count_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             walks.append(len(iterables[0]))
         return real_map(function, *iterables)
 
-    monkeypatch.setattr(engine_module, "map", counting_map, raising=False)
+    monkeypatch.setattr(validation, "map", counting_map, raising=False)
     return walks
 
 

@@ -101,7 +101,7 @@ from codex_turn.engines.summarizers import (
     Summarizer,
 )
 from codex_turn.frozen import freeze
-from codex_turn.harness.engine import (
+from codex_turn.harness.engine.contract import (
     AfterTurnParams,
     AgentMessage,
     AssembleParams,

@@ -25,7 +25,7 @@ import threading
 import weakref
 
 from codex_turn.frozen import freeze
-from codex_turn.harness.engine import AgentMessage
+from codex_turn.harness.engine.contract import AgentMessage
 from codex_turn.harness.runtime_context import (
     FrozenHistory,
     RuntimeContextFree,

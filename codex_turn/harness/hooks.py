@@ -30,7 +30,7 @@ import attrs
 from codex_turn._log import format_error, get_logger
 from codex_turn.fsm import TraceEntry
 from codex_turn.harness.appserver.server_requests import ApprovalCallback, UserInputCallback
-from codex_turn.harness.engine import AgentMessage
+from codex_turn.harness.engine.contract import AgentMessage
 
 __all__ = [
     "CompactionHookEvent",

@@ -72,7 +72,7 @@ from codex_turn.fsm.turn import (
     bootstrap_skip_reason,
     maintenance_skip_reason,
 )
-from codex_turn.harness.engine import (
+from codex_turn.harness.engine.contract import (
     AfterTurnParams,
     AgentMessage,
     AssembleParams,
@@ -85,12 +85,14 @@ from codex_turn.harness.engine import (
     IngestResult,
     InvalidEngineResult,
     RuntimeContext,
+)
+from codex_turn.harness.engine.shapes import json_type_name
+from codex_turn.harness.engine.validation import (
     coerce_result,
     engine_id,
     engine_log_fields,
     ensure_assemble_result,
     is_active_engine,
-    json_type_name,
     optional_method,
 )
 from codex_turn.harness.maintenance import (

@@ -41,13 +41,15 @@ import attrs
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.fsm.turn import TurnTrigger, defers_maintenance
 from codex_turn.harness._gates import session_lane_busy
-from codex_turn.harness.engine import (
-    EngineHandle,
+from codex_turn.harness.engine.contract import (
     InvalidEngineResult,
     MaintainParams,
     MaintenanceResult,
     RuntimeContext,
     TranscriptRewriteRequest,
+)
+from codex_turn.harness.engine.validation import (
+    EngineHandle,
     coerce_result,
     engine_id,
     engine_log_fields,
@@ -121,7 +123,7 @@ async def run_context_engine_maintenance(
     becomes ``runtime_context["rewriteTranscriptEntries"]``.
     """
     handle = _handle_or_none(engine)
-    if handle is None or not handle.capabilities.maintain:
+    if handle is None or optional_method(engine, "maintain") is None:
         return MaintenanceOutcome(status="skipped", reason=reason)
     defer = (
         reason == "turn"

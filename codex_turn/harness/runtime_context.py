@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from codex_turn.frozen import FrozenList
-from codex_turn.harness.engine import AgentMessage, RuntimeContext
+from codex_turn.harness.engine.contract import AgentMessage, RuntimeContext
 from codex_turn.harness.usage import Usage
 
 __all__ = [

@@ -71,13 +71,12 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from codex_turn._log import format_error, redact_text
-from codex_turn.harness.engine import (
+from codex_turn.harness.engine.contract import (
     EngineContractViolation,
     EngineUnavailable,
     InvalidEngineResult,
-    engine_id,
-    engine_log_fields,
 )
+from codex_turn.harness.engine.validation import engine_id, engine_log_fields
 from codex_turn.harness.session import SessionError
 
 __all__ = [

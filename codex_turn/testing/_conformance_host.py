@@ -52,7 +52,8 @@ import anyio.to_thread
 import attrs
 
 from codex_turn.frozen import freeze
-from codex_turn.harness.engine import (
+from codex_turn.harness.engine.contract import (
+    REQUIRED_METHODS,
     AfterTurnParams,
     AgentMessage,
     AssembleParams,
@@ -62,20 +63,20 @@ from codex_turn.harness.engine import (
     CompactParams,
     CompactResult,
     ContextEngineInfo,
-    EngineCapabilities,
     IngestBatchParams,
     IngestBatchResult,
     IngestParams,
     IngestResult,
     MaintainParams,
     MaintenanceResult,
+)
+from codex_turn.harness.engine.shapes import to_json
+from codex_turn.harness.engine.validation import (
     check_engine,
     coerce_result,
-    engine_capabilities,
     engine_info,
     ensure_assemble_result,
     optional_method,
-    to_json,
 )
 from codex_turn.harness.runtime_context import build_runtime_context
 from codex_turn.harness.session import load_session_messages, mirror_turn
@@ -475,14 +476,17 @@ class DrivenEngine:
 
     engine: Any
     info: ContextEngineInfo
-    capabilities: EngineCapabilities
     budget: int = HUGE_BUDGET
+
+    def has(self, method: str) -> bool:
+        """Whether the engine has ``method`` (:func:`optional_method`, as the harness asks)."""
+        return optional_method(self.engine, method) is not None
 
     @property
     def finalize_path(self) -> FinalizePath:
-        if self.capabilities.after_turn:
+        if self.has("after_turn"):
             return "after_turn"
-        return "ingest_batch" if self.capabilities.ingest_batch else "ingest"
+        return "ingest_batch" if self.has("ingest_batch") else "ingest"
 
     def _runtime(self, session: Session, budget: int) -> dict[str, Any]:
         return build_runtime_context(workspace_dir=os.fspath(session.root), token_budget=budget)
@@ -490,7 +494,7 @@ class DrivenEngine:
     async def bootstrap(self, session: Session) -> BootstrapResult | None:
         """``bootstrap`` (when present) then maintenance, as for a session that existed."""
         result: BootstrapResult | None = None
-        if self.capabilities.bootstrap:
+        if self.has("bootstrap"):
             raw = await _checked(
                 "bootstrap()",
                 self.engine.bootstrap(
@@ -587,7 +591,7 @@ class DrivenEngine:
         return _validated(raw, IngestBatchResult, engine=self.info.id, method="ingest_batch")
 
     async def maintain(self, session: Session) -> MaintenanceResult | None:
-        if not self.capabilities.maintain:
+        if not self.has("maintain"):
             return None
         raw = await _checked(
             "maintain()",
@@ -686,7 +690,7 @@ class Host:
         except Exception as err:
             raise CheckFailed(f"the engine factory raised {type(err).__name__}: {err}") from err
         self._instances.append(engine)
-        for name in ("ingest", "assemble", "compact"):
+        for name in REQUIRED_METHODS:
             if optional_method(engine, name) is None:
                 raise CheckFailed(f"the engine has no {name}() (required by the contract)")
         try:
@@ -694,7 +698,7 @@ class Host:
             check_engine(engine)  # the rest of the check every turn makes before it starts
         except Exception as err:
             raise CheckFailed(str(err)) from err
-        return DrivenEngine(engine, info, engine_capabilities(engine))
+        return DrivenEngine(engine, info)
 
     async def dispose_all(self) -> list[str]:
         """``dispose`` every instance started (newest first); the problems, described."""

@@ -103,7 +103,12 @@ import anyio.lowlevel
 import attrs
 
 from codex_turn.errors import CodexTurnError
-from codex_turn.harness.engine import AgentMessage, AssembleResult, CompactResult
+from codex_turn.harness.engine.contract import (
+    OPTIONAL_METHODS,
+    AgentMessage,
+    AssembleResult,
+    CompactResult,
+)
 from codex_turn.testing._conformance_host import (
     HUGE_BUDGET,
     CheckFailed,
@@ -504,11 +509,11 @@ async def _results_valid(run: _Run) -> None:
     await engine.compact(session, budget=HUGE_BUDGET, force=True)
     other = run.session("valid-direct", 2)
     direct = [m for turn in other.turns for m in turn.messages]
-    if engine.capabilities.ingest_batch:
+    if engine.has("ingest_batch"):
         await engine.ingest_batch(other, direct[:2])
     for message in direct[2:]:
         await engine.ingest(other, message)
-    present = [name for name, has in attrs.asdict(engine.capabilities).items() if has]
+    present = [name for name in OPTIONAL_METHODS if engine.has(name)]
     run.note(
         f"optional methods present: {', '.join(present) or 'none'}; "
         f"finalize path: {engine.finalize_path}"
@@ -530,7 +535,7 @@ async def _reingest_adds_nothing(run: _Run) -> None:
     expected = await engine.assemble(session)
     _no_duplicates("before re-ingesting", expected, session.source())
     ran: list[str] = []
-    if engine.capabilities.bootstrap:
+    if engine.has("bootstrap"):
         boot = await engine.bootstrap(session)
         if boot is not None and boot.imported_messages:
             raise CheckFailed(
@@ -538,11 +543,11 @@ async def _reingest_adds_nothing(run: _Run) -> None:
             )
         _same("bootstrap over a transcript it holds", expected, await engine.assemble(session))
         ran.append("bootstrap")
-    if engine.capabilities.after_turn:
+    if engine.has("after_turn"):
         await engine.finalize(session, [], history)
         _same("after_turn with the whole session as new", expected, await engine.assemble(session))
         ran.append("after_turn")
-    if engine.capabilities.ingest_batch:
+    if engine.has("ingest_batch"):
         batch = await engine.ingest_batch(session, history)
         if batch.ingested_count:
             raise CheckFailed(f"ingest_batch of held messages counted {batch.ingested_count}")
@@ -600,7 +605,7 @@ async def _restart_adds_nothing(run: _Run) -> None:
     await first.turns(session, 4)
     expected = await first.assemble(session)
     second = await run.engine(store)
-    if second.capabilities.bootstrap or second.capabilities.maintain:
+    if second.has("bootstrap") or second.has("maintain"):
         await second.bootstrap(session)
         run.note("the new instance ran bootstrap and maintenance first, as the harness does")
     _same("after a restart", expected, await second.assemble(session))
@@ -611,7 +616,7 @@ async def _restart_adds_nothing(run: _Run) -> None:
     await third.turn(session)
     final = await third.assemble(session)
     _no_duplicates("after a restart that lost a finalize", final, session.source())
-    if not third.capabilities.bootstrap:
+    if not third.has("bootstrap"):
         run.note("no bootstrap: turn 5 (mirrored, never finalized) may be lost; not required")
         return
     lost = missing(final.messages, session.source())

@@ -56,7 +56,8 @@ from typing import Any, Final, Literal
 import anyio
 import attrs
 
-from codex_turn.harness.engine import (
+from codex_turn.harness.engine import contract
+from codex_turn.harness.engine.contract import (
     AfterTurnParams,
     AssembleParams,
     AssembleResult,
@@ -96,10 +97,8 @@ EngineMethod = Literal[
 ]
 
 #: The methods an engine may lack (capabilities), and all methods of the contract.
-OPTIONAL_METHODS: Final[frozenset[str]] = frozenset(
-    {"bootstrap", "ingest_batch", "after_turn", "maintain", "dispose"}
-)
-ALL_METHODS: Final[frozenset[str]] = OPTIONAL_METHODS | {"ingest", "assemble", "compact"}
+OPTIONAL_METHODS: Final[frozenset[str]] = frozenset(contract.OPTIONAL_METHODS)
+ALL_METHODS: Final[frozenset[str]] = OPTIONAL_METHODS | frozenset(contract.REQUIRED_METHODS)
 
 #: A scripted answer: a value, or a callable ``(params) -> value | Awaitable[value]``.
 Response = Any
