@@ -36,12 +36,16 @@ from codex_turn.harness.appserver import (
     AppServerClient,
     AppServerClosed,
     AppServerConfig,
+    AppServerRpcError,
     AppServerTimeout,
     CodexTurnPhase,
     CodexTurnStatus,
     DynamicTool,
+    NoActiveTurn,
     Notification,
+    TextInput,
     TurnHandle,
+    TurnNotRunning,
     TurnProjector,
 )
 from codex_turn.harness.appserver.turn import _TURN_TABLE, _TurnInput
@@ -575,6 +579,81 @@ async def test_a_timed_out_turn_is_abandoned_and_leaving_it_does_not_wait_again(
     assert anyio.current_time() - left < GRACE / 2  # no second grace on the way out
     assert result.outcome is CodexTurnStatus.TIMED_OUT
     assert len(fake.requests("turn/interrupt")) == 1
+
+
+# --- turn/steer: Codex's answers, typed where they come back --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "over"),
+    [
+        (-32600, "no active turn to steer", True),  # Codex 0.163, the turn ended
+        (-32600, "expected active turn id nope but found turn-2", False),
+        (-32600, "cannot steer a review turn", False),
+        (-32601, "no active turn to steer", False),
+    ],
+)
+def test_only_codexs_no_active_turn_is_a_turn_not_running(
+    code: int, message: str, over: bool
+) -> None:
+    error = AppServerRpcError(code, message, method="turn/steer")
+    found = NoActiveTurn.match(error)
+    assert (found is not None) is over
+    if found is not None:
+        assert isinstance(found, TurnNotRunning)
+        assert isinstance(found, AppServerRpcError)
+        assert (found.code, found.method, found.phase) == (code, "turn/steer", None)
+
+
+@pytest.mark.parametrize(
+    ("answer", "raised"),
+    [
+        ("no active turn to steer", NoActiveTurn),
+        ("expected active turn id nope but found turn-2", AppServerRpcError),
+        (None, None),
+    ],
+)
+async def test_the_handle_types_codexs_answer_to_a_steer(
+    client: AppServerClient, fake: FakeCodex, answer: str | None, raised: type | None
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1")
+
+    def on_steer(request: Message) -> None:
+        if answer is None:
+            fake.reply(request, {"turnId": "turn-1"})
+        else:
+            fake.refuse(request, text=answer)
+
+    fake.handlers["turn/steer"] = on_steer
+    async with client.turn(tid, "hi") as handle:
+        assert (await handle.__anext__()).method == "turn/started"
+        if raised is None:
+            assert await handle.steer([TextInput("more")]) == "turn-1"
+        else:
+            with pytest.raises(AppServerRpcError) as refused:
+                await handle.steer([TextInput("more")])
+            assert type(refused.value) is raised
+            assert isinstance(refused.value, TurnNotRunning) is (raised is NoActiveTurn)
+        fake.complete_turn(tid, "turn-1")
+        await handle.collect()
+    (sent,) = fake.requests("turn/steer")
+    assert sent["params"]["expectedTurnId"] == "turn-1"
+
+
+async def test_a_steer_for_a_turn_that_is_over_is_refused_without_asking_codex(
+    client: AppServerClient, fake: FakeCodex
+) -> None:
+    tid = (await client.start_thread()).thread_id
+    fake.handlers["turn/start"] = lambda request: fake.start_turn(request, "turn-1")
+    async with client.turn(tid, "hi") as handle:
+        fake.complete_turn(tid, "turn-1")
+        await handle.collect()
+        with pytest.raises(TurnNotRunning) as over:
+            await handle.steer([TextInput("too late")])
+    assert over.value.phase == "completed"
+    assert not isinstance(over.value, AppServerRpcError)
+    assert fake.requests("turn/steer") == []
 
 
 # --- the runtime policy ---------------------------------------------------------------------

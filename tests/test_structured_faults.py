@@ -34,6 +34,7 @@ from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
 from codex_turn.harness.binding import read_binding
 from codex_turn.harness.orchestrator import TurnParams, run_codex_turn
 from codex_turn.harness.structured import (
+    ANCHOR,
     ForkFailed,
     PreparedFork,
     prepare_fork,
@@ -92,6 +93,38 @@ async def test_a_refusal_is_definitive_and_a_timeout_is_not() -> None:
     closed = await prepare_fork(fake, "base-1", [ITEM])
     assert isinstance(closed, ForkFailed)
     assert not closed.definitive
+
+
+@pytest.mark.parametrize(
+    ("refusal", "anchored"),
+    [
+        # A base without a rollout yet (loaded here, no turn or injection): anchored, forked.
+        ("no rollout found for thread id base-1", True),
+        # An id Codex cannot read: anchoring would not help.
+        ("invalid session id: invalid character", False),
+        ("expected active turn id nope but found base-1", False),
+    ],
+)
+async def test_only_a_base_without_a_rollout_is_anchored(refusal: str, anchored: bool) -> None:
+    fake = ForkingFake()
+    fork = fake.fork_thread
+    refusals = [AppServerRpcError(-32600, refusal, method="thread/fork")]
+
+    async def refused_once(thread_id: str, **kwargs: Any) -> ThreadResult:
+        if refusals:
+            raise refusals.pop()
+        return await fork(thread_id, **kwargs)
+
+    fake.fork_thread = refused_once  # type: ignore[method-assign]
+    outcome = await prepare_fork(fake, "base-1", [ITEM])
+    if anchored:
+        assert isinstance(outcome, PreparedFork)
+        assert outcome.anchored
+        assert fake.injected[0] == [ANCHOR]
+    else:
+        assert isinstance(outcome, ForkFailed)
+        assert (outcome.step, outcome.definitive) == ("fork", True)
+        assert fake.injected == []
 
 
 async def test_a_rejected_item_is_never_quoted_and_its_fork_is_forgotten() -> None:

@@ -65,7 +65,13 @@ from typing import Any, Final, Protocol, TypeGuard
 import attrs
 
 from codex_turn._log import format_error
-from codex_turn.harness.appserver import AppServerError, AppServerRpcError, DynamicTool
+from codex_turn.harness.appserver import (
+    AppServerError,
+    AppServerRpcError,
+    DynamicTool,
+    NoRollout,
+    ThreadNotFound,
+)
 from codex_turn.harness.appserver.threads import KeptFork
 from codex_turn.harness.appserver.types import ApprovalsReviewer, ThreadResult
 from codex_turn.projection.items import canonical_json
@@ -89,7 +95,6 @@ __all__ = [
 
 #: Accepted and persisted by ``thread/inject_items``, never sent to the model.
 ANCHOR: Final[Mapping[str, Any]] = {"type": "item_reference", "id": "msg_codex_turn_anchor"}
-_NO_ROLLOUT: Final = "no rollout found"
 
 
 class SupportsStructured(Protocol):
@@ -271,7 +276,8 @@ async def prepare_fork(
         try:
             thread = await fork()
         except AppServerRpcError as error:
-            if _NO_ROLLOUT not in str(error):
+            # Classified by the boundary's one reader of Codex's wording.
+            if not isinstance(ThreadNotFound.match(error, base_thread_id), NoRollout):
                 raise
             anchored = True
             await anchor_base(port, base_thread_id)

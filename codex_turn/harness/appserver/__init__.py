@@ -54,7 +54,10 @@ from .errors import (
     CodexHomeNotPrivate,
     CodexLoginRequired,
     InvalidAppServerConfig,
+    NoActiveTurn,
+    NoRollout,
     ThreadNotFound,
+    TurnNotRunning,
 )
 from .manager import AppServer
 from .native_compaction import CompactionResult
@@ -129,6 +132,8 @@ __all__ = [
     "LoadedThread",
     "LocalImageInput",
     "ModelProviderConfig",
+    "NoActiveTurn",
+    "NoRollout",
     "Notification",
     "SandboxMode",
     "TextInput",
@@ -138,6 +143,7 @@ __all__ = [
     "ToolResult",
     "TurnHandle",
     "TurnHandlePort",
+    "TurnNotRunning",
     "TurnProjector",
     "TurnRequestHandlers",
     "Usage",

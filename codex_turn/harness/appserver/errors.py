@@ -8,7 +8,13 @@ error dict. The tree is small on purpose::
     CodexTurnError
     └── AppServerError            code: int | None, message: str
         ├── AppServerRpcError     the server answered a request with a JSON-RPC error
-        │   └── ThreadNotFound    ... and the error says the thread does not exist
+        │   ├── ThreadNotFound    ... and the error says the thread does not exist
+        │   │   └── NoRollout     ... because it has no rollout (a loaded thread without a
+        │   │                     turn or an injection has none yet: it cannot be forked)
+        │   └── NoActiveTurn      ... and the error says the turn is over (also a
+        │                         TurnNotRunning)
+        ├── TurnNotRunning        a ``turn/steer`` for a turn that is not running (not yet
+        │                         started, interrupted, given up on, or over)
         ├── AppServerClosed       the process is gone (crash, kill, shutdown, or declared
         │                         dead after missing its deadlines); every pending request
         │                         fails with it, nothing hangs
@@ -26,8 +32,15 @@ thread: Codex looked and there is no such thread, so a binding to it is worthles
 dropped. Everything else (a timeout, a closed or replaced process, an internal error while
 reading a rollout that exists) says nothing about the thread and must never cost a caller its
 binding. :meth:`ThreadNotFound.match` is the one place that reads Codex 0.163's wording:
-``-32600 "no rollout found for thread id <id>"`` (a well-formed id with no rollout on disk)
-and ``-32600 "invalid session id: ..."`` (an id that cannot name any thread).
+``-32600 "no rollout found for thread id <id>"`` (a well-formed id with no rollout on disk:
+:class:`NoRollout`) and ``-32600 "invalid session id: ..."`` (an id that cannot name any
+thread).
+
+A steer too late. ``turn/steer`` can only join a running turn. :class:`TurnNotRunning` says the
+turn is not running (any more): the turn handle knows it without asking (its phase), or Codex
+answers so (``-32600 "no active turn to steer"``, read by :meth:`NoActiveTurn.match` alone).
+Any other refusal (``expectedTurnId`` not the active turn, a review or compaction turn that
+cannot be steered) stays an :class:`AppServerRpcError`: a refusal, not a turn that is over.
 
 Messages are short and never carry prompts or model text; they are safe for
 :func:`codex_turn._log.format_error`. Text that comes from Codex is capped
@@ -55,7 +68,10 @@ __all__ = [
     "CodexHomeNotPrivate",
     "CodexLoginRequired",
     "InvalidAppServerConfig",
+    "NoActiveTurn",
+    "NoRollout",
     "ThreadNotFound",
+    "TurnNotRunning",
 ]
 
 MAX_MESSAGE_CHARS: Final = 1000
@@ -63,8 +79,12 @@ MAX_MESSAGE_CHARS: Final = 1000
 
 _INVALID_REQUEST: Final = -32600
 # Codex 0.163.0's answers to thread/resume for a thread that cannot be found (checked against
-# the real binary by tests/test_hardening_appserver.py).
-_NOT_FOUND_PREFIXES: Final = ("no rollout found for thread id", "invalid session id:")
+# the real binary by tests/test_hardening_appserver.py); the first is thread/fork's answer for
+# a base without a rollout too.
+_NO_ROLLOUT: Final = "no rollout found for thread id"
+_INVALID_ID: Final = "invalid session id:"
+# Codex 0.163.0's answer to turn/steer once the turn is over (and for any expectedTurnId then).
+_NO_ACTIVE_TURN: Final = "no active turn"
 
 
 class AppServerError(CodexTurnError):
@@ -99,11 +119,45 @@ class ThreadNotFound(AppServerRpcError):
         super().__init__(code, message, method=method)
         self.thread_id = thread_id
 
+    @staticmethod
+    def match(error: AppServerRpcError, thread_id: str) -> ThreadNotFound | None:
+        """``error`` as a :class:`ThreadNotFound` when it is Codex's "no such thread" (a
+        :class:`NoRollout` when Codex found no rollout for it), else ``None``."""
+        if error.code != _INVALID_REQUEST:
+            return None
+        found = {_NO_ROLLOUT: NoRollout, _INVALID_ID: ThreadNotFound}
+        for prefix, kind in found.items():
+            if error.message.startswith(prefix):
+                return kind(error.code, error.message, method=error.method, thread_id=thread_id)
+        return None
+
+
+class NoRollout(ThreadNotFound):
+    """Codex found no rollout for ``thread_id``. On ``thread/resume``: no such thread. On
+    ``thread/fork``: a base loaded in this process that has had neither a turn nor an
+    injection has no rollout yet (anchoring it gives it one)."""
+
+
+class TurnNotRunning(AppServerError):
+    """``turn/steer`` for a turn that is not running: not started within the interrupt grace,
+    interrupted, given up on, or over. ``phase``: the turn handle's phase when it knew without
+    asking Codex (then no request was sent); ``None`` when Codex answered
+    (:class:`NoActiveTurn`). Whatever was steered did not reach the turn."""
+
+    def __init__(self, message: str, *, code: int | None = None, phase: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.phase = phase
+
+
+class NoActiveTurn(AppServerRpcError, TurnNotRunning):
+    """Codex answered a ``turn/steer`` that the thread has no active turn: the turn ended
+    before the request reached it."""
+
     @classmethod
-    def match(cls, error: AppServerRpcError, thread_id: str) -> ThreadNotFound | None:
-        """``error`` as a :class:`ThreadNotFound` when it is Codex's "no such thread"."""
-        if error.code == _INVALID_REQUEST and error.message.startswith(_NOT_FOUND_PREFIXES):
-            return cls(error.code, error.message, method=error.method, thread_id=thread_id)
+    def match(cls, error: AppServerRpcError) -> NoActiveTurn | None:
+        """``error`` as a :class:`NoActiveTurn` when it is Codex's "no active turn"."""
+        if error.code == _INVALID_REQUEST and error.message.startswith(_NO_ACTIVE_TURN):
+            return cls(error.code, error.message, method=error.method)
         return None
 
 

@@ -55,7 +55,8 @@ class TurnHandlePort(Protocol):
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> str:
         """``turn/steer``: more user input for this running turn (after its
-        ``turn/started``); Codex's turn id. Raises ``AppServerError`` when refused."""
+        ``turn/started``); Codex's turn id. Raises ``TurnNotRunning`` when the turn is not
+        running (any more), ``AppServerError`` when refused otherwise."""
         ...
 
     async def collect(

@@ -44,7 +44,13 @@ import anyio
 from codex_turn._log import format_error, get_logger
 
 from .defaults import INTERRUPT_GRACE_S
-from .errors import AppServerClosed, AppServerError, AppServerRpcError
+from .errors import (
+    AppServerClosed,
+    AppServerError,
+    AppServerRpcError,
+    NoActiveTurn,
+    TurnNotRunning,
+)
 from .logsafe import capped
 from .process import running_asyncio_loop
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
@@ -331,23 +337,33 @@ class TurnHandle:
         Codex refuses a steer before the turn is active (like an interrupt), so this first
         waits for the turn's ``turn/started`` (at most the interrupt grace; the iteration reads
         it). Codex 0.163 answers at once and ends the model's current response early, then
-        samples again with the new input in the same turn. Raises
-        :class:`~.errors.AppServerRpcError` when Codex refuses (``-32600``: "no active turn to
-        steer" once the turn ended; an ``expectedTurnId`` that is not the active turn), and
-        :class:`~.errors.AppServerError` when the turn is over or given up on, or when the
-        client cannot send requests.
+        samples again with the new input in the same turn.
+
+        Raises :class:`~.errors.TurnNotRunning` when the turn is not running: this handle
+        knows it (not started within the grace, interrupted, given up on, over: nothing is
+        sent), or Codex answers so (:class:`~.errors.NoActiveTurn`, classified here, where
+        the answer comes back). Any other refusal is an :class:`~.errors.AppServerRpcError`
+        (an ``expectedTurnId`` that is not the active turn, a turn Codex does not let be
+        steered), and a client that cannot send requests an :class:`~.errors.AppServerError`.
         """
         with anyio.move_on_after(self.interrupt_grace):
             await self._active.wait()
         if self._phase is not CodexTurnPhase.RUNNING:
-            raise AppServerError(f"cannot steer a turn that is {self._phase.value}")
+            phase = self._phase.value
+            raise TurnNotRunning(f"cannot steer a turn that is {phase}", phase=phase)
         request: Any = getattr(self.client, "request", None)
         if not callable(request):
             raise AppServerError("this app-server client cannot steer a turn")
         params = TurnSteerParams(
             thread_id=self.thread_id, expected_turn_id=self.turn_id, input=list(input)
         )
-        raw = await request("turn/steer", unstructure(params), timeout=timeout)
+        try:
+            raw = await request("turn/steer", unstructure(params), timeout=timeout)
+        except AppServerRpcError as exc:
+            over = NoActiveTurn.match(exc)
+            if over is None:
+                raise
+            raise over from exc
         turn_id = raw.get("turnId") if isinstance(raw, Mapping) else None
         return turn_id if isinstance(turn_id, str) and turn_id else self.turn_id
 
