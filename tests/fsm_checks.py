@@ -1,4 +1,5 @@
-"""Ordering checks shared by the real-table tests and the mutation tests.
+"""Ordering checks shared by the real-table tests and the mutation tests (turn, compaction,
+steering).
 
 Each check takes the model class to exercise (the real one, or one bound to a mutant table)
 and returns a list of human-readable disagreements with the hand-written oracle; an empty
@@ -17,11 +18,15 @@ from fsm_oracle import (
     COMPACTION_TRIGGERS,
     INTERNAL,
     OUTCOME_BY_EXIT,
+    STEER_STATES,
+    STEER_TERMINAL,
+    STEER_TRIGGERS,
     TURN_OUTCOMES,
     TURN_STATES,
     TURN_TERMINAL,
     TURN_TRIGGERS,
     compaction_oracle,
+    steer_oracle,
     turn_oracle,
     turn_skip_reason,
 )
@@ -30,6 +35,7 @@ from codex_turn.fsm import (
     CompactionFacts,
     CompactionState,
     IllegalTransition,
+    SteerState,
     TurnFacts,
     TurnOutcome,
     TurnState,
@@ -216,3 +222,43 @@ def legal_compaction_paths(flags: dict[str, bool]) -> Iterator[list[str]]:
                 yield from walk(dest, [*path, trigger])
 
     yield from walk("IDLE", [])
+
+
+def exhaustive_steer_check(model_cls: Any) -> list[str]:
+    """Every state x trigger of the steering machine against the oracle."""
+    problems: list[str] = []
+    for state, trigger in itertools.product(STEER_STATES, STEER_TRIGGERS):
+        model = model_cls.begin(state=SteerState[state])
+        expected = steer_oracle(state, trigger)
+        if model.allows(trigger) != (expected is not None):
+            problems.append(f"{state} allows({trigger}) disagrees with the oracle")
+        trace_before = len(model.trace)
+        dest, error = _fire_one(model, trigger)
+        label = f"{state} --{trigger}--> ?"
+        if error:
+            problems.append(f"{label}: {error}")
+        elif expected is None and dest is not None:
+            problems.append(f"{label}: accepted (to {dest}), oracle says illegal")
+        elif expected is None and (model.state.name, len(model.trace)) != (state, trace_before):
+            problems.append(f"{label}: rejected but the state or the trace changed")
+        elif expected is not None and dest != (state if expected == INTERNAL else expected):
+            problems.append(f"{label}: went to {dest}, oracle says {expected}")
+        model.close()
+    return problems
+
+
+def legal_steer_paths() -> Iterator[list[str]]:
+    """Every legal trigger sequence of one batch from COLLECTING to its fate, by the oracle,
+    with at most one message_arrived (internal: it could repeat forever)."""
+
+    def walk(state: str, path: list[str]) -> Iterator[list[str]]:
+        if state in STEER_TERMINAL:
+            yield path
+            return
+        for trigger in STEER_TRIGGERS:
+            dest = steer_oracle(state, trigger)
+            if dest is None or (dest == INTERNAL and trigger in path):
+                continue
+            yield from walk(state if dest == INTERNAL else dest, [*path, trigger])
+
+    yield from walk("COLLECTING", [])

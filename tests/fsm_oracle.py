@@ -1,4 +1,4 @@
-"""Independent oracles for the turn and compaction machines.
+"""Independent oracles for the turn, compaction and steering machines.
 
 Written by hand from DESIGN.md and the issue text, NOT derived from the tables in
 ``codex_turn.fsm``: a mistyped edge in a table disagrees with these functions. Each oracle
@@ -235,4 +235,92 @@ def compaction_oracle(
         "native_timed_out",
     ):
         return "REPORTED"
+    return None
+
+
+STEER_STATES = (
+    "COLLECTING",
+    "SENT",
+    "LANDED_EARLY",
+    "ACCEPTED",
+    "TIMED_OUT",
+    "LANDED",
+    "STEERED",
+    "UNANSWERED",
+    "QUEUED",
+    "TOO_LATE",
+    "REFUSED",
+    "UNKNOWN",
+)
+STEER_TERMINAL = frozenset({"STEERED", "UNANSWERED", "QUEUED", "TOO_LATE", "REFUSED", "UNKNOWN"})
+STEER_ANSWERS = ("accepted", "timed_out", "arrived_too_late", "refused")
+STEER_TRIGGERS = (
+    "message_arrived",
+    "batch_closed",
+    *STEER_ANSWERS,
+    "landed",
+    "model_worked",
+    "turn_completed",
+    "steering_ended",
+    "no_such_trigger",
+)
+#: What the runner is told about a batch that ended in each final state: (status, reason).
+STEER_RECEIPTS = {
+    "STEERED": ("steered", None),
+    "UNANSWERED": ("unanswered", None),
+    "QUEUED": ("queued", "turn_ended"),  # never sent: the turn ended while it collected
+    "TOO_LATE": ("queued", "turn_ended"),  # Codex (or the handle): no turn running
+    "REFUSED": ("queued", "refused"),
+    "UNKNOWN": ("unknown", "timed_out"),
+}
+
+# A live sent batch as the facts the steering docstring reasons with: Codex's answer so far
+# (None: still due) and whether its userMessage item arrived.
+_SENT_FACTS: dict[str, tuple[str | None, bool]] = {
+    "SENT": (None, False),
+    "LANDED_EARLY": (None, True),
+    "ACCEPTED": ("accepted", False),
+    "TIMED_OUT": ("timed_out", False),
+    "LANDED": ("accepted or timed_out", True),  # which one no longer matters
+}
+
+
+def _sent_state(answer: str | None, landed: bool) -> str:
+    if landed:
+        return "LANDED_EARLY" if answer is None else "LANDED"
+    return {None: "SENT", "accepted": "ACCEPTED", "timed_out": "TIMED_OUT"}[answer]
+
+
+def steer_oracle(state: str, trigger: str) -> str | None:
+    """Where ``trigger`` takes a batch in ``state`` (``INTERNAL``: stays; ``None``: illegal).
+
+    Written from the steering module's docstring, by facts (sent? answered how? landed?),
+    not from the table's rows."""
+    if state in STEER_TERMINAL:
+        return None  # a fate, once known, never changes
+    if state == "COLLECTING":
+        return {
+            "message_arrived": INTERNAL,
+            "batch_closed": "SENT",
+            "steering_ended": "QUEUED",  # never sent: run it as the next turn
+        }.get(trigger)
+    answer, landed = _SENT_FACTS[state]
+    if trigger in STEER_ANSWERS:
+        if answer is not None:
+            return None  # one answer per request
+        # Not running, or refused: queued, even when its item already showed.
+        if trigger == "arrived_too_late":
+            return "TOO_LATE"
+        if trigger == "refused":
+            return "REFUSED"
+        return _sent_state(trigger, landed)
+    if trigger == "landed":
+        return None if landed else _sent_state(answer, True)
+    if trigger == "model_worked":
+        return "STEERED" if landed else None  # only work after its item answers it
+    if trigger == "turn_completed":
+        return "UNANSWERED" if landed else None
+    if trigger == "steering_ended":
+        # Codex took it (its item showed, or it answered): the thread holds it. Else unknown.
+        return "UNANSWERED" if landed or answer == "accepted" else "UNKNOWN"
     return None

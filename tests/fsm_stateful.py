@@ -1,4 +1,5 @@
-"""Hypothesis state machines that drive several runs at once through a model class.
+"""Hypothesis state machines that drive several runs at once through a model class (turn,
+compaction, steering batch).
 
 Legal moves and illegal moves are separate rules (a single uniform rule misses injected
 edges under the derandomized CI profile, see fsm-notes §3.4). The shadow of each run is kept
@@ -19,9 +20,14 @@ from fsm_oracle import (
     COMPACTION_TRIGGERS,
     INTERNAL,
     OUTCOME_BY_EXIT,
+    STEER_ANSWERS,
+    STEER_STATES,
+    STEER_TERMINAL,
+    STEER_TRIGGERS,
     TURN_TERMINAL,
     TURN_TRIGGERS,
     compaction_oracle,
+    steer_oracle,
     turn_oracle,
 )
 from hypothesis import assume
@@ -342,3 +348,134 @@ def make_compaction_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachi
                 shadow.model.close()
 
     return CompactionOrdering
+
+
+@functools.cache
+def _steer_triggers_ever_legal() -> frozenset[str]:
+    return frozenset(
+        trigger
+        for state in STEER_STATES
+        for trigger in STEER_TRIGGERS
+        if steer_oracle(state, trigger) is not None
+    )
+
+
+def make_steering_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
+    """Several batches at once, as a turn steered more than once has them: legal moves
+    follow the oracle, illegal ones must be refused, and every fate must be one the facts
+    of its trace allow (Codex took what is steered or unanswered; nothing it took is unknown
+    or queued)."""
+
+    class SteeringOrdering(RuleBasedStateMachine):
+        batches = Bundle("batches")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shadows: list[Shadow] = []
+
+        def _legal(self, shadow: Shadow) -> list[str]:
+            return [t for t in STEER_TRIGGERS if steer_oracle(shadow.state, t) is not None]
+
+        def _advance(self, batch: Shadow, data: st.DataObject, moves: int) -> None:
+            for _ in range(moves):
+                if batch.state in STEER_TERMINAL:
+                    return
+                trigger = data.draw(st.sampled_from(self._legal(batch)), label="legal trigger")
+                expected = steer_oracle(batch.state, trigger)
+                batch.model.fire(trigger)
+                if expected != INTERNAL:
+                    batch.state = str(expected)
+                assert batch.model.state.name == batch.state, (trigger, batch.model.trace)
+
+        @initialize(target=batches, data=st.data(), depth=st.sampled_from(range(6)))
+        def first_batch(self, data: st.DataObject, depth: int) -> Shadow:
+            shadow = Shadow(model_cls.begin(), {}, state="COLLECTING")
+            self.shadows.append(shadow)
+            self._advance(shadow, data, depth)
+            return shadow
+
+        @precondition(lambda self: sum(not s.retired for s in self.shadows) < MAX_LIVE)
+        @rule(target=batches, data=st.data(), depth=st.sampled_from(range(6)))
+        def another_batch(self, data: st.DataObject, depth: int) -> Shadow:
+            return self.first_batch(data, depth)
+
+        @rule(batch=batches, data=st.data(), moves=st.sampled_from(range(1, 5)))
+        def legal_moves(self, batch: Shadow, data: st.DataObject, moves: int) -> None:
+            assume(not batch.retired and batch.state not in STEER_TERMINAL)
+            self._advance(batch, data, moves)
+
+        @rule(batch=batches, data=st.data())
+        def illegal_move(self, batch: Shadow, data: st.DataObject) -> None:
+            legal = set(self._legal(batch))
+            illegal = [t for t in STEER_TRIGGERS if t not in legal]
+            # Near misses first: triggers some other state takes (a misplaced row shows there).
+            near = [t for t in illegal if t in _steer_triggers_ever_legal()]
+            choices = st.sampled_from(illegal)
+            if near:
+                choices = st.one_of(st.sampled_from(near), choices)
+            trigger = data.draw(choices, label="illegal trigger")
+            before = (batch.model.state, len(batch.model.trace))
+            try:
+                batch.model.fire(trigger)
+            except IllegalTransition as error:
+                assert error.trigger == trigger  # noqa: PT017 - inside a Hypothesis rule
+            else:
+                raise AssertionError(f"{trigger!r} accepted in {batch.state}")
+            assert (batch.model.state, len(batch.model.trace)) == before
+
+        @rule(batch=consumes(batches))
+        def retire(self, batch: Shadow) -> None:
+            batch.model.close()
+            batch.retired = True
+
+        @invariant()
+        def batches_are_isolated_and_match_their_shadows(self) -> None:
+            for shadow in self.shadows:
+                assert shadow.model.state.name == shadow.state
+
+        @invariant()
+        def the_trace_is_a_connected_path_and_a_fate_is_final(self) -> None:
+            for shadow in self.shadows:
+                trace = shadow.model.trace
+                if trace:
+                    assert trace[0].state == "COLLECTING"
+                for before, after in itertools.pairwise(trace):
+                    assert before.dest == after.state
+                for entry in trace[:-1]:
+                    assert entry.dest not in STEER_TERMINAL, trace
+                if shadow.state in STEER_TERMINAL:
+                    assert id(shadow.model) not in shadow.model.machine.live
+
+        @invariant()
+        def each_fate_is_one_the_facts_allow(self) -> None:
+            for shadow in self.shadows:
+                triggers = [entry.trigger for entry in shadow.model.trace]
+                sent = "batch_closed" in triggers
+                took = "landed" in triggers or "accepted" in triggers
+                assert triggers.count("batch_closed") <= 1, triggers
+                assert triggers.count("landed") <= 1, triggers
+                assert sum(triggers.count(a) for a in STEER_ANSWERS) <= 1, triggers
+                assert (
+                    not sent or "message_arrived" not in triggers[triggers.index("batch_closed") :]
+                )
+                fate = shadow.state
+                if fate == "STEERED":  # the model worked after its item
+                    assert triggers[-1] == "model_worked", triggers
+                    assert "landed" in triggers, triggers
+                if fate == "UNANSWERED":
+                    assert took, triggers
+                if fate == "UNKNOWN":  # sent, not taken, and steering ended
+                    assert sent, triggers
+                    assert not took, triggers
+                    assert triggers[-1] == "steering_ended", triggers
+                if fate == "QUEUED":  # never sent
+                    assert not sent, triggers
+                if fate in ("TOO_LATE", "REFUSED"):  # Codex's one answer
+                    assert sent, triggers
+                    assert triggers[-1] in ("arrived_too_late", "refused"), triggers
+
+        def teardown(self) -> None:
+            for shadow in self.shadows:
+                shadow.model.close()
+
+    return SteeringOrdering

@@ -7,19 +7,27 @@ subclass of the real model. The same checks that pass on the real tables must fa
 from __future__ import annotations
 
 import pytest
-from fsm_checks import exhaustive_compaction_check, exhaustive_turn_check
-from fsm_oracle import compaction_oracle, turn_oracle
-from fsm_stateful import make_compaction_ordering_machine, make_turn_ordering_machine
+from fsm_checks import exhaustive_compaction_check, exhaustive_steer_check, exhaustive_turn_check
+from fsm_oracle import INTERNAL, compaction_oracle, steer_oracle, turn_oracle
+from fsm_stateful import (
+    make_compaction_ordering_machine,
+    make_steering_ordering_machine,
+    make_turn_ordering_machine,
+)
 from hypothesis import Phase, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from codex_turn.fsm import (
     COMPACTION_TABLE,
+    STEER_FATES,
+    STEERING_TABLE,
     TURN_TABLE,
     CompactionModel,
     CompactionState,
     Edge,
+    SteerBatchModel,
+    SteerState,
     TurnModel,
     TurnState,
 )
@@ -186,3 +194,78 @@ def test_the_compaction_checks_reject_a_mutant() -> None:
             make_compaction_ordering_machine(model),
             settings=_DETECT_ONLY,
         )
+
+
+def _mutant_steering_model(table: dict[SteerState, tuple[Edge, ...]]) -> type[SteerBatchModel]:
+    machine = TableMachine(
+        name="steering-mutant",
+        states=SteerState,
+        table=table,
+        initial=SteerState.COLLECTING,
+        final=tuple(STEER_FATES),
+    )
+
+    class MutantBatch(SteerBatchModel):
+        pass
+
+    MutantBatch.machine = machine
+    return MutantBatch
+
+
+def _steering_edit(
+    state: SteerState, *edges: Edge, drop: str | None = None
+) -> dict[SteerState, tuple[Edge, ...]]:
+    table = dict(STEERING_TABLE)
+    kept = tuple(edge for edge in table[state] if edge.trigger != drop)
+    table[state] = edges + kept
+    return table
+
+
+def static_steering_check(table: dict[SteerState, tuple[Edge, ...]]) -> list[str]:
+    """Every declared row must be the oracle's (a row out of a final state is unreachable at
+    run time, so only this check sees it)."""
+    return [
+        f"{source.name} --{edge.trigger}--> {edge.dest}"
+        for source, edges in table.items()
+        for edge in edges
+        if steer_oracle(source.name, edge.trigger)
+        != (INTERNAL if edge.dest is None else edge.dest.name)
+    ]
+
+
+B = SteerState
+
+STEERING_MUTANTS = {
+    # A stalled steer that never showed, declared held by Codex: the runner never resends it.
+    "timed_out_ends_unanswered": _steering_edit(
+        B.TIMED_OUT, Edge("steering_ended", B.UNANSWERED), drop="steering_ended"
+    ),
+    # The model's work before the batch's item landed, taken for an answer to it.
+    "work_before_landing_steers": _steering_edit(B.ACCEPTED, Edge("model_worked", B.STEERED)),
+    # A second answer to one request.
+    "answered_twice": _steering_edit(B.ACCEPTED, Edge("refused", B.REFUSED)),
+    # Codex took the batch (its item landed early), yet steering's end calls it unknown.
+    "landed_early_ends_unknown": _steering_edit(
+        B.LANDED_EARLY, Edge("steering_ended", B.UNKNOWN), drop="steering_ended"
+    ),
+}
+
+
+def test_the_real_steering_table_passes_the_static_check() -> None:
+    assert static_steering_check(STEERING_TABLE) == []
+
+
+def test_the_static_check_sees_a_fate_that_moves_again() -> None:
+    table = _steering_edit(B.QUEUED, Edge("batch_closed", B.SENT))
+    assert static_steering_check(table) == ["QUEUED --batch_closed--> SteerState.SENT"]
+
+
+@pytest.mark.parametrize("name", sorted(STEERING_MUTANTS))
+def test_the_steering_checks_reject_each_mutant(name: str) -> None:
+    table = STEERING_MUTANTS[name]
+    assert static_steering_check(table) != []
+    model = _mutant_steering_model(table)
+    assert exhaustive_steer_check(model) != []
+    # Derandomized like CI: the split legal/illegal rules must find it without luck.
+    with pytest.raises((AssertionError, Flaky)):
+        run_state_machine_as_test(make_steering_ordering_machine(model), settings=_DETECT_ONLY)

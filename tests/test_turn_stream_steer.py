@@ -29,7 +29,13 @@ from support.transcripts import transcript_texts
 from support.turns import temporary_session_file, turn_params
 
 from codex_turn import AppServer, TurnParams, TurnResult, run_codex_turn
-from codex_turn.harness.appserver import DynamicTool, Notification
+from codex_turn.fsm import SteerState
+from codex_turn.harness.appserver import (
+    AppServerRpcError,
+    DynamicTool,
+    Notification,
+    TurnNotRunning,
+)
 from codex_turn.harness.steering import (
     LiveTurn,
     SteerMode,
@@ -545,7 +551,7 @@ async def test_steering_needs_a_running_turn_and_text(tmp_path: Path) -> None:
             tg.start_soon(send)
             await anyio.sleep(0.05)
             assert got == []
-            live._end("turn_ended")
+            live._end()
     assert got == [SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended")]
     assert not codex_turn_running(session)
     assert await steer_codex_turn(session, "hello") == SteerReceipt(status=SteerStatus.NO_TURN)
@@ -755,15 +761,64 @@ async def test_a_timed_out_steer_that_lands_later_is_steered(
 
 
 async def test_no_active_turn_to_steer_is_queued_as_turn_ended(tmp_path: Path) -> None:
-    from codex_turn.harness.appserver import AppServerRpcError
+    # Codex's "no active turn to steer", as the turn handle raises it (typed at the boundary).
+    from codex_turn.harness.appserver import NoActiveTurn
 
     ctx = _Ctx(tmp_path)
     live = LiveTurn(quiet_interval=0)
-    refused = AppServerRpcError(-32600, "no active turn to steer", method="turn/steer")
+    refused = NoActiveTurn(-32600, "no active turn to steer", method="turn/steer")
     with capture_logs() as logs:
         receipt = await _steer_during(live, ctx, _SteerHandle(refused), [], "too late")
     assert receipt == SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended")
     assert [r["log_level"] for r in logs if "steer" in r["event"]] == ["info"]
+
+
+@pytest.mark.parametrize(
+    ("refusal", "reason", "level"),
+    [
+        # The turn handle knew without asking: the turn is not running any more.
+        (
+            TurnNotRunning("cannot steer a turn that is completed", phase="completed"),
+            "turn_ended",
+            "info",
+        ),
+        # Codex refused otherwise: its wording is never read here, only the error's type.
+        (
+            AppServerRpcError(-32600, "no active turn, yet untyped", method="turn/steer"),
+            "refused",
+            "warning",
+        ),
+    ],
+)
+async def test_a_refused_steer_is_queued_by_the_type_of_its_refusal(
+    tmp_path: Path, refusal: Exception, reason: str, level: str
+) -> None:
+    ctx = _Ctx(tmp_path)
+    live = LiveTurn(quiet_interval=0)
+    with capture_logs() as logs:
+        receipt = await _steer_during(live, ctx, _SteerHandle(refusal), [], "too late")
+    assert receipt == SteerReceipt(status=SteerStatus.QUEUED, reason=reason)
+    assert [r["log_level"] for r in logs if "steer" in r["event"]] == [level]
+    assert live.steered == live.unanswered == []
+
+
+async def test_a_message_after_steering_ended_is_queued_at_once(tmp_path: Path) -> None:
+    ctx, handle = _Ctx(tmp_path), _SteerHandle("u")
+    live = LiveTurn(quiet_interval=0)
+    with live.serving(ctx.session_file):
+        async with live.delivering(ctx, handle):  # type: ignore[arg-type]
+            pass
+        # The Codex turn is over; the turn is still mirrored and finalized.
+        with anyio.fail_after(1):
+            receipt = await steer_codex_turn(ctx.session_file, "after the reply")
+    assert receipt == SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended")
+    assert handle.sent == []
+
+
+def test_every_state_of_the_steering_table_has_its_effect() -> None:
+    from codex_turn.harness import steering
+
+    assert set(steering._ON_ENTERING) == set(SteerState)
 
 
 async def test_steady_arrivals_are_still_delivered(tmp_path: Path) -> None:

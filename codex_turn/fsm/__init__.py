@@ -1,4 +1,4 @@
-"""The turn and compaction state machines: states, triggers, guards and tables as data.
+"""The turn, compaction and steering state machines: states, triggers, guards and tables as data.
 
 No I/O and no async in this package. See :mod:`codex_turn.fsm.turn` for the theory.
 """
@@ -12,6 +12,13 @@ from codex_turn.fsm.compaction import (
     CompactionTrigger,
 )
 from codex_turn.fsm.errors import FsmError, IllegalTransition, TurnBusy
+from codex_turn.fsm.steering import (
+    STEER_FATES,
+    STEERING_TABLE,
+    SteerBatchModel,
+    SteerState,
+    SteerTrigger,
+)
 from codex_turn.fsm.thread import (
     BASE_RULES,
     FORK_RULES,
@@ -49,6 +56,8 @@ __all__ = [
     "FORK_RULES",
     "FORM_RULES",
     "RESUME_RULES",
+    "STEERING_TABLE",
+    "STEER_FATES",
     "THREAD_RULES",
     "TURN_TABLE",
     "Choice",
@@ -66,6 +75,9 @@ __all__ = [
     "ResumeFacts",
     "Rule",
     "SkipReason",
+    "SteerBatchModel",
+    "SteerState",
+    "SteerTrigger",
     "TableMachine",
     "ThreadAction",
     "ThreadDecision",

@@ -38,6 +38,12 @@ No turn of the session running in this process: :attr:`SteerStatus.NO_TURN` (sta
 Messages that arrive before the Codex turn started (while the engine assembles) wait for it;
 after it ended (while the turn is mirrored and finalized) they are queued.
 
+Who decides: the steering table (:mod:`codex_turn.fsm.steering`, its theory there). This
+module sends the ``turn/steer``, fires the past-tense trigger each answer and notification is,
+and does what the state the table chose calls for (:data:`_ON_ENTERING`); the runner is told
+the table's fate. Codex's answers arrive typed from the client boundary: nothing here reads
+their wording.
+
 Each ``STEERED`` batch is an internal transition of the turn machine (``running_turn
 --steered--> running_turn``, taken once the model worked after it), and its messages are
 mirrored into the transcript in order, after the prompt and before Codex's reply, so the
@@ -49,35 +55,43 @@ take no transition and are not in ``TurnResult.steered``: they are mirrored afte
 
 :class:`LiveTurn` is one turn's link to the world while it runs: the steering inbox, the
 event stream (:mod:`.streaming`) and the files Codex saved. The orchestrator registers it
-for the whole turn (once it holds the session) and the running_turn stage delivers from it.
-
-Size (~605 lines): the inbox, the delivery task and the reconciliation of each steer with
-Codex's notifications share :class:`LiveTurn`'s state; the receipt types could move out.
+for the whole turn (once it holds the session) and the running_turn stage delivers from it,
+into a :class:`SteeringHost` (the turn context is one; steering needs only these few things
+of it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any, Final, Protocol
 
 import anyio
 import attrs
 
 from codex_turn._log import format_error, get_logger
 from codex_turn.fsm import TraceEntry, TurnTrigger
+from codex_turn.fsm.steering import (
+    MODE_FATES,
+    STEER_FATES,
+    SteerBatchModel,
+    SteerFate,
+    SteerMode,
+    SteerState,
+    SteerStatus,
+    SteerTrigger,
+)
 from codex_turn.harness._fs import session_path
 from codex_turn.harness.appserver import (
     AppServerError,
-    AppServerRpcError,
     AppServerTimeout,
     CodexTurnResult,
     Notification,
     TextInput,
     TurnHandlePort,
+    TurnNotRunning,
 )
 from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S
 from codex_turn.harness.hooks import TurnHooks
@@ -90,9 +104,7 @@ from codex_turn.harness.streaming import (
     saved_file,
     state_changed,
 )
-
-if TYPE_CHECKING:
-    from codex_turn.harness.turn_context import TurnContext
+from codex_turn.harness.turn_api import TurnParams
 
 __all__ = [
     "MAX_BATCH_INTERVALS",
@@ -100,39 +112,12 @@ __all__ = [
     "SteerMode",
     "SteerReceipt",
     "SteerStatus",
+    "SteeringHost",
     "codex_turn_running",
     "steer_codex_turn",
 ]
 
 _log = get_logger(__name__)
-
-
-class SteerMode(enum.StrEnum):
-    """What a message for a session whose turn runs becomes (``TurnParams.steering``)."""
-
-    STEER = "steer"
-    QUEUE = "queue"
-    REJECT = "reject"
-
-
-class SteerStatus(enum.StrEnum):
-    """What became of one message handed to :func:`steer_codex_turn`."""
-
-    #: Delivered to the running Codex turn (``turn/steer``), and the model worked after it in
-    #: that turn: the turn's result answers it.
-    STEERED = "steered"
-    #: Codex took it into the turn, but the turn ended before the model ran again: Codex holds
-    #: it in the thread (the next turn's model request carries it); do not resend it.
-    UNANSWERED = "unanswered"
-    #: Not delivered: run it as the next turn (``SteerReceipt.reason`` says why).
-    QUEUED = "queued"
-    #: The ``turn/steer`` request timed out and the turn ended without it showing up: whether
-    #: the model saw it is unknown (``reason="timed_out"``); it is not mirrored.
-    UNKNOWN = "unknown"
-    #: The running turn refuses messages (mode ``reject``).
-    REJECTED = "rejected"
-    #: No turn of this session runs in this process: start one.
-    NO_TURN = "no_turn"
 
 
 @attrs.frozen(kw_only=True)
@@ -146,9 +131,37 @@ class SteerReceipt:
     reason: str | None = None
 
 
+def _receipt(fate: SteerFate, turn_id: str | None = None) -> SteerReceipt:
+    return SteerReceipt(status=fate.status, reason=fate.reason, turn_id=turn_id)
+
+
+class SteeringHost(Protocol):
+    """What steering needs of the turn it delivers into (the turn context is one): where
+    and under which identities to mirror, where to log, and the turn machine's edges."""
+
+    @property
+    def params(self) -> TurnParams: ...
+
+    @property
+    def session_file(self) -> str: ...
+
+    @property
+    def thread_id(self) -> str | None: ...
+
+    @property
+    def prompt_identity(self) -> str: ...
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def emit(self) -> Callable[[TurnTrigger], None]: ...
+
+
 @attrs.define(eq=False)
 class _Waiting:
     text: str
+    arrived_at: float
     done: anyio.Event = attrs.Factory(anyio.Event)
     receipt: SteerReceipt | None = None
 
@@ -169,30 +182,41 @@ class SteeredMessage:
 
 @attrs.define(eq=False)
 class _Batch:
-    """One ``turn/steer`` sent, until it is known what became of it."""
+    """One batch of messages, collected, then sent as one ``turn/steer``; where it is, and so
+    what became of it, is its model's state (the steering table's)."""
 
-    waiting: list[_Waiting]
-    texts: tuple[str, ...]
-    #: Codex answered the request (with this turn id).
-    accepted: str | None = None
-    #: The request got no answer in time: reconciled by the turn's ``userMessage`` items.
-    timed_out: bool = False
-    #: Its ``userMessage`` item arrived.
-    landed: bool = False
-    #: ``STEERED`` or ``UNANSWERED`` once known; its messages as mirrored.
-    status: SteerStatus | None = None
+    fsm: SteerBatchModel = attrs.Factory(SteerBatchModel.begin)
+    waiting: list[_Waiting] = attrs.Factory(list)
+    arrived: anyio.Event = attrs.Factory(anyio.Event)
+    #: Codex's answer: the turn it took the batch into; or its refusal (redacted).
+    turn_id: str | None = None
+    refusal: str = ""
+    #: Its messages as mirrored (``STEERED``, ``UNANSWERED``).
     messages: list[SteeredMessage] = attrs.Factory(list)
     settled: anyio.Event = attrs.Factory(anyio.Event)
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(w.text for w in self.waiting)
+
+    def closes(self, quiet_interval: float) -> float:
+        """When it is sent: the quiet interval after its latest message, or at most
+        :data:`MAX_BATCH_INTERVALS` of them after its first (steady arrivals still go out)."""
+        first, last = self.waiting[0].arrived_at, self.waiting[-1].arrived_at
+        return min(last + quiet_interval, first + MAX_BATCH_INTERVALS * quiet_interval)
+
+    def is_shown_by(self, texts: tuple[str, ...]) -> bool:
+        """Whether a ``userMessage`` item with ``texts`` is this batch's."""
+        return texts == self.texts or "\n".join(texts) == "\n".join(self.texts)
 
 
 #: With steady arrivals a batch still closes this many quiet intervals after its first message.
 MAX_BATCH_INTERVALS: Final = 4
 
-#: Codex's answer to a ``turn/steer`` once the turn is over.
-_NO_ACTIVE_TURN: Final = "no active turn"
-
 #: The running turns of this process, by session key (:func:`~._fs.session_path`).
 _running: dict[str, LiveTurn] = {}
+
+_ITEM_EVENTS: Final = ("item/started", "item/completed")
 
 
 def _user_texts(item: Mapping[str, Any]) -> tuple[str, ...]:
@@ -210,7 +234,7 @@ def _user_texts(item: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _is_model_activity(note: Notification) -> bool:
     """An item or a delta of the model's (not a user message, not a token count)."""
-    if note.method in ("item/started", "item/completed"):
+    if note.method in _ITEM_EVENTS:
         return note.item is not None and note.item.get("type") != "userMessage"
     return note.method.startswith("item/") and note.method.endswith("elta")
 
@@ -238,16 +262,15 @@ class LiveTurn:
         #: How many messages went out in a steer whose fate stayed unknown (``UNKNOWN``): the
         #: thread may hold them although nothing mirrored them.
         self.unconfirmed = 0
-        self._waiting: list[_Waiting] = []
-        self._arrived = anyio.Event()
-        self._first_arrival = 0.0
-        self._last_arrival = 0.0
-        self._over = False  # the Codex turn ended (or the whole turn did): no more steering
-        self._ctx: TurnContext | None = None
+        #: The batch messages join; once steering ended, the last one (``queued``), whose
+        #: fate a later message gets.
+        self._open = _Batch()
+        self._sent: list[_Batch] = []  # sent, their fate not known yet (in send order)
+        self._host: SteeringHost | None = None
+        self._log: Any = _log
         #: Starts the delivery task on the first arrival while the Codex turn runs (most
         #: turns get no message: they pay for no task); ``None`` outside ``delivering``.
         self._start_delivery: Callable[[], None] | None = None
-        self._sent: list[_Batch] = []  # steers sent whose fate is not known yet
         self._user_items: set[str] = set()
         self._numbered = 0
         self._turn_id: str | None = None
@@ -257,7 +280,7 @@ class LiveTurn:
     @contextlib.contextmanager
     def serving(self, session_file: str) -> Iterator[None]:
         """Registered as the session's running turn for the block (the caller holds the
-        session, so there is one per session); at its end, what waits is queued."""
+        session, so there is one per session); at its end, steering ends."""
         key = session_path(session_file)
         _running[key] = self
         try:
@@ -265,16 +288,16 @@ class LiveTurn:
         finally:
             if _running.get(key) is self:
                 del _running[key]
-            self._end("turn_ended")
+            self._end()
 
     @contextlib.contextmanager
     def ending(self) -> Iterator[None]:
         """The whole call: at its end, however it ends (refused before the session was
-        held, too), nothing waits and the event stream closes."""
+        held, too), steering ends and the event stream closes."""
         try:
             yield
         finally:
-            self._end("turn_ended")
+            self._end()
             if self.events is not None:
                 self.events.close()
 
@@ -294,7 +317,7 @@ class LiveTurn:
 
     def on_notification(self, note: Notification) -> None:
         """One Codex notification of the running turn: its events, any file it saved, and
-        what became of the steers sent (their ``userMessage`` items, the model's work after)."""
+        what it tells of the steers sent (their ``userMessage`` items, the model's work)."""
         if note.method == "item/completed" and note.item is not None:
             file = saved_file(note.item)
             if file is not None:
@@ -307,58 +330,127 @@ class LiveTurn:
     def _track(self, note: Notification) -> None:
         if note.turn_id:
             self._turn_id = note.turn_id
-        item = note.item
-        if (
-            note.method in ("item/started", "item/completed")
-            and item is not None
-            and item.get("type") == "userMessage"
-        ):
-            item_id = str(item.get("id") or "")
-            if item_id in self._user_items:
-                return
-            first = not self._user_items
-            self._user_items.add(item_id)
-            if first:
-                return  # the turn's own input (the prompt) comes first
-            texts = _user_texts(item)
-            for batch in self._sent:
-                if not batch.landed and (
-                    texts == batch.texts or "\n".join(texts) == "\n".join(batch.texts)
-                ):
-                    batch.landed = True
-                    break
+        texts = self._steered_texts(note)
+        if texts is not None:
+            self._land(texts)
         elif _is_model_activity(note):
-            for batch in [b for b in self._sent if b.landed]:
-                self._settle(batch, SteerStatus.STEERED)
+            self._offer(SteerTrigger.MODEL_WORKED, self._sent)
         elif note.method == "turn/completed":
-            for batch in [b for b in self._sent if b.landed]:
-                self._settle(batch, SteerStatus.UNANSWERED)
+            self._offer(SteerTrigger.TURN_COMPLETED, self._sent)
 
-    def _settle(self, batch: _Batch, status: SteerStatus) -> None:
-        """What became of ``batch`` is known: record, step, tell (synchronously, while the
-        turn is still in running_turn)."""
-        if batch.status is not None:
-            return
-        if batch in self._sent:
-            self._sent.remove(batch)
-        ctx = self._ctx
-        turn_id = batch.accepted or self._turn_id
-        if status is SteerStatus.UNKNOWN:
-            self.unconfirmed += len(batch.texts)
-            if ctx is not None:
-                ctx.log.warning(
-                    "codex turn steer unconfirmed; the turn ended without it",
-                    messages=len(batch.texts),
+    def _steered_texts(self, note: Notification) -> tuple[str, ...] | None:
+        """The texts of a ``userMessage`` item seen for the first time, except the turn's
+        own input (the prompt, which comes first); ``None`` for anything else."""
+        item = note.item
+        if note.method not in _ITEM_EVENTS or item is None or item.get("type") != "userMessage":
+            return None
+        item_id = str(item.get("id") or "")
+        if item_id in self._user_items:
+            return None
+        prompt = not self._user_items
+        self._user_items.add(item_id)
+        return None if prompt else _user_texts(item)
+
+    def _land(self, texts: tuple[str, ...]) -> None:
+        """The first sent batch that ``texts`` shows and that can land, lands."""
+        for batch in self._sent:
+            if batch.is_shown_by(texts) and batch.fsm.allows(SteerTrigger.LANDED):
+                self._fire(batch, SteerTrigger.LANDED)
+                return
+
+    def _offer(self, trigger: SteerTrigger, batches: Iterable[_Batch]) -> None:
+        """``trigger`` for every batch whose state takes it (the table says which)."""
+        for batch in list(batches):
+            if batch.fsm.allows(trigger):
+                self._fire(batch, trigger)
+
+    def _fire(self, batch: _Batch, trigger: SteerTrigger) -> None:
+        """Step ``batch`` by the table, then do what the state it chose calls for
+        (synchronously: a fate is told while the turn is still in running_turn)."""
+        batch.fsm.fire(trigger)
+        _ON_ENTERING[batch.fsm.state](self, batch)
+
+    # What entering a state does (:data:`_ON_ENTERING`). The final states tell the waiting
+    # callers their fate; the sent ones leave ``_sent``.
+
+    def _nothing(self, batch: _Batch) -> None:
+        """A state that only waits for what happens next."""
+
+    def _timed_out(self, batch: _Batch) -> None:
+        self._log.warning(
+            "codex turn steer timed out; waiting for the turn to show it",
+            messages=len(batch.waiting),
+        )
+
+    def _steered(self, batch: _Batch) -> None:
+        first = self._number(batch)
+        self.steered.extend(batch.messages)
+        self._the_host().emit(TurnTrigger.STEERED)
+        self._log.info("codex turn steered", messages=len(batch.waiting), batch=first)
+        turn_id = self._delivered_to(batch)
+        if self.events is not None:
+            steered_into, said = turn_id or "", batch.texts
+            self.events.publish(
+                lambda seq, ns: MessagesSteered(
+                    seq=seq, monotonic_ns=ns, turn_id=steered_into, texts=said
                 )
-            batch.status = status
-            for waiting in batch.waiting:
-                waiting.resolve(SteerReceipt(status=status, reason="timed_out"))
-            batch.settled.set()
-            return
+            )
+        self._settle(batch, turn_id)
+
+    def _unanswered(self, batch: _Batch) -> None:
+        self._number(batch)
+        self.unanswered.extend(batch.messages)
+        self._log.info(
+            "codex turn steer taken but the turn ended before the model answered it;"
+            " codex carries it into the next turn",
+            messages=len(batch.waiting),
+        )
+        self._settle(batch, self._delivered_to(batch))
+
+    def _unknown(self, batch: _Batch) -> None:
+        self.unconfirmed += len(batch.waiting)
+        self._log.warning(
+            "codex turn steer unconfirmed; the turn ended without it",
+            messages=len(batch.waiting),
+        )
+        self._settle(batch)
+
+    def _too_late(self, batch: _Batch) -> None:
+        self._log.info("codex turn steer too late; messages queued", messages=len(batch.waiting))
+        self._settle(batch)
+
+    def _refused(self, batch: _Batch) -> None:
+        self._log.warning(
+            "codex turn steer not delivered; messages queued",
+            messages=len(batch.waiting),
+            error=batch.refusal,
+        )
+        self._settle(batch)
+
+    def _queued(self, batch: _Batch) -> None:
+        """Steering ended while the batch collected: it was never sent."""
+        self._tell(batch)
+
+    def _settle(self, batch: _Batch, turn_id: str | None = None) -> None:
+        self._sent.remove(batch)
+        self._tell(batch, turn_id)
+
+    def _tell(self, batch: _Batch, turn_id: str | None = None) -> None:
+        """Every message of ``batch`` gets the fate of its final state."""
+        receipt = _receipt(STEER_FATES[batch.fsm.state], turn_id)
+        for waiting in batch.waiting:
+            waiting.resolve(receipt)
+        batch.settled.set()
+
+    def _delivered_to(self, batch: _Batch) -> str | None:
+        return batch.turn_id or self._turn_id
+
+    def _number(self, batch: _Batch) -> int:
+        """Give ``batch``'s messages their transcript form and identities; the first's index."""
         now = int(time.time() * 1000)
-        base = (ctx.prompt_identity if ctx is not None else "run:prompt").removesuffix(":prompt")
+        base = self._the_host().prompt_identity.removesuffix(":prompt")
         first = self._numbered
-        self._numbered += len(batch.texts)
+        self._numbered += len(batch.waiting)
         batch.messages = [
             SteeredMessage(
                 text=text,
@@ -367,30 +459,12 @@ class LiveTurn:
             )
             for i, text in enumerate(batch.texts)
         ]
-        batch.status = status
-        if status is SteerStatus.STEERED:
-            self.steered.extend(batch.messages)
-            if ctx is not None:
-                ctx.emit(TurnTrigger.STEERED)
-                ctx.log.info("codex turn steered", messages=len(batch.texts), batch=first)
-            if self.events is not None:
-                steered_into, said = turn_id or "", batch.texts
-                self.events.publish(
-                    lambda seq, ns: MessagesSteered(
-                        seq=seq, monotonic_ns=ns, turn_id=steered_into, texts=said
-                    )
-                )
-        else:
-            self.unanswered.extend(batch.messages)
-            if ctx is not None:
-                ctx.log.info(
-                    "codex turn steer taken but the turn ended before the model answered it;"
-                    " codex carries it into the next turn",
-                    messages=len(batch.texts),
-                )
-        for waiting in batch.waiting:
-            waiting.resolve(SteerReceipt(status=status, turn_id=turn_id))
-        batch.settled.set()
+        return first
+
+    def _the_host(self) -> SteeringHost:
+        host = self._host
+        assert host is not None, "batches are sent only while delivering"
+        return host
 
     def with_steered(self, codex: CodexTurnResult) -> CodexTurnResult:
         """Codex's result with the steered messages after the prompt, in order, and those the
@@ -416,18 +490,19 @@ class LiveTurn:
         )
 
     @contextlib.asynccontextmanager
-    async def delivering(self, ctx: TurnContext, handle: TurnHandlePort) -> AsyncIterator[None]:
-        """While the block runs (the Codex turn), deliver what arrives; after it, queue."""
-        self._ctx = ctx
+    async def delivering(self, host: SteeringHost, handle: TurnHandlePort) -> AsyncIterator[None]:
+        """While the block runs (the Codex turn), deliver what arrives into ``host``'s turn;
+        after it, steering ends."""
+        self._host, self._log = host, host.log
         try:
             async with anyio.create_task_group() as group:
 
                 def start_delivery() -> None:
                     self._start_delivery = None  # once
-                    group.start_soon(self._deliver, ctx, handle)
+                    group.start_soon(self._deliver, host, handle)
 
                 self._start_delivery = start_delivery
-                if self._waiting:  # arrived before the Codex turn started
+                if self._open.waiting:  # arrived before the Codex turn started
                     start_delivery()
                 try:
                     yield
@@ -440,121 +515,72 @@ class LiveTurn:
                 raise grouped.exceptions[0] from None
             raise
         finally:
-            self._end("turn_ended")
+            self._end()
 
-    async def _deliver(self, ctx: TurnContext, handle: TurnHandlePort) -> None:
+    async def _deliver(self, host: SteeringHost, handle: TurnHandlePort) -> None:
         async with anyio.create_task_group() as mirrors:
             while True:
-                await self._arrived.wait()
-                # The batch closes once the quiet interval passed since the latest arrival, or
-                # MAX_BATCH_INTERVALS of them since its first (steady arrivals still go out).
-                while (left := self._batch_closes() - anyio.current_time()) > 0:  # noqa: ASYNC110
+                batch = self._open
+                await batch.arrived.wait()
+                while (left := batch.closes(self.quiet_interval) - anyio.current_time()) > 0:  # noqa: ASYNC110
                     await anyio.sleep(left)
-                batch, self._waiting = self._waiting, []
-                self._arrived = anyio.Event()
-                if batch:
-                    sent = await self._steer(ctx, handle, batch)
-                    if sent is not None:
-                        mirrors.start_soon(self._mirror_when_answered, ctx, sent)
+                self._open = _Batch()
+                self._fire(batch, SteerTrigger.BATCH_CLOSED)
+                if await self._steer(handle, batch):
+                    mirrors.start_soon(self._mirror_when_answered, host, batch)
 
-    def _batch_closes(self) -> float:
-        cap = self._first_arrival + MAX_BATCH_INTERVALS * self.quiet_interval
-        return min(self._last_arrival + self.quiet_interval, cap)
-
-    async def _steer(
-        self, ctx: TurnContext, handle: TurnHandlePort, waiting: list[_Waiting]
-    ) -> _Batch | None:
-        batch = _Batch(waiting=waiting, texts=tuple(w.text for w in waiting))
+    async def _steer(self, handle: TurnHandlePort, batch: _Batch) -> bool:
+        """Send ``batch`` as one ``turn/steer`` and fire Codex's answer; whether its fate is
+        still open (the turn's notifications will tell)."""
         # Sent before the request: its userMessage item may arrive before Codex's answer.
         self._sent.append(batch)
-        turn_id: str | None = None
-        error: AppServerError | None = None
+        answer = SteerTrigger.TIMED_OUT  # unless Codex answers in time
         # A steer sent is a steer answered: the end of the Codex turn does not cut it in half.
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + 2 * INTERRUPT_GRACE_S
             try:
-                turn_id = await handle.steer([TextInput(t) for t in batch.texts])
+                batch.turn_id = await handle.steer([TextInput(t) for t in batch.texts])
+                answer = SteerTrigger.ACCEPTED
             except AppServerTimeout:
                 pass
+            except TurnNotRunning:
+                answer = SteerTrigger.ARRIVED_TOO_LATE
             except AppServerError as refused:
-                error = refused
-        if batch.status is not None:
-            return None  # settled by the turn's notifications already
-        if turn_id is not None:
-            batch.accepted = turn_id
-            return batch
-        if error is None:
-            # No answer in time: Codex may still apply it. Its userMessage item tells.
-            batch.timed_out = True
-            ctx.log.warning(
-                "codex turn steer timed out; waiting for the turn to show it",
-                messages=len(batch.texts),
-            )
-            return batch
-        self._sent.remove(batch)
-        ended = (
-            self._over
-            or _NO_ACTIVE_TURN in error.message
-            or (
-                not isinstance(error, AppServerRpcError)
-                and "cannot steer a turn that is" in error.message
-            )
-        )
-        if ended:
-            ctx.log.info("codex turn steer too late; messages queued", messages=len(batch.texts))
-        else:
-            ctx.log.warning(
-                "codex turn steer not delivered; messages queued",
-                messages=len(batch.texts),
-                error=format_error(error),
-            )
-        for w in waiting:
-            w.resolve(
-                SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended" if ended else "refused")
-            )
-        return None
+                batch.refusal, answer = format_error(refused), SteerTrigger.REFUSED
+        if batch.fsm.allows(answer):  # else the turn's notifications settled it already
+            self._fire(batch, answer)
+        return not batch.fsm.is_terminal
 
-    async def _mirror_when_answered(self, ctx: TurnContext, batch: _Batch) -> None:
+    async def _mirror_when_answered(self, host: SteeringHost, batch: _Batch) -> None:
         """Once the model answered ``batch``, mirror it at once (the turn's mirror would
         write it at its end; a host that dies meanwhile keeps it). A failure here is only
         logged: the turn's mirror retries."""
         await batch.settled.wait()
-        if batch.status is not SteerStatus.STEERED:
+        if batch.fsm.state is not SteerState.STEERED:
             return
         try:
-            await anyio.to_thread.run_sync(_mirror_steered, ctx, batch.messages)
+            await anyio.to_thread.run_sync(_mirror_steered, host, batch.messages)
         except Exception as failed:
-            ctx.log.warning("failed to mirror steered messages early", error=format_error(failed))
+            host.log.warning("failed to mirror steered messages early", error=format_error(failed))
 
-    def _end(self, reason: str) -> None:
-        """No more steering: whatever waits is queued, whatever Codex took but the turn did
-        not answer is ``UNANSWERED``, a timed-out steer that never showed up ``UNKNOWN``
-        (idempotent)."""
-        self._over = True
-        for batch in list(self._sent):
-            if batch.landed or batch.accepted is not None:
-                self._settle(batch, SteerStatus.UNANSWERED)
-            else:
-                self._settle(batch, SteerStatus.UNKNOWN)
-        waiting, self._waiting = self._waiting, []
-        for w in waiting:
-            w.resolve(SteerReceipt(status=SteerStatus.QUEUED, reason=reason))
+    def _end(self) -> None:
+        """No more steering (idempotent): the table decides the fate of every batch still
+        open, the sent ones first, then the collecting one (and so of any later message)."""
+        self._offer(SteerTrigger.STEERING_ENDED, [*self._sent, self._open])
 
     # -- the runner's side -------------------------------------------------------------------
 
     async def submit(self, text: str, mode: SteerMode) -> SteerReceipt:
-        if mode is SteerMode.REJECT:
-            return SteerReceipt(status=SteerStatus.REJECTED, reason="reject")
-        if mode is SteerMode.QUEUE:
-            return SteerReceipt(status=SteerStatus.QUEUED, reason="queue")
-        if self._over:
-            return SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended")
-        waiting = _Waiting(text)
-        if not self._waiting:
-            self._first_arrival = anyio.current_time()
-        self._waiting.append(waiting)
-        self._last_arrival = anyio.current_time()
-        self._arrived.set()
+        fate = MODE_FATES[mode]
+        if fate is not None:  # queued or rejected at once, whatever the turn does
+            return _receipt(fate)
+        batch = self._open
+        if not batch.fsm.allows(SteerTrigger.MESSAGE_ARRIVED):  # steering ended
+            return _receipt(STEER_FATES[batch.fsm.state])
+        waiting = _Waiting(text, arrived_at=anyio.current_time())
+        self._fire(batch, SteerTrigger.MESSAGE_ARRIVED)
+        batch.waiting.append(waiting)
+        batch.arrived.set()
         if self._start_delivery is not None:
             self._start_delivery()
         await waiting.done.wait()
@@ -562,16 +588,33 @@ class LiveTurn:
         return waiting.receipt
 
 
-def _mirror_steered(ctx: TurnContext, delivered: list[SteeredMessage]) -> None:
-    scope = f"codex-app-server:{ctx.thread_id or ''}"
+#: What steering does as a batch enters each state of the steering table.
+_ON_ENTERING: Final[Mapping[SteerState, Callable[[LiveTurn, _Batch], None]]] = {
+    SteerState.COLLECTING: LiveTurn._nothing,
+    SteerState.SENT: LiveTurn._nothing,
+    SteerState.LANDED_EARLY: LiveTurn._nothing,
+    SteerState.ACCEPTED: LiveTurn._nothing,
+    SteerState.TIMED_OUT: LiveTurn._timed_out,
+    SteerState.LANDED: LiveTurn._nothing,
+    SteerState.STEERED: LiveTurn._steered,
+    SteerState.UNANSWERED: LiveTurn._unanswered,
+    SteerState.QUEUED: LiveTurn._queued,
+    SteerState.TOO_LATE: LiveTurn._too_late,
+    SteerState.REFUSED: LiveTurn._refused,
+    SteerState.UNKNOWN: LiveTurn._unknown,
+}
+
+
+def _mirror_steered(host: SteeringHost, delivered: list[SteeredMessage]) -> None:
+    scope = f"codex-app-server:{host.thread_id or ''}"
     for steered in delivered:
         mirror_prompt(
-            ctx.session_file,
+            host.session_file,
             steered.message,
             scope=scope,
             identity=steered.identity,
-            session_id=ctx.params.session_id,
-            cwd=os.fspath(ctx.params.workspace_dir),
+            session_id=host.params.session_id,
+            cwd=os.fspath(host.params.workspace_dir),
         )
 
 
