@@ -8,10 +8,10 @@ anywhere else (an installed package writes only where it is told to).
 The diagrams are *generated*, never drawn by hand, from the very same tables as the runtime
 machines; the output is byte-stable (a test renders it under several hash seeds).
 
-Writes ``turn.mmd`` and ``compaction.mmd`` (Mermaid ``flowchart TB``: the text source, golden
-files checked by a test, rendered by GitHub) and, when the ``diagrams`` extra (pygraphviz,
-which bundles Graphviz) is installed, ``turn.svg`` and ``compaction.svg`` from the same
-drawing (:func:`layout`), so the two cannot disagree.
+Writes ``turn.mmd``, ``compaction.mmd`` and ``steering.mmd`` (Mermaid ``flowchart TB``: the
+text source, golden files checked by a test, rendered by GitHub) and, when the ``diagrams``
+extra (pygraphviz, which bundles Graphviz) is installed, ``turn.svg``, ``compaction.svg`` and
+``steering.svg`` from the same drawing (:func:`layout`), so the two cannot disagree.
 
 How a table becomes a drawing, all of it derived from the tables:
 
@@ -50,6 +50,7 @@ import attrs
 
 from codex_turn.fsm import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
+from codex_turn.fsm.steering import STEERING_MACHINE
 from codex_turn.fsm.turn import (
     CUT_SHORT_TRIGGERS,
     FORM_TRIGGERS,
@@ -75,7 +76,11 @@ __all__ = [
     "write_diagrams",
 ]
 
-DIAGRAMS: dict[str, TableMachine] = {"turn": TURN_MACHINE, "compaction": COMPACTION_MACHINE}
+DIAGRAMS: dict[str, TableMachine] = {
+    "turn": TURN_MACHINE,
+    "compaction": COMPACTION_MACHINE,
+    "steering": STEERING_MACHINE,
+}
 
 #: The boxes states are drawn in, per diagram, in drawing order: a reader's grouping, not a
 #: decision. States in no phase (the initial and final ones) are drawn outside the boxes. The
@@ -158,7 +163,14 @@ class Drawing:
             ends = sorted(
                 state_label(arrow.dest) for arrow in self.arrows if arrow.kind is ArrowKind.FAILURE
             )
-            parts.append(f"red: ends {' or '.join(dict.fromkeys(ends))}")
+            named = list(dict.fromkeys(ends))
+            # Many ends (the steering machine's fates) would widen the page: name the spine's.
+            said = (
+                " or ".join(named)
+                if len(named) <= 2
+                else f"other than {state_label(self.spine[-1])}"
+            )
+            parts.append(f"red: ends {said}")
         if ArrowKind.INTERNAL in kinds:
             parts.append("dotted loop: the state does not change")
         return " · ".join(parts)

@@ -488,7 +488,11 @@ def test_typos_in_paths_create_nothing(tmp_path: Path) -> None:
 def test_diagrams_write_where_asked_never_into_the_current_directory(tmp_path: Path) -> None:
     done = run_cli("diagrams", "--out", "out", "--no-svg", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compaction.mmd", "turn.mmd"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "compaction.mmd",
+        "steering.mmd",
+        "turn.mmd",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     (tmp_path / "file").write_text("x")
     one_line_error(run_cli("diagrams", "--out", "file", cwd=tmp_path), 2, "not a directory")

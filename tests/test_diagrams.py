@@ -31,6 +31,7 @@ from codex_turn.diagrams import (
     write_diagrams,
 )
 from codex_turn.fsm.compaction import CompactionFacts, CompactionModel
+from codex_turn.fsm.steering import SteerBatchModel, SteerState
 from codex_turn.fsm.turn import TurnFacts, TurnModel, TurnOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,6 +253,27 @@ def test_the_compaction_spine_is_an_engine_compaction_then_native() -> None:
     ]
 
 
+def test_the_steering_spine_is_a_batch_codex_took_and_the_model_answered() -> None:
+    steps = spine(DIAGRAMS["steering"])
+    with SteerBatchModel.begin() as batch:
+        for _, edge in steps:
+            batch.fire(edge.trigger)
+        assert batch.state is SteerState.STEERED
+    assert [edge.trigger for _, edge in steps] == [
+        "batch_closed",
+        "accepted",
+        "landed",
+        "model_worked",
+    ]
+
+
+def test_the_steering_legend_names_the_spines_end_not_every_other_one() -> None:
+    """Five ways a batch ends other than steered: the legend says so without listing them
+    (a long legend widens the page), and the turn's single failure end is still named."""
+    assert "red: ends other than steered" in layout("steering").legend()
+    assert "red: ends failed" in layout("turn").legend()
+
+
 @pytest.mark.parametrize("name", sorted(PHASES))
 def test_every_state_in_flight_is_in_exactly_one_phase(name: str) -> None:
     machine = DIAGRAMS[name]
@@ -278,7 +300,7 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         )
         outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
     assert outputs[0] == outputs[1] == outputs[2]
-    assert set(outputs[0]) == {"turn.mmd", "compaction.mmd"}
+    assert set(outputs[0]) == {"turn.mmd", "compaction.mmd", "steering.mmd"}
 
 
 def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
@@ -288,7 +310,14 @@ def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
     assert b"<svg" in data
     assert b"running_turn" in data
     written = write_diagrams(tmp_path)
-    assert {p.name for p in written} == {"turn.mmd", "turn.svg", "compaction.mmd", "compaction.svg"}
+    assert {p.name for p in written} == {
+        "turn.mmd",
+        "turn.svg",
+        "compaction.mmd",
+        "compaction.svg",
+        "steering.mmd",
+        "steering.svg",
+    }
 
 
 def test_write_diagrams_takes_no_default_directory() -> None:
@@ -310,8 +339,12 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
     out = tmp_path / "out"
     assert cli.main(["diagrams", "--out", str(out), "--no-svg"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["compaction.mmd", "turn.mmd"]
-    assert capsys.readouterr().out.split() == [str(out / "turn.mmd"), str(out / "compaction.mmd")]
+    assert sorted(p.name for p in out.iterdir()) == ["compaction.mmd", "steering.mmd", "turn.mmd"]
+    assert capsys.readouterr().out.split() == [
+        str(out / "turn.mmd"),
+        str(out / "compaction.mmd"),
+        str(out / "steering.mmd"),
+    ]
 
 
 def test_the_module_cli_defaults_to_the_checkout_like_codex_turn_diagrams(
