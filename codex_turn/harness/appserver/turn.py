@@ -54,7 +54,7 @@ from .errors import (
 from .logsafe import capped
 from .process import running_asyncio_loop
 from .projector import CodexTurnResult, CodexTurnStatus, Notification, TurnProjector
-from .types import TurnSteerParams, UserInput, unstructure
+from .types import UserInput
 
 __all__ = ["CodexTurnPhase", "TurnHandle"]
 
@@ -344,21 +344,18 @@ class TurnHandle:
         sent), or Codex answers so (:class:`~.errors.NoActiveTurn`, classified here, where
         the answer comes back). Any other refusal is an :class:`~.errors.AppServerRpcError`
         (an ``expectedTurnId`` that is not the active turn, a turn Codex does not let be
-        steered), and a client that cannot send requests an :class:`~.errors.AppServerError`.
+        steered), and a client that cannot steer an :class:`~.errors.AppServerError`.
         """
         with anyio.move_on_after(self.interrupt_grace):
             await self._active.wait()
         if self._phase is not CodexTurnPhase.RUNNING:
             phase = self._phase.value
             raise TurnNotRunning(f"cannot steer a turn that is {phase}", phase=phase)
-        request: Any = getattr(self.client, "request", None)
-        if not callable(request):
+        steer_turn: Any = getattr(self.client, "steer_turn", None)
+        if not callable(steer_turn):
             raise AppServerError("this app-server client cannot steer a turn")
-        params = TurnSteerParams(
-            thread_id=self.thread_id, expected_turn_id=self.turn_id, input=list(input)
-        )
         try:
-            raw = await request("turn/steer", unstructure(params), timeout=timeout)
+            raw = await steer_turn(self.thread_id, self.turn_id, input, timeout=timeout)
         except AppServerRpcError as exc:
             over = NoActiveTurn.match(exc)
             if over is None:

@@ -41,6 +41,7 @@ from .types import (
     TurnInterruptParams,
     TurnStartParams,
     TurnStartResult,
+    TurnSteerParams,
     UserInput,
     structure,
     unstructure,
@@ -87,6 +88,19 @@ class Turns:
     ) -> None:
         params = TurnInterruptParams(thread_id=thread_id, turn_id=turn_id)
         await self._connection.request("turn/interrupt", unstructure(params), timeout=timeout)
+
+    async def steer_turn(
+        self,
+        thread_id: str,
+        turn_id: str,
+        input: Sequence[UserInput],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        """``turn/steer`` for the active turn ``turn_id``: Codex's answer, as it came (its
+        handle, :meth:`.turn.TurnHandle.steer`, reads it and types a refusal)."""
+        params = TurnSteerParams(thread_id=thread_id, expected_turn_id=turn_id, input=list(input))
+        return await self._connection.request("turn/steer", unstructure(params), timeout=timeout)
 
     @contextlib.asynccontextmanager
     async def turn(
