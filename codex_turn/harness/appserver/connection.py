@@ -42,7 +42,7 @@ Methods take ``timeout=`` on purpose (``# noqa: ASYNC109``): the deadline must b
 inside, so that missing it surfaces as the typed :class:`AppServerTimeout` (and, for turns, as an
 interrupt plus a ``TIMED_OUT`` result) instead of a bare cancellation.
 
-Size (~700 lines): the connection and its liveness probe stay together because the reader (a
+Size (~760 lines): the connection and its liveness probe stay together because the reader (a
 line is a sign of life), every request (a missed deadline asks the question) and retirement
 share them. The per-turn notification queue (:class:`TurnNotifications`) is the one piece that
 could move to a module of its own, were the file to grow further.
@@ -385,8 +385,8 @@ class Connection:
 
     @property
     def task_group(self) -> anyio.abc.TaskGroup | None:
-        """The task group of :meth:`running` (``None`` outside it): server requests start
-        their host callbacks there."""
+        """The task group of :meth:`running` (``None`` before it ran): server requests
+        start their host callbacks there."""
         return self._tg
 
     @property

@@ -46,7 +46,7 @@ decision and how long it took. The records keep those texts out of their ``repr`
 host that logs a request object does not leak them; a question Codex marks ``isSecret`` is
 also never copied anywhere beyond the request handed to the callback.
 
-Size (~610 lines): every server-initiated request Codex sends, its safe default answer and
+Size (~630 lines): every server-initiated request Codex sends, its safe default answer and
 the host-callback bridge are one dispatch table read together; the typed records are the
 seam to split along if it grows.
 """

@@ -53,8 +53,8 @@ log = get_logger(__name__)
 
 
 class Turns:
-    """Starting, interrupting and running turns (see the module header). It is the client its
-    :class:`TurnHandle` s interrupt through."""
+    """Starting, interrupting and running turns (see the module header); the client each
+    :class:`TurnHandle` it opens interrupts and steers through."""
 
     def __init__(
         self,
@@ -72,7 +72,8 @@ class Turns:
         self.provider = provider
         self.model = model
         self.interrupt_grace = interrupt_grace
-        # What a TurnHandle reads of its client to see a host callback pending (by name).
+        # What a TurnHandle reads of its client by name: the host callbacks bound to its
+        # thread (a pending one holds its idle timer).
         self._turn_handlers = responder.bindings
 
     @property

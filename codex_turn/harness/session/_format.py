@@ -26,7 +26,7 @@ Rules of this module
 Messages are plain JSON dicts, never interpreted beyond ``role`` and ``idempotencyKey``, so
 unknown keys round-trip untouched.
 
-Size (~665 lines): the format is one vocabulary (parsing, header checks, migration and the
+Size (~680 lines): the format is one vocabulary (parsing, header checks, migration and the
 path to the root), pure and read as a whole; the I/O around it already lives in the sibling
 modules.
 """
