@@ -141,7 +141,7 @@ from codex_turn.harness.engine import (
     IngestResult,
 )
 from codex_turn.harness.session import ensure_transcript_writable
-from codex_turn.harness.turn_context import stripped_histories
+from codex_turn.harness.turn.context import stripped_histories
 
 INSTRUCTIONS = "You are a benchmark assistant."
 PASSTHROUGH_SIZES = {

@@ -79,7 +79,7 @@ def per_event_us(call: Callable[[], None], events: int, rounds: int = 5) -> floa
 
 def bench(events: int) -> dict[str, float]:
     library = logging.getLogger("codex_turn")
-    log = get_logger("codex_turn.harness.orchestrator").bind(**CONTEXT)
+    log = get_logger("codex_turn.harness.turn.orchestrator").bind(**CONTEXT)
 
     def debug() -> None:
         log.debug("codex turn finished", **FIELDS)

@@ -89,13 +89,6 @@ from codex_turn.harness.hooks import (
 )
 from codex_turn.harness.idempotency import TurnAlreadyCompleted
 from codex_turn.harness.maintenance import BackgroundMaintenance
-from codex_turn.harness.orchestrator import (
-    InvalidTurnParams,
-    MaintenanceReport,
-    TurnParams,
-    TurnResult,
-    run_codex_turn,
-)
 from codex_turn.harness.session import (
     SessionError,
     SessionFormatError,
@@ -105,14 +98,21 @@ from codex_turn.harness.session import (
     mirror_turn,
     reset_session,
 )
-from codex_turn.harness.steering import (
+from codex_turn.harness.turn.orchestrator import (
+    InvalidTurnParams,
+    MaintenanceReport,
+    TurnParams,
+    TurnResult,
+    run_codex_turn,
+)
+from codex_turn.harness.turn.steering import (
     SteerMode,
     SteerReceipt,
     SteerStatus,
     codex_turn_running,
     steer_codex_turn,
 )
-from codex_turn.harness.streaming import (
+from codex_turn.harness.turn.streaming import (
     AgentMessageCompleted,
     AgentMessageDelta,
     CompactionEvent,

@@ -1,7 +1,7 @@
 """``codex-turn inspect`` (what the next turn would see and decide, and the path a recorded
 turn took) and ``codex-turn doctor`` (the binary, the Codex home, the engine store, the lock).
 
-Inspect runs the library's own pre-Codex stages (:data:`codex_turn.harness.orchestrator.
+Inspect runs the library's own pre-Codex stages (:data:`codex_turn.harness.turn.orchestrator.
 STAGES`) on a real turn context, up to the thread decision, and stops before anything reaches
 Codex: the engine sees the messages a turn would hand it, the thread table
 (:func:`codex_turn.fsm.thread.decide_thread`, through the build_prompt stage) decides, and the
@@ -81,7 +81,7 @@ def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None,
 class _NoCodex:
     """The app-server of an inspection: the stages stop before anything would reach it. It
     can fork and inject, as the real one can, so the preview shows the form a turn would
-    use (``codex_turn.harness.structured.supports_structured``)."""
+    use (``codex_turn.harness.turn.structured.supports_structured``)."""
 
     can_fork = True
 
@@ -97,11 +97,11 @@ class _NoCodex:
 
 async def _preview(args: argparse.Namespace) -> dict[str, Any]:
     from codex_turn.fsm import TurnState, TurnTrigger
-    from codex_turn.harness import orchestrator
     from codex_turn.harness.binding import binding_to_json, read_binding
     from codex_turn.harness.hooks import TurnHooks
+    from codex_turn.harness.turn import orchestrator
+    from codex_turn.harness.turn.context import HistoryRead, read_history_sync
     from codex_turn.harness.turn_api import TurnParams
-    from codex_turn.harness.turn_context import HistoryRead, read_history_sync
 
     session_file = os.fspath(args.session_file)
     header = session_header(session_file, must_exist=True)

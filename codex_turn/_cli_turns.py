@@ -149,7 +149,7 @@ class _Turns:
 
     async def run(self, prompt: str) -> tuple[Any, bool]:
         """(result, interrupted): the result is ``None`` only when the turn never began."""
-        from codex_turn.harness.orchestrator import run_codex_turn
+        from codex_turn.harness.turn.orchestrator import run_codex_turn
 
         params = self.params(prompt)
         self.count += 1

@@ -50,7 +50,7 @@ from codex_turn.engines import EngineSettings, SqliteContextEngine
 from codex_turn.harness.appserver import AppServer, AppServerConfig
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 from codex_turn.harness.engine import to_json
-from codex_turn.harness.orchestrator import TurnParams, TurnResult, run_codex_turn
+from codex_turn.harness.turn.orchestrator import TurnParams, TurnResult, run_codex_turn
 from codex_turn.testing import OfflineModel, Reply
 
 __all__ = ["DEMO_SETTINGS", "PROMPTS", "run_demo"]

@@ -32,9 +32,10 @@ from hypothesis import strategies as st
 from support.transcripts import transcript_texts
 
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, read_binding
-from codex_turn.harness import stages, turn_context
 from codex_turn.harness.appserver import AppServerProcess
 from codex_turn.harness.session import clear_session_cache
+from codex_turn.harness.turn import context as turn_context
+from codex_turn.harness.turn import stages
 from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = pytest.mark.codex

@@ -257,7 +257,7 @@ def test_the_harness_gathers_every_fact_each_table_reads() -> None:
     """The harness's fact objects (costly facts computed on first read) carry every fact
     name of their table: a missing one would fail only on the turn that reaches its row."""
     from codex_turn.fsm import thread
-    from codex_turn.harness.forms import ConversionFacts, SettleFacts, TurnThreadFacts
+    from codex_turn.harness.turn.forms import ConversionFacts, SettleFacts, TurnThreadFacts
 
     for facts, gathered in (
         (thread.ThreadFacts, TurnThreadFacts),

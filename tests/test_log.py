@@ -263,7 +263,7 @@ def uncaptured() -> Iterator[None]:
 
 def _a_turn_of_log_calls() -> None:
     """What one turn logs, roughly: bound context, every level, secrets in the fields."""
-    log = get_logger("codex_turn.harness.orchestrator").bind(
+    log = get_logger("codex_turn.harness.turn.orchestrator").bind(
         session_id="s-1", session_key=mask_session_key(RAW_SESSION_KEY), engine="sqlite"
     )
     log.debug("codex turn stage", state="reading_history")
@@ -284,7 +284,7 @@ def test_an_unconfigured_library_prints_nothing(
 _QUIET_SCRIPT = """
 import codex_turn  # the whole package, as a host imports it
 from codex_turn._log import get_logger, mask_session_key
-log = get_logger("codex_turn.harness.orchestrator").bind(session_key=mask_session_key("k:1"))
+log = get_logger("codex_turn.harness.turn.orchestrator").bind(session_key=mask_session_key("k:1"))
 for method in ("debug", "info", "warning", "error"):
     getattr(log, method)("codex turn event", api_key="sk-abcdefghijklmnopqrstuv", n=1)
 """
@@ -318,7 +318,7 @@ def test_configure_logging_json_emits_json_lines_at_the_level(uncaptured: None) 
     ]
     first = records[0]
     assert list(first)[:4] == ["timestamp", "level", "logger", "event"]
-    assert first["logger"] == "codex_turn.harness.orchestrator"
+    assert first["logger"] == "codex_turn.harness.turn.orchestrator"
     assert first["timestamp"].endswith("Z")
     # The structured fields, bound and per call, as fields.
     assert first["estimated_tokens"] == 42
@@ -396,7 +396,7 @@ def test_filtered_events_are_neither_built_nor_scrubbed(
     monkeypatch.setattr(_log, "_scrub", spy)
     monkeypatch.setattr(_log, "format_error", spy)
     # Unconfigured: DEBUG and INFO are below the default level.
-    log = get_logger("codex_turn.harness.orchestrator").bind(prompt_chars=3, note=SECRET)
+    log = get_logger("codex_turn.harness.turn.orchestrator").bind(prompt_chars=3, note=SECRET)
     log.debug("stage", note=SECRET)
     log.info("finished", error=RuntimeError(SECRET))
     assert calls == []

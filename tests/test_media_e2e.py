@@ -38,7 +38,13 @@ import pytest
 from codex_turn import AppServer, TurnParams, TurnResult, run_codex_turn
 from codex_turn.harness.appserver import AppServerConfig
 from codex_turn.harness.appserver.config import OFFLINE_PROVIDER_ID
-from codex_turn.harness.streaming import FileSaved, ToolCall, TurnEvent, TurnEventStream, TurnFile
+from codex_turn.harness.turn.streaming import (
+    FileSaved,
+    ToolCall,
+    TurnEvent,
+    TurnEventStream,
+    TurnFile,
+)
 from codex_turn.testing import ImageReply, OfflineModel, RecordingEngine, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.codex]

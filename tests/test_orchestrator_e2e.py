@@ -38,8 +38,8 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.harness.appserver import AppServerProcess
-from codex_turn.harness.orchestrator import TURN_START_TEXT_MAX_CHARS
 from codex_turn.harness.session import mirror_turn
+from codex_turn.harness.turn.orchestrator import TURN_START_TEXT_MAX_CHARS
 from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = pytest.mark.anyio

@@ -56,7 +56,6 @@ from support.turns import turn_params as params
 
 from codex_turn.fsm import TurnFacts, TurnModel, TurnOutcome, TurnState, TurnTrigger
 from codex_turn.fsm.thread import ThreadAction
-from codex_turn.harness import stages
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -74,17 +73,18 @@ from codex_turn.harness.hooks import (
     TurnHooks,
 )
 from codex_turn.harness.maintenance import BackgroundMaintenance
-from codex_turn.harness.orchestrator import (
-    TURN_START_TEXT_MAX_CHARS,
-    TurnParams,
-    TurnResult,
-    run_codex_turn,
-)
 from codex_turn.harness.session import (
     TranscriptUnwritable,
     clear_session_cache,
     load_session_messages,
     mirror_turn,
+)
+from codex_turn.harness.turn import stages
+from codex_turn.harness.turn.orchestrator import (
+    TURN_START_TEXT_MAX_CHARS,
+    TurnParams,
+    TurnResult,
+    run_codex_turn,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]  # the async scenarios at the end
@@ -1330,7 +1330,7 @@ def test_a_cancellation_while_mirroring_still_lets_the_engine_see_the_turn(
     """The caller leaves after Codex finished, while the transcript is being written: the
     mirror completes and finalize still runs (bounded), so the engine never misses a turn
     that reached the transcript (OpenClaw #121515), and the cancellation then propagates."""
-    import codex_turn.harness.stages as orchestrator  # where the mirror stage lives
+    import codex_turn.harness.turn.stages as orchestrator  # where the mirror stage lives
 
     ex = Example(script=CodexScript(reply=REPLY))
     workdir = tempfile.mkdtemp(prefix="codex-turn-faults-")

@@ -13,7 +13,7 @@ from codex_turn.harness.session import (
     load_session_messages,
     mirror_turn,
 )
-from codex_turn.harness.turn_context import StrippedHistories as _StrippedHistories
+from codex_turn.harness.turn.context import StrippedHistories as _StrippedHistories
 
 HIDDEN = {
     "role": "custom",

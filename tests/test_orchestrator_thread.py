@@ -34,8 +34,8 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.fsm.thread import ThreadAction
-from codex_turn.harness import forms
 from codex_turn.harness.session import mirror_turn
+from codex_turn.harness.turn import forms
 from codex_turn.testing import OfflineModel
 
 pytestmark = pytest.mark.anyio

@@ -280,9 +280,9 @@ async def test_a_fork_a_steer_went_to_unconfirmed_is_not_continued(
     # Turn 2's turn/steer gets no answer in time and its message never shows up: Codex may
     # still hold it in that fork, where neither the mirror nor the fork's record has it. The
     # fork is released (a runner that sends the message again must not see it twice there).
-    from codex_turn.harness import steering
     from codex_turn.harness.appserver import AppServerTimeout
     from codex_turn.harness.appserver.turn import TurnHandle
+    from codex_turn.harness.turn import steering
 
     async def lost_answer(self: TurnHandle, *_: Any, **__: Any) -> str:
         raise AppServerTimeout("turn/steer got no response", method="turn/steer", seconds=0.1)

@@ -22,7 +22,7 @@ import pytest
 
 from codex_turn import AppServer
 from codex_turn.harness.appserver import tool
-from codex_turn.harness.structured import (
+from codex_turn.harness.turn.structured import (
     ForkFailed,
     PreparedFork,
     prepare_fork,

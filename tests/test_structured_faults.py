@@ -32,8 +32,8 @@ from codex_turn.harness.appserver import (
 )
 from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
 from codex_turn.harness.binding import read_binding
-from codex_turn.harness.orchestrator import TurnParams, run_codex_turn
-from codex_turn.harness.structured import (
+from codex_turn.harness.turn.orchestrator import TurnParams, run_codex_turn
+from codex_turn.harness.turn.structured import (
     ANCHOR,
     ForkFailed,
     PreparedFork,
@@ -217,7 +217,7 @@ def test_method_not_found_turns_the_structured_form_off(tmp_path: Path) -> None:
 
 def test_kept_forks_are_one_per_base_in_a_bounded_lru(tmp_path: Path) -> None:
     from codex_turn.harness.appserver import KeptFork
-    from codex_turn.harness.structured import drop_kept_fork
+    from codex_turn.harness.turn.structured import drop_kept_fork
 
     server = AppServer(
         AppServerConfig.offline(tmp_path / "home", "http://127.0.0.1:9/v1"), max_kept_forks=2

@@ -29,10 +29,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, run_codex_turn
-from codex_turn.harness import forms
 from codex_turn.harness.appserver import tool
 from codex_turn.harness.binding import read_binding, write_binding
 from codex_turn.harness.engine import AssembleResult
+from codex_turn.harness.turn import forms
 from codex_turn.projection import CONTEXT_HEADER
 from codex_turn.projection.items import ConvertedItems
 from codex_turn.testing import OfflineModel, RecordingEngine, Reply

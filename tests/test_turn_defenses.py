@@ -200,7 +200,7 @@ async def test_a_mirror_failure_is_the_outcome_unsaved_with_the_reason(
     session_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Before: outcome "completed"; only the trace said mirror_failed.
-    from codex_turn.harness import stages
+    from codex_turn.harness.turn import stages
 
     def disk_full(*_args: Any, **_kwargs: Any) -> Any:
         raise OSError(28, "No space left on device")

@@ -36,7 +36,7 @@ from codex_turn.harness.appserver import (
     Notification,
     TurnNotRunning,
 )
-from codex_turn.harness.steering import (
+from codex_turn.harness.turn.steering import (
     LiveTurn,
     SteerMode,
     SteerReceipt,
@@ -44,7 +44,7 @@ from codex_turn.harness.steering import (
     codex_turn_running,
     steer_codex_turn,
 )
-from codex_turn.harness.streaming import (
+from codex_turn.harness.turn.streaming import (
     AgentMessageCompleted,
     AgentMessageDelta,
     CompactionEvent,
@@ -567,7 +567,7 @@ async def test_the_event_stream_ends_when_the_turn_is_refused_before_it_starts(
     from support.turns import turn_params
 
     from codex_turn import EngineLoadError, run_codex_turn
-    from codex_turn.harness.streaming import TurnEventStream
+    from codex_turn.harness.turn.streaming import TurnEventStream
 
     events = TurnEventStream()
     with pytest.raises(EngineLoadError):
@@ -725,7 +725,7 @@ async def test_a_timed_out_steer_that_lands_later_is_steered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # turn/steer never answered in time (Codex stalled), but its userMessage item arrives.
-    from codex_turn.harness import steering
+    from codex_turn.harness.turn import steering
 
     monkeypatch.setattr(steering, "INTERRUPT_GRACE_S", 0.01)
     text = "late but applied"
@@ -816,7 +816,7 @@ async def test_a_message_after_steering_ended_is_queued_at_once(tmp_path: Path) 
 
 
 def test_every_state_of_the_steering_table_has_its_effect() -> None:
-    from codex_turn.harness import steering
+    from codex_turn.harness.turn import steering
 
     assert set(steering._ON_ENTERING) == set(SteerState)
 
@@ -853,8 +853,8 @@ async def test_a_steer_whose_request_times_out_but_codex_applies_is_steered(
     import os
     import signal
 
-    from codex_turn.harness import steering
     from codex_turn.harness.appserver.process import AppServerProcess
+    from codex_turn.harness.turn import steering
 
     monkeypatch.setattr(steering, "INTERRUPT_GRACE_S", 0.25)  # the steer times out in 0.5 s
     text = "Also cover the migration"

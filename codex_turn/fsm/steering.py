@@ -2,7 +2,7 @@
 
 Rule 1: every decision about a batch's fate lives here, in ``STEERING_TABLE`` (where a batch
 goes on what happened) and :data:`STEER_FATES` (what each final state tells the runner).
-:mod:`codex_turn.harness.steering` sends the ``turn/steer``, reads Codex's notifications and
+:mod:`codex_turn.harness.turn.steering` sends the ``turn/steer``, reads Codex's notifications and
 fires the past-tense trigger that describes what happened; it asks the table (``allows``, the
 state), never its own flags. Rule 2: no I/O, nothing of Codex's wording: the client boundary
 types Codex's answers (:class:`~codex_turn.harness.appserver.TurnNotRunning`), the harness

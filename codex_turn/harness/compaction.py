@@ -88,7 +88,7 @@ from codex_turn.harness.lifecycle import (
     harness_runtime_context,
     run_context_engine_maintenance,
 )
-from codex_turn.harness.structured import drop_kept_fork
+from codex_turn.harness.turn.structured import drop_kept_fork
 from codex_turn.harness.violations import engine_fault, watch_contract
 
 __all__ = [

@@ -5,7 +5,7 @@ the thread-independent key ``codex-turn:turn-<K>:prompt``; its mirror then appen
 (keyed ``codex-app-server:<threadId>:<codexTurnId>:assistant``) after it. A re-run of the same
 turn (a durable queue recovering it after a crash) must not ask Codex again once that reply is
 in the transcript. :func:`completed_turn` is the one place that decides it, from the
-transcript alone; :func:`~codex_turn.harness.orchestrator.run_codex_turn` calls it *under the
+transcript alone; :func:`~codex_turn.harness.turn.orchestrator.run_codex_turn` calls it *under the
 session hold*, before any stage, so a re-run that overlaps the original attempt waits for it
 and then sees its reply, and raises :class:`TurnAlreadyCompleted` carrying what was recorded.
 """

@@ -1,6 +1,6 @@
 """The public records of a turn: what a runner passes in (:class:`TurnParams`) and gets back
 (:class:`TurnResult`, :class:`MaintenanceReport`). No behaviour here; see
-:mod:`codex_turn.harness.orchestrator` for the turn itself.
+:mod:`codex_turn.harness.turn.orchestrator` for the turn itself.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.streaming import TurnFile
+from codex_turn.harness.turn.streaming import TurnFile
 from codex_turn.harness.usage import Usage
 
 __all__ = [
@@ -110,7 +110,7 @@ class TurnParams:
     #: Offer the ``sessions_yield`` tool: the model may end the run early (yield-aborted).
     yield_tool: bool = False
     #: What a message for this session that arrives while this turn runs becomes
-    #: (:func:`~codex_turn.harness.steering.steer_codex_turn`): ``"steer"``, delivered to the
+    #: (:func:`~codex_turn.harness.turn.steering.steer_codex_turn`): ``"steer"``, delivered to the
     #: running Codex turn (one ``turn/steer`` per batch; a batch closes once
     #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"``, run as the
     #: next turn; ``"reject"``, refused.
@@ -128,7 +128,7 @@ class TurnParams:
     #: Responses items injected into an ephemeral fork of the session's base thread, when the
     #: app-server can (else, and for an assembly that does not convert, the text frame);
     #: ``"text"``, always the text frame (one user message). See
-    #: :mod:`codex_turn.harness.structured` and ``FORM_RULES`` in :mod:`codex_turn.fsm.thread`.
+    #: :mod:`codex_turn.harness.turn.structured` and ``FORM_RULES`` in :mod:`codex_turn.fsm.thread`.
     projection_format: Literal["structured", "text"] = "structured"
     #: Tool calls and results in the structured form: ``"full"`` (the default: what the model
     #: saw, as the engine assembled it), ``"shape-only"`` (arguments as their shape, results

@@ -49,8 +49,8 @@ from codex_turn.harness.lifecycle import (
     harness_runtime_context,
     run_context_engine_maintenance,
 )
+from codex_turn.harness.turn.context import stripped_histories
 from codex_turn.harness.turn_api import TurnParams
-from codex_turn.harness.turn_context import stripped_histories
 
 __all__ = ["CatchUp", "catch_up_engine", "turn_span"]
 

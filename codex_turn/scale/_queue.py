@@ -24,8 +24,8 @@ from dbos import (
 )
 from dbos import error as dbos_error
 
+from codex_turn.harness.turn.context import prompt_identity_for
 from codex_turn.harness.turn_api import TurnParams
-from codex_turn.harness.turn_context import prompt_identity_for
 from codex_turn.scale._routing import INBOX, OPEN_STATUSES, Router, statuses_of
 from codex_turn.scale._wake import Wakes, wake_directory
 from codex_turn.scale._wire import TurnRecord, params_to_wire, session_lane

@@ -43,7 +43,7 @@ from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.harness._gates import SessionBusy
 from codex_turn.harness.appserver import AppServerPort
 from codex_turn.harness.idempotency import CompletedTurn, TurnAlreadyCompleted, completed_turn
-from codex_turn.harness.orchestrator import run_codex_turn
+from codex_turn.harness.turn.orchestrator import run_codex_turn
 from codex_turn.harness.turn_api import TurnParams
 from codex_turn.scale._catch_up import catch_up_engine
 from codex_turn.scale._wake import announce

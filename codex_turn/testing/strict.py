@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from codex_turn.harness.orchestrator import run_codex_turn
+from codex_turn.harness.turn.orchestrator import run_codex_turn
 from codex_turn.harness.turn_api import TurnParams, TurnResult
 
 __all__ = ["run_strict_turn"]

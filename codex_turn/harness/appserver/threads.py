@@ -579,7 +579,7 @@ class Threads:
         The fork's model-visible history begins with the *parent's* initial context (its
         developer instructions and environment, written into the parent's rollout): the
         ``developer_instructions`` sent here do not replace them (send changing instructions
-        as a developer item, :func:`codex_turn.harness.structured.developer_item`)."""
+        as a developer item, :func:`codex_turn.harness.turn.structured.developer_item`)."""
         params: dict[str, Any] = {"threadId": thread_id, "ephemeral": True, "excludeTurns": True}
         if developer_instructions is not None:
             params["developerInstructions"] = developer_instructions

@@ -3,7 +3,7 @@ stages, and the small pure helpers several stages use (the thread facts, the pro
 engine's binding record, the bounded engine call, the stripped-history reader).
 
 Every record is frozen and set once by the stage that produces it (see
-:mod:`codex_turn.harness.stages`); the context's inputs are read-only. Nothing here fires a
+:mod:`codex_turn.harness.turn.stages`); the context's inputs are read-only. Nothing here fires a
 trigger or decides a branch: the thread facts are gathered here (:class:`TurnThreadFacts`,
 whose one costly fact renders the frame when the table first reads it) and the thread table
 (:data:`codex_turn.fsm.thread.THREAD_RULES`) decides.
@@ -65,7 +65,7 @@ from codex_turn.harness.turn_api import (
 from codex_turn.harness.usage import Usage
 
 if TYPE_CHECKING:
-    from codex_turn.harness.steering import LiveTurn
+    from codex_turn.harness.turn.steering import LiveTurn
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
@@ -258,7 +258,7 @@ class TurnContext:
     cancellation: BaseException | None = None
     cleanup_deadline: float | None = None
     #: The turn's link to the runner while it runs: messages steered into it, its event
-    #: stream, the files Codex saved (:mod:`codex_turn.harness.steering`); ``None``: none.
+    #: stream, the files Codex saved (:mod:`codex_turn.harness.turn.steering`); ``None``: none.
     live: LiveTurn | None = None
     _tools_fingerprint: str | None = attrs.field(default=None, init=False)
 

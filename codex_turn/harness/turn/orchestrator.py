@@ -8,7 +8,7 @@ This module is a dispatch loop over it, in the shape of h2's ``stream.py``::
         turn.fire(await STAGES[turn.state](ctx))
 
 (each step is also shown to the host's ``TurnHooks.on_transition`` observer). ``STAGES``
-maps every non-final state to its stage (:mod:`codex_turn.harness.stages`): an async
+maps every non-final state to its stage (:mod:`codex_turn.harness.turn.stages`): an async
 function that does the I/O of that state and returns the past-tense trigger saying what
 happened. Stages never fire, never read the trace and never choose the next state; the
 loop never branches on a stage's result. The one thing a stage may report besides its result
@@ -57,7 +57,6 @@ from codex_turn.fsm import (
     TurnState,
     TurnTrigger,
 )
-from codex_turn.harness import stages, turn_context
 from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
@@ -65,9 +64,11 @@ from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.idempotency import TurnAlreadyCompleted, completed_turn
 from codex_turn.harness.maintenance import BackgroundMaintenance
-from codex_turn.harness.stages import Stage, TurnContext
-from codex_turn.harness.steering import LiveTurn
-from codex_turn.harness.streaming import TurnEventStream
+from codex_turn.harness.turn import context as turn_context
+from codex_turn.harness.turn import stages
+from codex_turn.harness.turn.stages import Stage, TurnContext
+from codex_turn.harness.turn.steering import LiveTurn
+from codex_turn.harness.turn.streaming import TurnEventStream
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
     InvalidTurnParams,
@@ -274,10 +275,10 @@ async def run_codex_turn(
     recorded reply) after taking the session hold and before anything is written or sent to
     Codex. ``None``: a run-unique identity.
 
-    ``events``: a :class:`~codex_turn.harness.streaming.TurnEventStream` the runner iterates
+    ``events``: a :class:`~codex_turn.harness.turn.streaming.TurnEventStream` the runner iterates
     meanwhile (state changes, deltas, tool calls, plans, compactions, steered messages, saved
     files); it never slows the turn, and ends with it. While the turn runs, messages for its
-    session go to :func:`~codex_turn.harness.steering.steer_codex_turn`
+    session go to :func:`~codex_turn.harness.turn.steering.steer_codex_turn`
     (``params.steering``).
     """
     session_file = os.fspath(params.session_file)

@@ -1,6 +1,6 @@
 """The stages of a turn: for each state of the turn machine, the I/O it does.
 
-Theory of operation. :mod:`codex_turn.harness.orchestrator` drives a turn as a dispatch loop
+Theory of operation. :mod:`codex_turn.harness.turn.orchestrator` drives a turn as a dispatch loop
 over ``STAGES`` (h2's ``stream.py`` shape): every stage here is an async function of the
 :class:`TurnContext` that does the work of *one* state and returns the past-tense trigger that
 says what happened. A stage never fires a trigger, never reads the trace and never chooses
@@ -26,9 +26,9 @@ maintain inline, defer, or skip, as the table says.
 
 Size: one function per state, in table order, and the running_turn stage with its event
 handling (~795 lines); the shared records and helpers live in
-:mod:`codex_turn.harness.turn_context`, the two projection forms and the fork that carries
+:mod:`codex_turn.harness.turn.context`, the two projection forms and the fork that carries
 items (the ``fork`` thread start, its continuation and what is kept after the turn) in
-:mod:`codex_turn.harness.forms`.
+:mod:`codex_turn.harness.turn.forms`.
 """
 
 from __future__ import annotations
@@ -57,16 +57,6 @@ from codex_turn.harness.appserver import (
 )
 from codex_turn.harness.binding import ThreadBinding, read_binding
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.executors import start_thread
-from codex_turn.harness.forms import (
-    as_items,
-    decide_thread,
-    frame_projection,
-    session_conversion,
-    settle_fork,
-    transcript_context,
-    unframed,
-)
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
     PromptBuildContext,
@@ -95,8 +85,7 @@ from codex_turn.harness.session import (
     mirror_turn,
     sync_appended,
 )
-from codex_turn.harness.turn_api import MaintenanceReport
-from codex_turn.harness.turn_context import (
+from codex_turn.harness.turn.context import (
     Assembled,
     CodexRan,
     HistoryRead,
@@ -114,6 +103,17 @@ from codex_turn.harness.turn_context import (
     save_binding,
     unhooked_prompt,
 )
+from codex_turn.harness.turn.executors import start_thread
+from codex_turn.harness.turn.forms import (
+    as_items,
+    decide_thread,
+    frame_projection,
+    session_conversion,
+    settle_fork,
+    transcript_context,
+    unframed,
+)
+from codex_turn.harness.turn_api import MaintenanceReport
 
 __all__ = [
     "Stage",

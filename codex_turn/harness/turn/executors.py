@@ -49,12 +49,19 @@ from codex_turn.harness.appserver import (
     settings_key,
 )
 from codex_turn.harness.binding import ProjectionBinding, ThreadBinding, clear_binding
-from codex_turn.harness.forms import (
+from codex_turn.harness.turn.context import (
+    ThreadReady,
+    TurnContext,
+    current_projection,
+    engine_binding,
+    save_binding,
+)
+from codex_turn.harness.turn.forms import (
     TurnThreadFacts,
     item_key,
     release_kept_fork,
 )
-from codex_turn.harness.structured import (
+from codex_turn.harness.turn.structured import (
     ForkFailed,
     anchor_base,
     developer_item,
@@ -64,13 +71,6 @@ from codex_turn.harness.structured import (
     release_fork,
     supports_structured,
     take_kept_fork,
-)
-from codex_turn.harness.turn_context import (
-    ThreadReady,
-    TurnContext,
-    current_projection,
-    engine_binding,
-    save_binding,
 )
 
 __all__ = ["EXECUTORS", "Executor", "PlanFacts", "start_thread", "thread_settings"]

@@ -49,7 +49,7 @@ Each ``STEERED`` batch is an internal transition of the turn machine (``running_
 mirrored into the transcript in order, after the prompt and before Codex's reply, so the
 engine's finalize sees them (the transcript is re-read, or the fallback snapshot carries
 them). They are also reported in ``TurnResult.steered`` and, when the turn has an event
-stream, as :class:`~codex_turn.harness.streaming.MessagesSteered`. ``UNANSWERED`` messages
+stream, as :class:`~codex_turn.harness.turn.streaming.MessagesSteered`. ``UNANSWERED`` messages
 take no transition and are not in ``TurnResult.steered``: they are mirrored after the reply
 (the user's words are never lost from the transcript) and logged (counts only).
 
@@ -96,7 +96,7 @@ from codex_turn.harness.appserver import (
 from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.session import mirror_prompt
-from codex_turn.harness.streaming import (
+from codex_turn.harness.turn.streaming import (
     MessagesSteered,
     TurnEventStream,
     TurnFile,

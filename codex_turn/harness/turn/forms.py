@@ -4,12 +4,12 @@ the items they lead to, and what a fork keeps after its turn.
 Theory. An engine's assembled context reaches Codex either as the *text frame* (one user
 message in ``turn/start``, :mod:`codex_turn.projection.frame`) or as *Responses items*
 (:mod:`codex_turn.projection.items`) injected into an ephemeral fork of the session's base
-thread (:mod:`codex_turn.harness.structured`). Which form a turn uses is the form table's
+thread (:mod:`codex_turn.harness.turn.structured`). Which form a turn uses is the form table's
 (:data:`codex_turn.fsm.thread.FORM_RULES`), whether the frame is sent the thread table's.
 Both read their facts from here, and the costly ones are computed when a row first reads
 them: the conversion (:class:`ConversionFacts`) and the rendered frame
 (:class:`TurnThreadFacts`), so a frame the thread decision would not send is never rendered
-and nothing is asked twice. Like the stages (:mod:`codex_turn.harness.stages`, which call
+and nothing is asked twice. Like the stages (:mod:`codex_turn.harness.turn.stages`, which call
 it), this module fires nothing and chooses no branch of its own. Errors are logged with
 typed reasons, never with content.
 
@@ -39,7 +39,13 @@ from codex_turn.fsm.thread import (
 )
 from codex_turn.harness.appserver import CodexTurnResult
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.structured import (
+from codex_turn.harness.turn.context import (
+    Projected,
+    TurnContext,
+    engine_binding,
+    has_projected_context,
+)
+from codex_turn.harness.turn.structured import (
     drop_kept_fork,
     keep_fork,
     kept_fork,
@@ -47,12 +53,6 @@ from codex_turn.harness.structured import (
     supports_structured,
 )
 from codex_turn.harness.turn_api import TURN_START_TEXT_MAX_CHARS
-from codex_turn.harness.turn_context import (
-    Projected,
-    TurnContext,
-    engine_binding,
-    has_projected_context,
-)
 from codex_turn.projection import (
     CodexContextProjection,
     dynamic_tools_fingerprint,
