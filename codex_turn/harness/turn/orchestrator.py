@@ -2,31 +2,35 @@
 
 Theory of operation. The turn machine (:mod:`codex_turn.fsm.turn`) is the turn: its table
 says where a turn goes after each stage, under which facts, and how a stage cut short ends.
-This module is a dispatch loop over it, in the shape of h2's ``stream.py``::
+This module runs it on the one driver every table machine runs on
+(:func:`codex_turn.harness.driver.drive`)::
 
     while not turn.is_terminal:
         turn.fire(await STAGES[turn.state](ctx))
 
 (each step is also shown to the host's ``TurnHooks.on_transition`` observer). ``STAGES``
-maps every non-final state to its stage (:mod:`codex_turn.harness.turn.stages`): an async
-function that does the I/O of that state and returns the past-tense trigger saying what
-happened. Stages never fire, never read the trace and never choose the next state; the
-loop never branches on a stage's result. The one thing a stage may report besides its result
-is an *in-state* event (Codex's native compaction during running_turn) through ``ctx.emit``,
-which accepts internal edges only (the state cannot change). The only thing the loop adds is
-*shelter*, the part of a stage's behaviour that depends on the caller rather than the turn,
-given per state:
+gives every non-final state its row: the stage (:mod:`codex_turn.harness.turn.stages`), an
+async function that does the I/O of that state and returns the past-tense trigger saying
+what happened, and its *shelter*. Stages never fire, never read the trace and never choose the
+next state; the loop never branches on a stage's result. The one thing a stage may report
+besides its result is an *in-state* event (Codex's native compaction during running_turn)
+through ``ctx.emit``, which accepts internal edges only (the state cannot change). The
+shelter is the part of a stage's behaviour that depends on the caller rather than the turn,
+declared per state in ``STAGES`` and applied by the driver:
 
-* ``cancellable`` (the pre-Codex states): the caller's cancellation ends the stage with the
+* ``CANCELLABLE`` (the pre-Codex states): the caller's cancellation ends the stage with the
   trigger the table names for a stage cut short (``cancelled``), and the turn ends ``failed``;
-* ``running`` (running_turn): the stage itself catches the cancellation (the client
-  interrupts Codex on the way out) and ends the turn as aborted; the loop goes on;
-* ``protected`` (mirroring, finalizing): once a turn ran, its mirror and finalize always run,
-  shielded (in one child task for both); unbounded while the caller waits, bounded by
-  ``cleanup_timeout`` once the caller is gone (one deadline shared by both stages), then ended
-  with the table's cut-short trigger (``mirror_failed``/``finalize_failed``). The user's words
-  and the engine's view of the turn are never lost to a cancellation (OpenClaw #121515);
-* ``unless_gone`` (maintaining): maintenance does not start, or is cut, once the caller is gone.
+* ``SELF`` (running_turn): the stage itself catches the cancellation (the client interrupts
+  Codex on the way out) and ends the turn as aborted; the loop goes on;
+* ``PROTECTED`` (mirroring, finalizing): once a turn ran, its mirror and finalize always run,
+  shielded (in one child task for both: the driver shelters a stretch of consecutive states
+  alike at once); unbounded while the caller waits, bounded by ``cleanup_timeout`` once the
+  caller is gone (one deadline shared by both stages), then ended with the table's cut-short
+  trigger (``mirror_failed``/``finalize_failed``). The user's words and the engine's view of
+  the turn are never lost to a cancellation (OpenClaw #121515);
+* ``UNLESS_GONE`` (maintaining): maintenance does not start, or is cut, once the caller is
+  gone (and reports ``cancelled``); a deferral to the scheduler never blocks, so it is handed
+  over all the same.
 
 The caller's cancellation is re-raised after the result is delivered to ``on_turn_end``.
 Each engine call is bounded by ``engine_timeout``: a hung engine takes its stage's failure
@@ -60,13 +64,14 @@ from codex_turn.fsm import (
 from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
+from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, step
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.idempotency import TurnAlreadyCompleted, completed_turn
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
-from codex_turn.harness.turn.stages import Stage, TurnContext
+from codex_turn.harness.turn.stages import TurnContext
 from codex_turn.harness.turn.steering import LiveTurn
 from codex_turn.harness.turn.streaming import TurnEventStream
 from codex_turn.harness.turn_api import (
@@ -94,148 +99,51 @@ S = TurnState
 T = TurnTrigger
 
 
-# --- shelter: what a stage does about the caller --------------------------------------------
+# --- the stages -----------------------------------------------------------------------------
 
+#: The stage of every non-final state, and its shelter (what the caller's leaving does to it,
+#: applied by :func:`~codex_turn.harness.driver.drive`).
+STAGES: Mapping[TurnState, Row[TurnContext, TurnTrigger]] = stage_table(
+    TurnModel,
+    {
+        S.IDLE: Row(stages.begin),
+        S.READING_HISTORY: Row(stages.read_history, Shelter.CANCELLABLE),
+        S.BOOTSTRAPPING: Row(stages.bootstrap, Shelter.CANCELLABLE),
+        S.ASSEMBLING: Row(stages.assemble, Shelter.CANCELLABLE),
+        S.PROJECTING: Row(stages.project, Shelter.CANCELLABLE),
+        S.BUILDING_PROMPT: Row(stages.build_prompt, Shelter.CANCELLABLE),
+        S.STARTING_THREAD: Row(stages.start_thread, Shelter.CANCELLABLE),
+        S.REPROJECTING: Row(stages.reproject, Shelter.CANCELLABLE),
+        # The stage interrupts Codex itself and ends the turn as aborted.
+        S.RUNNING_TURN: Row(stages.run_turn, Shelter.SELF),
+        S.MIRRORING: Row(stages.mirror, Shelter.PROTECTED),
+        S.FINALIZING: Row(stages.finalize, Shelter.PROTECTED),
+        # A deferral to the scheduler never blocks: it is handed over all the same.
+        S.MAINTAINING: Row(
+            stages.maintain, Shelter.UNLESS_GONE, still_runs_if=T.MAINTENANCE_DEFERRED
+        ),
+    },
+)
 
-def cancellable(stage: Stage) -> Stage:
-    """A pre-Codex stage: the caller's cancellation cuts it (nothing reached Codex)."""
-
-    async def sheltered(ctx: TurnContext) -> TurnTrigger:
-        try:
-            return await stage(ctx)
-        except anyio.get_cancelled_exc_class() as error:
-            ctx.cancellation = error
-            return _cut_short(ctx)
-
-    return sheltered
-
-
-class Protected:
-    """A cleanup stage (its shelter): it runs to completion despite the caller's
-    cancellation, shielded in a child task, within the shared cleanup deadline once the
-    caller is gone (:func:`_shielded`).
-
-    Called alone, it shelters its one stage. The driver runs a turn's consecutive protected
-    states (mirroring, then finalizing) in *one* such child task instead (:func:`_clean_up`):
-    the shelter is the same, one deadline for them all, at half the tasks and event-loop
-    rounds."""
-
-    def __init__(self, stage: Stage) -> None:
-        self.stage = stage
-
-    async def __call__(self, ctx: TurnContext) -> TurnTrigger:
-        returned: list[TurnTrigger] = []
-
-        async def work() -> None:
-            returned.append(await self.stage(ctx))
-
-        return returned[0] if await _shielded(ctx, work) else _cut_short(ctx)
-
-
-def protected(stage: Stage) -> Protected:
-    """See :class:`Protected`."""
-    return Protected(stage)
-
-
-async def _clean_up(ctx: TurnContext, turn: TurnModel) -> None:
-    """Run the protected state the turn is in, and every protected state after it, in one
-    shielded child task; a stage the cleanup deadline cut takes its cut-short edge."""
-
-    async def work() -> None:
-        while isinstance(stage := STAGES.get(turn.state), Protected):
-            _fire(turn, await stage.stage(ctx), ctx.hooks)
-
-    if not await _shielded(ctx, work):
-        _fire(turn, _cut_short(ctx), ctx.hooks)
-
-
-async def _shielded(ctx: TurnContext, work: Callable[[], Awaitable[None]]) -> bool:
-    """``work`` in a shielded child task: unbounded while the caller waits, bounded by the
-    cleanup deadline once the caller is gone (one deadline for all cleanup stages). Whether
-    it completed (``False``: the deadline cut it). Its exception is raised as itself."""
-    cancelled = anyio.get_cancelled_exc_class()
-    if ctx.cancellation is not None and ctx.cleanup_deadline is None:
-        ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
-    scope = anyio.CancelScope(shield=True)
-    if ctx.cleanup_deadline is not None:
-        scope.deadline = ctx.cleanup_deadline
-    done = anyio.Event()
-    completed: list[bool] = []
-    failures: list[BaseException] = []
-
-    async def worker() -> None:
-        with scope:
-            try:
-                await work()
-                completed.append(True)
-            except cancelled:
-                raise  # the cleanup deadline: the scope catches it
-            except BaseException as error:
-                # Re-raised below, outside the task group, as itself: a task group would
-                # wrap it in an exception group the runner does not expect.
-                failures.append(error)
-            finally:
-                done.set()
-
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(worker)
-            try:
-                await done.wait()
-            except cancelled as error:
-                # The caller left meanwhile: the work gets the cleanup bound, no more.
-                ctx.cancellation = ctx.cancellation or error
-                if ctx.cleanup_deadline is None:  # one deadline for all cleanup stages
-                    ctx.cleanup_deadline = anyio.current_time() + ctx.params.cleanup_timeout
-                scope.deadline = min(scope.deadline, ctx.cleanup_deadline)
-                with anyio.CancelScope(shield=True):
-                    await done.wait()
-                raise
-    except cancelled as error:
-        ctx.cancellation = ctx.cancellation or error
-    if failures:
-        raise failures[0]
-    return bool(completed)
-
-
-def unless_gone(stage: Stage) -> Stage:
-    """Maintenance: not started once the caller is gone, and cut if the caller leaves; a
-    deferral to the scheduler never blocks, so it is handed over all the same."""
-
-    async def sheltered(ctx: TurnContext) -> TurnTrigger:
-        if ctx.cancellation is None or ctx.may(T.MAINTENANCE_DEFERRED):
-            try:
-                return await stage(ctx)
-            except anyio.get_cancelled_exc_class() as error:
-                ctx.cancellation = error
-        ctx.maintenance = MaintenanceReport(status="cancelled")
-        return _cut_short(ctx)
-
-    return sheltered
-
-
-def _cut_short(ctx: TurnContext) -> TurnTrigger:
-    trigger = ctx.cut_short()
-    assert trigger is not None, "every sheltered state names its cut-short trigger"
-    ctx.log.info("codex turn stage cut short", trigger=str(trigger))
-    return trigger
-
-
-#: The stage of every non-final state, with its shelter.
-STAGES: Mapping[TurnState, Stage] = {
-    S.IDLE: stages.begin,
-    S.READING_HISTORY: cancellable(stages.read_history),
-    S.BOOTSTRAPPING: cancellable(stages.bootstrap),
-    S.ASSEMBLING: cancellable(stages.assemble),
-    S.PROJECTING: cancellable(stages.project),
-    S.BUILDING_PROMPT: cancellable(stages.build_prompt),
-    S.STARTING_THREAD: cancellable(stages.start_thread),
-    S.REPROJECTING: cancellable(stages.reproject),
-    S.RUNNING_TURN: stages.run_turn,
-    S.MIRRORING: protected(stages.mirror),
-    S.FINALIZING: protected(stages.finalize),
-    S.MAINTAINING: unless_gone(stages.maintain),
+#: What the turn's records say of a stage cut short, beyond its trigger: a maintenance that
+#: did not start, or was cut, reports ``cancelled``.
+_CUT_SHORT_REPORTS: Mapping[TurnState, MaintenanceReport] = {
+    S.MAINTAINING: MaintenanceReport(status="cancelled"),
 }
+
+
+def _caller(ctx: TurnContext, turn: TurnModel) -> Caller[TurnTrigger]:
+    """The shelters' view of the turn's caller: its leaving is recorded on ``ctx`` (where
+    running_turn records the cancellation it catches itself)."""
+
+    def cut_short() -> TurnTrigger:
+        trigger = ctx.cut_short()
+        assert trigger is not None, "every sheltered state names its cut-short trigger"
+        ctx.log.info("codex turn stage cut short", trigger=str(trigger))
+        ctx.maintenance = _CUT_SHORT_REPORTS.get(turn.state, ctx.maintenance)
+        return trigger
+
+    return Caller(record=ctx, cleanup_timeout=ctx.params.cleanup_timeout, cut_short=cut_short)
 
 
 # --- the turn -------------------------------------------------------------------------------
@@ -394,20 +302,9 @@ def _internal_only(turn: TurnModel, hooks: TurnHooks) -> Callable[[TurnTrigger],
     def emit(trigger: TurnTrigger) -> None:
         if turn.machine.select(turn, str(trigger)).dest is not None:
             raise IllegalTransition(turn.state_name, str(trigger), why="not an in-state event")
-        _fire(turn, trigger, hooks)
+        step(turn, trigger, hooks.on_transition)
 
     return emit
-
-
-def _fire(turn: TurnModel, trigger: TurnTrigger, hooks: TurnHooks) -> None:
-    """Take the step, then show it to the host's observer (never letting it break the turn)."""
-    turn.fire(trigger)
-    observer = hooks.on_transition
-    if observer is not None:
-        try:
-            observer(turn.trace[-1])
-        except Exception as error:
-            _log.warning("transition observer failed", error=format_error(error))
 
 
 async def _drive(
@@ -417,12 +314,7 @@ async def _drive(
 ) -> TurnResult:
     started = time.monotonic()
     try:
-        while not turn.is_terminal:
-            stage = STAGES[turn.state]
-            if isinstance(stage, Protected):
-                await _clean_up(ctx, turn)  # this state and the protected ones after it
-            else:
-                _fire(turn, await stage(ctx), ctx.hooks)
+        await drive(turn, STAGES, ctx, observe=ctx.hooks.on_transition, caller=_caller(ctx, turn))
         result = _result(ctx, turn)
         if result.maintenance.status == "skipped" and turn.state is S.DONE:
             ctx.log.info(
