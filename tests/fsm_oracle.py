@@ -208,6 +208,7 @@ COMPACTION_TRIGGERS = (
     "native_compacted",
     "native_failed",
     "native_timed_out",
+    "native_skipped",
     "no_such_trigger",
 )
 
@@ -233,6 +234,7 @@ def compaction_oracle(
         "native_compacted",
         "native_failed",
         "native_timed_out",
+        "native_skipped",  # a fork base: nothing native to compact
     ):
         return "REPORTED"
     return None

@@ -29,6 +29,7 @@ from support.recording_engine import RecordingEngine
 
 from codex_turn.harness.appserver import AppServer, AppServerClosed, AppServerConfig
 from codex_turn.harness.appserver.client import AppServerClient
+from codex_turn.harness.appserver.threads import KeptFork
 from codex_turn.harness.binding import (
     ContextEngineBinding,
     ProjectionBinding,
@@ -40,6 +41,7 @@ from codex_turn.harness.compaction import (
     AUTH_PROFILE_MISMATCH,
     LEFT_TO_CODEX,
     NO_THREAD_BINDING,
+    NOTHING_NATIVE_TO_COMPACT,
     CompactionRun,
     CompactSessionParams,
     compact_codex_session,
@@ -661,6 +663,68 @@ async def test_a_declined_engine_compaction_keeps_the_projection(tmp_path: Path)
     after = read_binding(session_file(tmp_path))
     assert after is not None
     assert after.context_engine == block
+
+
+@attrs.define
+class ForkKeeper:
+    """A started app-server that keeps a fork of the base for the next turn, and must never be
+    asked to compact (a fork base holds no native history)."""
+
+    taken: list[str] = attrs.Factory(list)
+    released: list[str] = attrs.Factory(list)
+
+    def take_kept_fork(self, base_thread_id: str) -> KeptFork:
+        self.taken.append(base_thread_id)
+        return KeptFork(base_thread_id, "kept-fork", (), "settings", completed=True)
+
+    def release_fork(self, fork_thread_id: str) -> None:
+        self.released.append(fork_thread_id)
+
+    async def compact_thread(self, thread_id: str, **_: Any) -> Any:
+        raise AssertionError("a fork base is never compacted natively")
+
+
+def fork_base_block() -> ContextEngineBinding:
+    return ContextEngineBinding(
+        engine_id="lossless-claw",
+        policy_fingerprint="p",
+        projection=ProjectionBinding(mode="fork_base", epoch="base"),
+    )
+
+
+async def test_a_fork_base_is_skipped_natively_and_its_kept_fork_dropped(tmp_path: Path) -> None:
+    bind(tmp_path, context_engine=fork_base_block())
+    server = ForkKeeper()
+    run = await compact_codex_session_traced(params(tmp_path), app_server=server)
+    assert run.triggers == ("started", "native_skipped")
+    assert_path(run, NATIVE_ONLY, owns=False, binding=True)
+    assert run.result == CompactResult(ok=True, compacted=False, reason=NOTHING_NATIVE_TO_COMPACT)
+    assert run.native is None  # Codex was not asked
+    assert (server.taken, server.released) == ([THREAD], ["kept-fork"])
+
+
+async def test_an_engine_compaction_of_a_fork_base_is_not_reported_alongside_native(
+    tmp_path: Path,
+) -> None:
+    bind(tmp_path, context_engine=fork_base_block())
+    server = ForkKeeper()
+    with capture_logs() as logs:
+        run = await compact_codex_session_traced(
+            params(tmp_path), app_server=server, engine=owning_engine()
+        )
+    assert run.triggers == ("started", "engine_compacted", "maintenance_ran", "native_skipped")
+    assert_path(run, OWNING_FULL, owns=True, binding=True)
+    assert (run.result.ok, run.result.compacted) == (True, True)
+    assert run.result.result is not None
+    assert run.result.result.details["codexNativeCompaction"] == {
+        "ok": False,
+        "compacted": False,
+        "reason": NOTHING_NATIVE_TO_COMPACT,
+    }
+    assert not run.projection_cleared  # the base's mark stays
+    assert server.released == ["kept-fork"]
+    events = [e["event"] for e in logs]
+    assert "codex native compaction completed alongside context-engine compaction" not in events
 
 
 # --- native failures ------------------------------------------------------------------------

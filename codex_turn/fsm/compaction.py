@@ -21,6 +21,16 @@ Theory of operation:
   ``threshold``) is left to Codex's own automatic compaction (the runtime contract: automatic
   compaction belongs to Codex, #85958) and goes straight to ``reported``; so does any request
   without a binding (there is nothing to compact).
+* compaction_maintenance follows only an engine that compacted: the binding's projection is
+  cleared (the next turn re-projects the compacted context), then maintenance runs.
+* What native compaction does is a small rule table of its own (:data:`NATIVE_RULES`), read
+  from the binding as it is when the step begins (:class:`NativeFacts`): no binding fails it,
+  a fork base holds no native history and skips it (``native_skipped``), a binding of another
+  auth profile fails it closed, and only then is Codex asked.
+* How each step's result leaves its state is data too: :data:`ENGINE_RESULT_TRIGGERS`,
+  :data:`MAINTENANCE_TRIGGERS` and :data:`NATIVE_REPORT_TRIGGERS`. The runner
+  (:mod:`codex_turn.harness.compaction`) awaits each step on the one driver every machine runs
+  on and fires the trigger these say; it never chooses.
 
 WARNING: ``diagrams/compaction.mmd`` is rendered from this table; a test fails when stale.
 """
@@ -32,13 +42,20 @@ import enum
 import attrs
 
 from codex_turn.fsm._machine import Edge, Model, TableMachine
+from codex_turn.fsm.thread import Rule
 
 __all__ = [
     "COMPACTION_TABLE",
+    "ENGINE_RESULT_TRIGGERS",
+    "MAINTENANCE_TRIGGERS",
+    "NATIVE_REPORT_TRIGGERS",
+    "NATIVE_RULES",
     "CompactionFacts",
     "CompactionModel",
     "CompactionState",
     "CompactionTrigger",
+    "NativeAction",
+    "NativeFacts",
 ]
 
 
@@ -60,6 +77,7 @@ class CompactionTrigger(enum.StrEnum):
     NATIVE_COMPACTED = "native_compacted"
     NATIVE_FAILED = "native_failed"
     NATIVE_TIMED_OUT = "native_timed_out"
+    NATIVE_SKIPPED = "native_skipped"  # a fork base: no native history to compact
 
 
 @attrs.frozen
@@ -84,7 +102,7 @@ COMPACTION_TABLE: dict[CompactionState, tuple[Edge, ...]] = {
         ),
         Edge(T.STARTED, S.REPORTED, unless=("engine_owns", "has_binding")),
         # A budget request without an owning engine: Codex compacts automatically.
-        Edge(T.STARTED, S.REPORTED, when=_THEN_NATIVE, unless=("engine_owns", "manual")),
+        Edge(T.STARTED, S.REPORTED, when=("left_to_codex",)),
     ),
     # State: engine_compacting (primary; failure still proceeds to native)
     S.ENGINE_COMPACTING: (
@@ -106,10 +124,70 @@ COMPACTION_TABLE: dict[CompactionState, tuple[Edge, ...]] = {
         Edge(T.NATIVE_COMPACTED, S.REPORTED),
         Edge(T.NATIVE_FAILED, S.REPORTED),
         Edge(T.NATIVE_TIMED_OUT, S.REPORTED),
+        Edge(T.NATIVE_SKIPPED, S.REPORTED),
     ),
     # Final state.
     S.REPORTED: (),
 }
+
+#: How the engine's ``compact()`` result leaves engine_compacting, by ``(ok, compacted)``
+#: (an engine that raised, timed out or returned no valid result: ``engine_failed``).
+ENGINE_RESULT_TRIGGERS: dict[tuple[bool, bool], CompactionTrigger] = {
+    (True, True): T.ENGINE_COMPACTED,
+    (True, False): T.ENGINE_DECLINED,
+    (False, True): T.ENGINE_FAILED,
+    (False, False): T.ENGINE_FAILED,
+}
+
+#: How compaction maintenance's outcome status leaves compaction_maintenance: only a failure
+#: is one (an engine without ``maintain`` has nothing to run: done all the same).
+MAINTENANCE_TRIGGERS: dict[str, CompactionTrigger] = {
+    "ran": T.MAINTENANCE_RAN,
+    "skipped": T.MAINTENANCE_RAN,
+    "deferred": T.MAINTENANCE_RAN,
+    "failed": T.MAINTENANCE_FAILED,
+}
+
+#: How Codex's report of a native compaction leaves native_compacting, by ``(compacted,
+#: timed_out)``: a compaction Codex reported stands even if its turn then had to be
+#: interrupted (the summary already is the thread's history).
+NATIVE_REPORT_TRIGGERS: dict[tuple[bool, bool], CompactionTrigger] = {
+    (True, False): T.NATIVE_COMPACTED,
+    (True, True): T.NATIVE_COMPACTED,
+    (False, True): T.NATIVE_TIMED_OUT,
+    (False, False): T.NATIVE_FAILED,
+}
+
+
+class NativeAction(enum.Enum):
+    """What native_compacting does (:data:`NATIVE_RULES`)."""
+
+    COMPACT = "compact"  # thread/compact/start on the bound thread
+    NO_BINDING = "no_binding"  # nothing is bound: nothing to compact (native_failed)
+    FORK_BASE = "fork_base"  # a fork base holds no native history (native_skipped)
+    AUTH_MISMATCH = "auth_mismatch"  # bound under another auth profile: fail closed
+
+
+@attrs.frozen
+class NativeFacts:
+    """The binding as native compaction finds it (read afresh when the step begins)."""
+
+    bound: bool = False  # a thread binding exists
+    fork_base: bool = False  # ... and names a fork base, which never holds a conversation
+    auth_matches: bool = True  # ... and the request's auth profile (if any) is the binding's
+
+
+N = NativeAction
+
+#: The first rule whose guards hold decides (:func:`codex_turn.fsm.thread.decide`); nothing
+#: reaches an app-server before ``COMPACT``.
+NATIVE_RULES: tuple[Rule[NativeAction], ...] = (
+    Rule(N.NO_BINDING, unless=("bound",)),
+    Rule(N.FORK_BASE, when=("fork_base",)),
+    Rule(N.AUTH_MISMATCH, unless=("auth_matches",)),
+    Rule(N.COMPACT),
+)
+
 
 COMPACTION_MACHINE = TableMachine(
     name="compaction",
@@ -147,3 +225,16 @@ class CompactionModel(Model):
     @property
     def manual(self) -> bool:
         return self.facts.manual
+
+    @property
+    def left_to_codex(self) -> bool:
+        """A budget request with a binding and no owning engine: Codex's automatic compaction
+        handles it, and this run compacts nothing (#85958)."""
+        facts = self.facts
+        return facts.has_binding and not facts.manual and not facts.engine_owns
+
+    @property
+    def compacted_by_both(self) -> bool:
+        """The engine compacted (primary) and so did Codex natively (secondary)."""
+        fired = {entry.trigger for entry in self.trace}
+        return T.ENGINE_COMPACTED in fired and T.NATIVE_COMPACTED in fired

@@ -4,9 +4,12 @@ Two compaction systems exist and must never be silently conflated: the context e
 ``compact()`` (it rewrites the engine's own memory) and Codex's native
 ``thread/compact/start`` (it replaces the thread's history with a model-written summary).
 :func:`compact_codex_session` runs one compaction request through the compaction machine
-(:mod:`codex_turn.fsm.compaction`): it awaits each step, then fires the step's past-tense
-trigger, and asks the machine (``allows``/``state``) what comes next. It never re-derives a
-branch; the trace of every run is a legal path of the table.
+(:mod:`codex_turn.fsm.compaction`) on the driver the turn runs on too
+(:func:`codex_turn.harness.driver.drive`): every non-final state has a stage (``_STAGES``)
+that does the step's I/O and returns its past-tense trigger, read from the machine's result
+maps; the native step carries out what the machine's native rule table decides for the
+binding (``_NATIVE_ACTIONS``). Nothing here chooses a route; the trace of every run is a
+legal path of the table.
 
 Policy (OpenClaw PR #70809, ``maybeCompactCodexAppServerSession``; reference 2.10)
 ------------------------------------------------------------------------------------
@@ -27,7 +30,9 @@ Policy (OpenClaw PR #70809, ``maybeCompactCodexAppServerSession``; reference 2.1
   Codex's own automatic compaction (the runtime contract, #85958) and reports ``ok`` with
   ``reason`` :data:`LEFT_TO_CODEX`, nothing compacted by this call. The engine is not called.
 * **Native compaction** reads the session's thread binding: no binding means
-  ``"no codex app-server thread binding"``. A request whose ``auth_profile_id`` disagrees
+  ``"no codex app-server thread binding"``. A fork base (structured projection) holds no
+  native history: nothing is compacted (``native_skipped``, ``ok``) and the fork kept for
+  the next turn is dropped. A request whose ``auth_profile_id`` disagrees
   with the binding's fails closed (``"auth profile mismatch for session binding"``) before
   any app-server is started or touched. Otherwise ``thread/compact/start`` runs with a
   timeout; on expiry the compaction turn is interrupted and, if the interrupt is not
@@ -41,15 +46,16 @@ that, so a session without a binding never spawns Codex).
 
 Logging: ids, statuses, counts and durations; never summaries, prompts or transcript text.
 
-Size (~660 lines): one compaction run, its three steps and OpenClaw's result shapes, kept
+Size (~700 lines): one compaction run, its three steps and OpenClaw's result shapes, kept
 together because the result building reads every step's outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol
 
@@ -59,27 +65,33 @@ import attrs
 from codex_turn._log import format_error, get_logger, mask_session_key, redact_text
 from codex_turn.fsm import TraceEntry
 from codex_turn.fsm.compaction import (
+    ENGINE_RESULT_TRIGGERS,
+    MAINTENANCE_TRIGGERS,
+    NATIVE_REPORT_TRIGGERS,
+    NATIVE_RULES,
     CompactionFacts,
     CompactionModel,
     CompactionState,
     CompactionTrigger,
+    NativeAction,
+    NativeFacts,
 )
+from codex_turn.fsm.thread import decide
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver.client import CompactionResult
 from codex_turn.harness.appserver.defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from codex_turn.harness.appserver.errors import AppServerError
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding, write_binding
+from codex_turn.harness.driver import Row, drive, stage_table
 from codex_turn.harness.engine import (
     CompactDetails,
     CompactParams,
     CompactResult,
-    InvalidEngineResult,
     RuntimeContext,
     coerce_result,
     engine_id,
     engine_info,
     is_active_engine,
-    optional_method,
     resolve_engine,
 )
 from codex_turn.harness.lifecycle import (
@@ -296,12 +308,22 @@ async def _compact_session(
             engine_owns=owns, has_binding=binding is not None, manual=trigger == "manual"
         )
         with CompactionModel.begin(facts) as model:
-            return await _Run(params, app_server, engine, trigger, owns, model).run()
+            run = _Run(params, app_server, engine, trigger, owns, model)
+            await drive(model, _STAGES, run)
+            return run.report()
 
 
 def _engine_owns_compaction(engine: object | None) -> bool:
     # The engine (its info included) was checked before any I/O (resolve_engine).
     return is_active_engine(engine) and engine_info(engine).owns_compaction
+
+
+def _server_factory(app_server: NativeCompactor | AppServerFactory) -> AppServerFactory:
+    """``app_server`` as a factory: a started app-server is used as it is (not closed)."""
+    if hasattr(app_server, "compact_thread"):
+        server: NativeCompactor = app_server
+        return lambda _auth_profile_id: contextlib.nullcontext(server)
+    return app_server
 
 
 @attrs.define
@@ -314,17 +336,21 @@ class _Native:
 
 
 class _Run:
+    """One compaction run: the context of its stages (each returns the trigger of its state,
+    :data:`_STAGES`), and what each recorded for the report."""
+
     def __init__(
         self,
         params: CompactSessionParams,
         app_server: NativeCompactor | AppServerFactory,
-        engine: object | None,
+        engine: Any,
         trigger: str,
         owns: bool,
         model: CompactionModel,
     ) -> None:
         self.params = params
         self.app_server = app_server
+        self.open_server = _server_factory(app_server)
         self.engine = engine
         self.trigger = trigger
         self.owns = owns
@@ -343,23 +369,13 @@ class _Run:
             **extra,
         }
 
-    async def run(self) -> CompactionRun:
+    def report(self) -> CompactionRun:
         model = self.model
-        model.fire(T.STARTED)
-        if model.state is S.ENGINE_COMPACTING:
-            model.fire(await self._engine_compact())
-        if model.state is S.COMPACTION_MAINTENANCE:
-            model.fire(await self._maintain())
-        if model.state is S.NATIVE_COMPACTING:
-            self.native = await self._native_compact()
-            model.fire(self.native.trigger)
-            primary = self.primary
-            if primary is not None and primary.compacted and self.native.result.compacted:
-                _log.info(
-                    "codex native compaction completed alongside context-engine compaction",
-                    **self._fields(),
-                )
-        assert model.state is S.REPORTED, model.state  # the table ends every path there
+        if model.compacted_by_both:
+            _log.info(
+                "codex native compaction completed alongside context-engine compaction",
+                **self._fields(),
+            )
         return CompactionRun(
             result=self._build_result(),
             trace=tuple(model.trace),
@@ -369,9 +385,15 @@ class _Run:
             projection_cleared=self.projection_cleared,
         )
 
+    # -- idle ----------------------------------------------------------------------------
+
+    async def start(self) -> CompactionTrigger:
+        """The ownership decision is the table's, from the facts the run began with."""
+        return T.STARTED
+
     # -- the engine's part ---------------------------------------------------------------
 
-    async def _engine_compact(self) -> CompactionTrigger:
+    async def engine_compact(self) -> CompactionTrigger:
         p = self.params
         manual = self.trigger == "manual"
         compact_params = CompactParams(
@@ -386,17 +408,13 @@ class _Run:
             runtime_context=self.runtime_context,
         )
         try:
-            compact = optional_method(self.engine, "compact")
-            if compact is None:
-                raise InvalidEngineResult(
-                    engine_id(self.engine), "compact", "the engine has no compact"
-                )
             raw = None
+            # compact() is required by the contract, checked before any I/O (resolve_engine).
             with anyio.move_on_after(_bound(p.engine_timeout)) as bounded:
-                raw = await compact(compact_params)
+                raw = await self.engine.compact(compact_params)
             if bounded.cancelled_caught:
                 raise TimeoutError(f"compact() exceeded {p.engine_timeout}s")
-            self.primary = coerce_result(
+            primary = coerce_result(
                 raw, CompactResult, engine_id=engine_id(self.engine), method="compact"
             )
         except Exception as err:
@@ -411,14 +429,34 @@ class _Run:
                 session_key=p.session_key,
             )
             return T.ENGINE_FAILED
+        self.primary = primary
         _log.info(
             "context engine compaction finished",
-            **self._fields(ok=self.primary.ok, compacted=self.primary.compacted),
+            **self._fields(ok=primary.ok, compacted=primary.compacted),
         )
-        if self.primary.ok and self.primary.compacted:
-            await anyio.to_thread.run_sync(self._clear_projection)
-            return T.ENGINE_COMPACTED
-        return T.ENGINE_DECLINED if self.primary.ok else T.ENGINE_FAILED
+        return ENGINE_RESULT_TRIGGERS[primary.ok, primary.compacted]
+
+    async def maintain(self) -> CompactionTrigger:
+        """After the engine compacted: clear the binding's projection, then maintenance."""
+        await anyio.to_thread.run_sync(self._clear_projection)
+        p = self.params
+        self.maintenance = MaintenanceOutcome(
+            status="failed", reason="compaction", error="maintain() timed out"
+        )
+        with anyio.move_on_after(_bound(p.engine_timeout)):
+            self.maintenance = await run_context_engine_maintenance(
+                engine=self.engine,
+                reason="compaction",
+                session_id=p.session_id,
+                session_key=p.session_key,
+                session_file=p.session_file,
+                runtime_context=self.runtime_context,
+                transcript_rewriter=p.transcript_rewriter,
+            )
+        trigger = MAINTENANCE_TRIGGERS[self.maintenance.status]
+        if trigger is T.MAINTENANCE_FAILED:
+            _log.warning(_MAINTENANCE_FAILED_WARNING, **self._fields())
+        return trigger
 
     def _clear_projection(self) -> None:
         """Drop the binding's projection block so the next turn re-projects on a fresh thread.
@@ -446,87 +484,69 @@ class _Run:
             **self._fields(thread_id=binding.thread_id),
         )
 
-    async def _maintain(self) -> CompactionTrigger:
-        p = self.params
-        self.maintenance = MaintenanceOutcome(
-            status="failed", reason="compaction", error="maintain() timed out"
-        )
-        with anyio.move_on_after(_bound(p.engine_timeout)):
-            self.maintenance = await run_context_engine_maintenance(
-                engine=self.engine,
-                reason="compaction",
-                session_id=p.session_id,
-                session_key=p.session_key,
-                session_file=p.session_file,
-                runtime_context=self.runtime_context,
-                transcript_rewriter=p.transcript_rewriter,
-            )
-        if self.maintenance.status == "failed":
-            _log.warning(_MAINTENANCE_FAILED_WARNING, **self._fields())
-            return T.MAINTENANCE_FAILED
-        return T.MAINTENANCE_RAN  # ran, or nothing to run (no maintain): done either way
-
     # -- Codex's part --------------------------------------------------------------------
 
-    def _native_failure(self, reason: str, trigger: CompactionTrigger) -> _Native:
-        return _Native(CompactResult(ok=False, compacted=False, reason=reason), trigger)
-
-    async def _native_compact(self) -> _Native:
+    async def native_compact(self) -> CompactionTrigger:
+        """What the native rule table decides for the binding as it is now (the engine's
+        step may have taken long), carried out by :data:`_NATIVE_ACTIONS`."""
         p = self.params
-        # Fresh: the engine's step may have taken long.
         binding = await anyio.to_thread.run_sync(
             lambda: read_binding(p.session_file, session_id=p.session_id)
         )
-        if binding is None:
-            return self._native_failure(NO_THREAD_BINDING, T.NATIVE_FAILED)
-        if binding.fork_base:
-            # Each turn runs in a fork of this thread and re-projects the engine's context:
-            # there is no native history to compact (compacting the base would put a summary
-            # of nothing into every later fork). The fork kept for the next turn does hold
-            # some: it is dropped, so that turn forks afresh with the engine's context.
-            drop_kept_fork(self.app_server, binding.thread_id)
-            return _Native(
-                CompactResult(ok=True, compacted=False, reason=NOTHING_NATIVE_TO_COMPACT),
-                T.NATIVE_COMPACTED,
-            )
-        if p.auth_profile_id is not None and p.auth_profile_id != binding.auth_profile_id:
-            _log.warning(
-                "codex app-server compaction refused: auth profile mismatch",
-                **self._fields(thread_id=binding.thread_id),
-            )
-            return self._native_failure(AUTH_PROFILE_MISMATCH, T.NATIVE_FAILED)
+        facts = NativeFacts(
+            bound=binding is not None,
+            fork_base=binding is not None and binding.fork_base,
+            auth_matches=binding is None or p.auth_profile_id in (None, binding.auth_profile_id),
+        )
+        self.native = await _NATIVE_ACTIONS[decide(NATIVE_RULES, facts)](self, binding)
+        return self.native.trigger
+
+    async def _unbound(self, binding: ThreadBinding | None) -> _Native:
+        return _Native(_failure(NO_THREAD_BINDING), T.NATIVE_FAILED)
+
+    async def _fork_base(self, binding: ThreadBinding | None) -> _Native:
+        # Each turn runs in a fork of this thread and re-projects the engine's context: there
+        # is no native history to compact (compacting the base would put a summary of nothing
+        # into every later fork). The fork kept for the next turn does hold some: it is
+        # dropped, so that turn forks afresh with the engine's context.
+        assert binding is not None
+        drop_kept_fork(self.app_server, binding.thread_id)
+        return _Native(
+            CompactResult(ok=True, compacted=False, reason=NOTHING_NATIVE_TO_COMPACT),
+            T.NATIVE_SKIPPED,
+        )
+
+    async def _auth_mismatch(self, binding: ThreadBinding | None) -> _Native:
+        assert binding is not None
+        _log.warning(
+            "codex app-server compaction refused: auth profile mismatch",
+            **self._fields(thread_id=binding.thread_id),
+        )
+        return _Native(_failure(AUTH_PROFILE_MISMATCH), T.NATIVE_FAILED)
+
+    async def _compact(self, binding: ThreadBinding | None) -> _Native:
+        assert binding is not None
+        p = self.params
         _log.info(
             "started codex app-server compaction", **self._fields(thread_id=binding.thread_id)
         )
         try:
-            if hasattr(self.app_server, "compact_thread"):
-                report = await self._compact_with(self.app_server, binding)
-            else:
-                factory: AppServerFactory = self.app_server
-                async with factory(binding.auth_profile_id) as server:
-                    report = await self._compact_with(server, binding)
+            async with self.open_server(binding.auth_profile_id) as server:
+                report = await server.compact_thread(
+                    binding.thread_id,
+                    timeout=p.native_timeout,
+                    interrupt_grace=p.interrupt_grace,
+                    developer_instructions=p.developer_instructions,
+                    cwd=binding.cwd or p.workspace_dir,
+                )
         except (AppServerError, OSError) as err:
             _log.warning(
                 "codex app-server compaction failed",
                 **self._fields(thread_id=binding.thread_id, error=format_error(err)),
             )
             reason = redact_text(str(err).strip()) or "codex app-server compaction failed"
-            return self._native_failure(reason, T.NATIVE_FAILED)
-        return self._native_outcome(binding, report)
-
-    async def _compact_with(
-        self, server: NativeCompactor, binding: ThreadBinding
-    ) -> CompactionResult:
-        p = self.params
-        return await server.compact_thread(
-            binding.thread_id,
-            timeout=p.native_timeout,
-            interrupt_grace=p.interrupt_grace,
-            developer_instructions=p.developer_instructions,
-            cwd=binding.cwd or p.workspace_dir,
-        )
-
-    def _native_outcome(self, binding: ThreadBinding, report: CompactionResult) -> _Native:
+            return _Native(_failure(reason), T.NATIVE_FAILED)
+        trigger = NATIVE_REPORT_TRIGGERS[report.compacted, report.status == "timed_out"]
         fields = self._fields(
             thread_id=binding.thread_id,
             status=report.status,
@@ -534,52 +554,59 @@ class _Run:
             interrupted=report.interrupted,
             retired=report.retired,
         )
-        if report.compacted:
-            # Codex reported the compaction itself; a compaction turn that then had to be
-            # interrupted does not undo it (the summary is already the thread's history).
-            _log.info("completed codex app-server compaction", **fields)
-            details: dict[str, Any] = {
-                "backend": NATIVE_BACKEND,
-                "ownsCompaction": self.owns,
-                "threadId": binding.thread_id,
-                "signal": report.signal,
-            }
-            if report.turn_id is not None:
-                details["turnId"] = report.turn_id
-            if report.item_id is not None:
-                details["itemId"] = report.item_id
-            result = CompactResult(
-                ok=True,
-                compacted=True,
-                result=CompactDetails(
-                    summary="",
-                    first_kept_entry_id="",
-                    tokens_before=self.params.current_token_count or 0,
-                    details=details,
-                ),
-            )
-            return _Native(result, T.NATIVE_COMPACTED, report)
-        _log.warning("codex app-server compaction did not complete", **fields)
-        if report.status == "timed_out":
-            reason = f"timed out waiting for codex app-server compaction for {binding.thread_id}"
-            return _Native(
-                CompactResult(ok=False, compacted=False, reason=reason), T.NATIVE_TIMED_OUT, report
-            )
-        reason = report.error or f"codex app-server compaction {report.status}"
-        return _Native(
-            CompactResult(ok=False, compacted=False, reason=reason), T.NATIVE_FAILED, report
+        return _Native(_NATIVE_REPORTS[trigger](self, binding, report, fields), trigger, report)
+
+    def _compacted(
+        self, binding: ThreadBinding, report: CompactionResult, fields: dict[str, Any]
+    ) -> CompactResult:
+        # Codex reported the compaction itself; a compaction turn that then had to be
+        # interrupted does not undo it (the summary is already the thread's history).
+        _log.info("completed codex app-server compaction", **fields)
+        details: dict[str, Any] = {
+            "backend": NATIVE_BACKEND,
+            "ownsCompaction": self.owns,
+            "threadId": binding.thread_id,
+            "signal": report.signal,
+        }
+        if report.turn_id is not None:
+            details["turnId"] = report.turn_id
+        if report.item_id is not None:
+            details["itemId"] = report.item_id
+        return CompactResult(
+            ok=True,
+            compacted=True,
+            result=CompactDetails(
+                summary="",
+                first_kept_entry_id="",
+                tokens_before=self.params.current_token_count or 0,
+                details=details,
+            ),
         )
+
+    def _timed_out(
+        self, binding: ThreadBinding, report: CompactionResult, fields: dict[str, Any]
+    ) -> CompactResult:
+        _log.warning("codex app-server compaction did not complete", **fields)
+        return _failure(
+            f"timed out waiting for codex app-server compaction for {binding.thread_id}"
+        )
+
+    def _not_completed(
+        self, binding: ThreadBinding, report: CompactionResult, fields: dict[str, Any]
+    ) -> CompactResult:
+        _log.warning("codex app-server compaction did not complete", **fields)
+        return _failure(report.error or f"codex app-server compaction {report.status}")
 
     # -- the report ----------------------------------------------------------------------
 
     def _native_for_report(self) -> CompactResult:
         """Native's result; a run that never reached native compaction had no binding, or was
-        a budget request left to Codex's automatic compaction."""
+        a budget request the table left to Codex's automatic compaction."""
         if self.native is not None:
             return self.native.result
-        if self.model.facts.has_binding and not self.model.facts.manual:
+        if self.model.left_to_codex:
             return CompactResult(ok=True, compacted=False, reason=LEFT_TO_CODEX)
-        return CompactResult(ok=False, compacted=False, reason=NO_THREAD_BINDING)
+        return _failure(NO_THREAD_BINDING)
 
     def _build_result(self) -> CompactResult:
         native = self._native_for_report()
@@ -631,6 +658,43 @@ class _Run:
         return CompactResult(
             ok=primary.ok, compacted=primary.compacted, reason=primary.reason, result=result
         )
+
+
+#: What native_compacting does, by the native rule table's action (:data:`NATIVE_RULES`).
+_NATIVE_ACTIONS: Mapping[
+    NativeAction, Callable[[_Run, ThreadBinding | None], Awaitable[_Native]]
+] = {
+    NativeAction.NO_BINDING: _Run._unbound,
+    NativeAction.FORK_BASE: _Run._fork_base,
+    NativeAction.AUTH_MISMATCH: _Run._auth_mismatch,
+    NativeAction.COMPACT: _Run._compact,
+}
+
+#: Codex's report in OpenClaw's ``CompactResult`` shape, by the trigger it leaves with.
+_NATIVE_REPORTS: Mapping[
+    CompactionTrigger,
+    Callable[[_Run, ThreadBinding, CompactionResult, dict[str, Any]], CompactResult],
+] = {
+    T.NATIVE_COMPACTED: _Run._compacted,
+    T.NATIVE_TIMED_OUT: _Run._timed_out,
+    T.NATIVE_FAILED: _Run._not_completed,
+}
+
+#: The stage of every non-final compaction state (none is sheltered: a caller's cancellation
+#: propagates; native compaction bounds and interrupts itself).
+_STAGES: Mapping[CompactionState, Row[_Run, CompactionTrigger]] = stage_table(
+    CompactionModel,
+    {
+        S.IDLE: Row(_Run.start),
+        S.ENGINE_COMPACTING: Row(_Run.engine_compact),
+        S.COMPACTION_MAINTENANCE: Row(_Run.maintain),
+        S.NATIVE_COMPACTING: Row(_Run.native_compact),
+    },
+)
+
+
+def _failure(reason: str) -> CompactResult:
+    return CompactResult(ok=False, compacted=False, reason=reason)
 
 
 def _bound(seconds: float | None) -> float:
