@@ -77,12 +77,14 @@ What is measured, per configuration and delay
   ``prompt_cache_key`` (what a prefix prompt cache cannot serve; a new key serves nothing).
   The input bill weighs a cached byte :data:`CACHED_INPUT_PRICE` of an uncached one;
 * ``codex RSS``: the resident memory of the Codex app-server process of a structured
-  configuration (each has its own) after its last turn of the phase, and once more after
-  ``--idle-wait`` seconds without turns at the end (a released fork is unloaded after
-  ``thread_unload_delay_secs``, 30 s; a kept one stays).
+  configuration (each has its own), the median over the phase's turns (a released fork
+  stays loaded ``thread_unload_delay_secs``, 30 s, so forks released by turns less than 30 s
+  apart pile up; a kept fork stays until the session's next turn), and once more after
+  ``--idle-wait`` seconds without turns at the end (shown, not judged: then only kept forks
+  are loaded).
 
 Verdict, per row at the realistic delay (the largest of ``--delays``): ``keep`` when the
-median saving is >= 5 % of the turn, or ON's input bill or idle codex RSS is >= 5 % smaller;
+median saving is >= 5 % of the turn, or ON's input bill or codex RSS is >= 5 % smaller;
 else ``remove``. A mechanism is kept when any of its rows says so. Client CPU is shown, not
 judged (it is noisy here; it matters for throughput, see ``bench_floor.py`` phase C).
 
@@ -758,7 +760,7 @@ async def run_phase(
         if isinstance(config, MechanismConfig):
             phase.paths[config.name] = collections.Counter(config.paths)
             if config.rss:
-                phase.rss[config.name] = config.rss[-1]
+                phase.rss[config.name] = statistics.median(config.rss)
     return phase
 
 
@@ -827,7 +829,7 @@ def verdict(wall: float, tokens: float, memory: float) -> str:
     """``keep`` when any saving reaches the threshold (wall: of the turn; tokens: of the
     uncached input; memory: of Codex's RSS), else ``remove``; with the reasons."""
     reasons = [
-        name
+        f"{name} {_pct(value)}"
         for name, value in (("wall", wall), ("tokens", tokens), ("memory", memory))
         if value == value and value >= SAVING_THRESHOLD
     ]
@@ -889,10 +891,7 @@ def report(
             off = figures(phase, mechanism.off.name)
             mid, low, high = saving(on, off)
             tokens = relative_saving(billed_kb(on), billed_kb(off))
-            if idle_rss and mechanism.on.name in idle_rss and mechanism.off.name in idle_rss:
-                memory = relative_saving(idle_rss[mechanism.on.name], idle_rss[mechanism.off.name])
-            else:
-                memory = relative_saving(on.rss_mb, off.rss_mb)
+            memory = relative_saving(on.rss_mb, off.rss_mb)
             if phase.delay == realistic:
                 row_verdict = verdict(mid, tokens, memory)
                 decided[mechanism.key].append(row_verdict)
@@ -927,7 +926,7 @@ def report(
     print(
         f"\nverdict at {realistic:g} s (keep: saves >= {SAVING_THRESHOLD:.0%} of the turn's "
         f"wall time, of its input bill (uncached + {CACHED_INPUT_PRICE:g} x cached input), or "
-        "of Codex's RSS (idle, when measured), in any of its rows):"
+        "of Codex's RSS over the phase's turns, in any of its rows):"
     )
     final: dict[str, str] = {}
     for mechanism in rows:

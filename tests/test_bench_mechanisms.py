@@ -57,8 +57,8 @@ def test_uncached_input_is_what_follows_the_previous_requests_identical_prefix(
 def test_the_verdict_keeps_a_mechanism_only_for_a_five_percent_saving(bench: ModuleType) -> None:
     nan = float("nan")
     assert bench.verdict(0.049, 0.0, nan) == "remove"
-    assert bench.verdict(0.05, -0.2, nan) == "keep (wall)"
-    assert bench.verdict(0.01, 0.08, 0.06) == "keep (tokens, memory)"
+    assert bench.verdict(0.05, -0.2, nan) == "keep (wall +5.0%)"
+    assert bench.verdict(0.01, 0.08, 0.061) == "keep (tokens +8.0%, memory +6.1%)"
     assert bench.verdict(nan, nan, -0.5) == "remove"
     assert bench.relative_saving(95.0, 100.0) == pytest.approx(0.05)
     assert bench.relative_saving(1.0, nan) != bench.relative_saving(1.0, nan)  # unknown
