@@ -19,8 +19,9 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
 ---------------------------------------------------------------------
 * ``kept-forks``: after a turn in a fork of the session's base (the structured projection),
   the fork is kept and the next turn *continues* it, injecting only new items
-  (``forms.start_fork``/``settle_fork``, the fork table ``FORK_RULES``, ``_inexact``).
-  OFF: the fork decision is always ``new`` and the fork is released after its turn (every
+  (the fork table ``FORK_RULES`` in the thread plan, ``executors._continued_fork``, the keep
+  table ``KEEP_RULES`` in ``forms.settle_fork``, the ``KeptFork`` record in the app-server).
+  OFF: the plan's fork is always ``new`` and the fork is released after its turn (every
   turn forks the base afresh and injects the whole assembly, then the turn's instructions).
   The conversion memo, which rides in the kept fork's record, is then carried by this script
   (one per session), so the row measures the forks alone. Per-turn pass-through engine (the
@@ -31,8 +32,9 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
 * ``memo``: the :class:`~codex_turn.projection.items.ConversionCache` carried from turn to
   turn (``forms.session_conversion``). OFF: no cache (every turn converts and checks the
   whole assembly). Same sessions as ``kept-forks``.
-* ``reuse``: ``decide_resume``'s ``reuse`` (``turn/start`` straight to a thread this process
-  loaded with the same settings) against ``thread/resume`` every turn. No engine.
+* ``reuse``: the resume table's ``reuse`` (``RESUME_RULES`` in the thread plan: ``turn/start``
+  straight to a thread this process loaded with the same settings) against ``thread/resume``
+  every turn. No engine.
 * ``prompt-sync``: the prompt's fsync overlapping ``turn/start`` and the model's turn
   (``stages._PromptSync`` through ``run_in_worker_then``). OFF: the fsync runs in the same
   worker hop as the write, before ``turn/start``. No engine.
@@ -40,9 +42,11 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
   event-loop rounds and a C queue) against ``anyio.to_thread.run_sync`` for every hop (as on
   trio; a follow-up such as the prompt's fsync then runs before the caller resumes). No
   engine.
-* ``lazy``: ``forms.frame_may_be_sent``: no text frame rendered when the thread decision will
-  send the raw prompt (a thread-bootstrap engine resuming its epoch's thread). OFF: the frame
-  is always rendered. Pass-through thread-bootstrap engine (``bench_floor``'s), 10k messages.
+* ``lazy``: the text frame rendered only when a row of the thread table reads
+  ``has_context`` or the decision sends it (``forms.TurnThreadFacts``,
+  ``stages._frame_if_sent``): none for a thread-bootstrap engine resuming its epoch's thread,
+  which gets the raw prompt. OFF: the frame is rendered before the thread decision.
+  Pass-through thread-bootstrap engine (``bench_floor``'s), 10k messages.
 * ``pristine``: an engine's assembly that is the harness's own history handed back unchanged
   is accepted without the per-message check (``lifecycle.is_pristine_history``). OFF: every
   assembly is checked. Same engine, 10k messages.
@@ -137,6 +141,7 @@ from bench_floor import (
 )
 
 import codex_turn.harness._fs as worker_fs
+import codex_turn.harness.executors as executors
 import codex_turn.harness.forms as forms
 import codex_turn.harness.lifecycle as lifecycle
 import codex_turn.harness.session._cache as session_cache
@@ -145,13 +150,7 @@ import codex_turn.harness.session._writable as session_writable
 import codex_turn.harness.stages as stages
 import codex_turn.harness.turn_context as turn_context
 from codex_turn import TurnParams, TurnResult
-from codex_turn.fsm.thread import (
-    ForkAction,
-    ForkDecision,
-    ResumeAction,
-    ResumeDecision,
-    ThreadAction,
-)
+from codex_turn.fsm.thread import Choice, ForkAction, ResumeAction, ThreadAction, ThreadPlan
 from codex_turn.harness._fs import run_in_worker, session_path
 from codex_turn.harness.appserver import AppServer, AppServerConfig, bundled_codex_path
 from codex_turn.harness.appserver.config import FORK_UNLOAD_DELAY_S
@@ -410,40 +409,44 @@ class BenchSession(Session):
 Patches = Callable[["MechanismConfig"], Sequence[AbstractContextManager[Any]]]
 
 
-def _spy_fork(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    original = forms.decide_fork
+def _plan(
+    config: MechanismConfig, override: Callable[[ThreadPlan], ThreadPlan] | None = None
+) -> list[AbstractContextManager[Any]]:
+    """Count how each turn's thread plan obtains the thread (a kept fork continued or a
+    fresh one; a loaded thread reused or resumed), after ``override`` changed it."""
+    original = executors.plan_thread
 
-    def decide(facts: Any) -> ForkDecision:
-        decision = original(facts)
-        config.count(f"fork-{decision.action.value}")
+    def plan(decision: Any, facts: Any) -> ThreadPlan:
+        planned = original(decision, facts)
+        if override is not None:
+            planned = override(planned)
+        if planned.fork is not None:
+            config.count(f"fork-{planned.fork.action.value}")
+        if planned.resume is not None:
+            config.count(planned.resume.action.value)
+        return planned
+
+    return [mock.patch.object(executors, "plan_thread", plan)]
+
+
+def _frame(config: MechanismConfig, *, eager: bool = False) -> list[AbstractContextManager[Any]]:
+    """Count whether the thread decision left the text frame unrendered (``lazy``);
+    ``eager``: render it first, whatever the decision will send."""
+    original = stages.decide_thread
+
+    def decide_thread(ctx: Any) -> Any:
+        projected = ctx.projected
+        if eager and projected is not None and projected.items is None and not projected.framed:
+            ctx.projected = forms.frame_projection(ctx)
+        decision = original(ctx)
+        framed = ctx.projected is not None and ctx.projected.framed
+        config.count("framed" if framed else "lazy")
         return decision
 
-    return [mock.patch.object(forms, "decide_fork", decide)]
+    return [mock.patch.object(stages, "decide_thread", decide_thread)]
 
 
-def _spy_resume(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    original = stages.decide_resume
-
-    def decide(facts: Any) -> ResumeDecision:
-        decision = original(facts)
-        config.count(decision.action.value)
-        return decision
-
-    return [mock.patch.object(stages, "decide_resume", decide)]
-
-
-def _spy_frame(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    original = stages.frame_may_be_sent
-
-    def may_be_sent(ctx: Any) -> bool:
-        rendered = original(ctx)
-        config.count("framed" if rendered else "lazy")
-        return rendered
-
-    return [mock.patch.object(stages, "frame_may_be_sent", may_be_sent)]
-
-
-SPIES: dict[str, Patches] = {"structured": _spy_fork, "plain": _spy_resume, "bootstrap": _spy_frame}
+SPIES: dict[str, Patches] = {"structured": _plan, "plain": _plan, "bootstrap": _frame}
 
 
 def _no_kept_forks(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -451,9 +454,10 @@ def _no_kept_forks(config: MechanismConfig) -> list[AbstractContextManager[Any]]
     kept fork's record carried is carried here instead (one per session)."""
     memo = config.memo
 
-    def always_new(facts: Any) -> ForkDecision:
-        config.count("fork-new")
-        return ForkDecision(ForkAction.NEW, "bench-kept-forks-off")
+    def fresh(plan: ThreadPlan) -> ThreadPlan:
+        if plan.fork is None:
+            return plan
+        return attrs.evolve(plan, fork=Choice(ForkAction.NEW, "bench-kept-forks-off"))
 
     def release(ctx: Any, ran: Any) -> None:
         forms.settle_fork(ctx, None)  # the library's own release of a fork it does not keep
@@ -462,7 +466,7 @@ def _no_kept_forks(config: MechanismConfig) -> list[AbstractContextManager[Any]]
         return memo
 
     return [
-        mock.patch.object(forms, "decide_fork", always_new),
+        *_plan(config, fresh),
         mock.patch.object(stages, "settle_fork", release),
         mock.patch.object(stages, "session_conversion", conversion),
     ]
@@ -474,15 +478,16 @@ def _no_memo(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     def no_cache(ctx: Any) -> None:
         return None
 
-    return [*_spy_fork(config), mock.patch.object(stages, "session_conversion", no_cache)]
+    return [*_plan(config), mock.patch.object(stages, "session_conversion", no_cache)]
 
 
 def _no_reuse(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    def always_resume(facts: Any) -> ResumeDecision:
-        config.count("resume")
-        return ResumeDecision(ResumeAction.RESUME, "bench-reuse-off")
+    def resumed(plan: ThreadPlan) -> ThreadPlan:
+        if plan.resume is None:
+            return plan
+        return attrs.evolve(plan, resume=Choice(ResumeAction.RESUME, "bench-reuse-off"))
 
-    return [mock.patch.object(stages, "decide_resume", always_resume)]
+    return _plan(config, resumed)
 
 
 def _no_prompt_sync_overlap(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -496,30 +501,26 @@ def _no_prompt_sync_overlap(config: MechanismConfig) -> list[AbstractContextMana
 
         return await run_in_worker(both)
 
-    return [*_spy_resume(config), mock.patch.object(stages, "run_in_worker_then", then_inline)]
+    return [*_plan(config), mock.patch.object(stages, "run_in_worker_then", then_inline)]
 
 
 def _eager_frame(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    def always(ctx: Any) -> bool:
-        config.count("framed")
-        return True
-
-    return [mock.patch.object(stages, "frame_may_be_sent", always)]
+    return _frame(config, eager=True)
 
 
 def _no_read_cache(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     """Every access of this session's transcript starts from a fresh parse."""
     key = session_path(config.session.path)
-    patches = [*_spy_frame(config)]
+    patches = [*_frame(config)]
     for module in (session_cache, session_mirror, session_writable):
-        original = module._state_for
+        original = module.state_for
 
         def cold(target: str, original: Callable[[str], Any] = original) -> Any:
             if target == key:
                 clear_session_cache(target)
             return original(target)
 
-        patches.append(mock.patch.object(module, "_state_for", cold))
+        patches.append(mock.patch.object(module, "state_for", cold))
     return patches
 
 
@@ -538,7 +539,7 @@ def _no_stripped_cache(config: MechanismConfig) -> list[AbstractContextManager[A
                     _budget.release((id(shared), session_file))
             return shared.read(session_file)
 
-    return [*_spy_frame(config), mock.patch.object(turn_context, "stripped_histories", Cold())]
+    return [*_frame(config), mock.patch.object(turn_context, "stripped_histories", Cold())]
 
 
 def _anyio_hops(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -548,7 +549,7 @@ def _anyio_hops(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     async def hop(func: Callable[..., Any], args: tuple[Any, ...], then: Any) -> Any:
         return await anyio.to_thread.run_sync(worker_fs._with_then, func, args, then)
 
-    return [*_spy_resume(config), mock.patch.object(worker_fs, "_hop", hop)]
+    return [*_plan(config), mock.patch.object(worker_fs, "_hop", hop)]
 
 
 def _no_pristine(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -558,7 +559,7 @@ def _no_pristine(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     def never(messages: object) -> bool:
         return False
 
-    return [*_spy_frame(config), mock.patch.object(lifecycle, "is_pristine_history", never)]
+    return [*_frame(config), mock.patch.object(lifecycle, "is_pristine_history", never)]
 
 
 SWITCHES: dict[str, Patches] = {
