@@ -17,6 +17,8 @@ every round), so machine noise hits every configuration alike.
 
 The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
 ---------------------------------------------------------------------
+(``stages``, ``executors``, ``forms``: the modules of ``codex_turn.harness.turn``.)
+
 * ``kept-forks``: after a turn in a fork of the session's base (the structured projection),
   the fork is kept and the next turn *continues* it, injecting only new items
   (the fork table ``FORK_RULES`` in the thread plan, ``executors._continued_fork``, the keep
@@ -141,14 +143,14 @@ from bench_floor import (
 )
 
 import codex_turn.harness._fs as worker_fs
-import codex_turn.harness.executors as executors
-import codex_turn.harness.forms as forms
 import codex_turn.harness.lifecycle as lifecycle
 import codex_turn.harness.session._cache as session_cache
 import codex_turn.harness.session._mirror as session_mirror
 import codex_turn.harness.session._writable as session_writable
-import codex_turn.harness.stages as stages
-import codex_turn.harness.turn_context as turn_context
+import codex_turn.harness.turn.context as turn_context
+import codex_turn.harness.turn.executors as executors
+import codex_turn.harness.turn.forms as forms
+import codex_turn.harness.turn.stages as stages
 from codex_turn import TurnParams, TurnResult
 from codex_turn.fsm.thread import Choice, ForkAction, ResumeAction, ThreadAction, ThreadPlan
 from codex_turn.harness._fs import run_in_worker, session_path
