@@ -180,6 +180,39 @@ def test_delay_stalls_after_created_and_notices_disconnect(offline_model: Offlin
     assert "ECHO: after" in sse
 
 
+def test_first_byte_delay_holds_back_every_answer_until_its_first_byte() -> None:
+    """``first_byte_delay``: nothing (not even the status line) before it; settable while the
+    server runs; the Images API is not the model and answers at once."""
+    with OfflineModel(first_byte_delay=0.3) as model:
+        body = json.dumps(dict(BODY, input=[user("slow start")])).encode()
+        sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
+        sock.sendall(
+            b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        started = time.monotonic()
+        first = sock.recv(1)
+        waited = time.monotonic() - started
+        sock.close()
+        assert first == b"H"  # the status line, only after the delay
+        assert 0.25 <= waited < 2.0
+        started = time.monotonic()
+        status, sse = post(model, dict(BODY, input=[user("again")]))
+        assert status == 200
+        assert "ECHO: again" in sse
+        assert time.monotonic() - started >= 0.25
+        started = time.monotonic()
+        assert post(model, {"prompt": "x"}, path="/v1/images/generations")[0] == 200
+        assert time.monotonic() - started < 0.25
+        model.first_byte_delay = 0.0
+        started = time.monotonic()
+        assert post(model, BODY)[0] == 200
+        assert time.monotonic() - started < 0.25
+    with pytest.raises(ValueError, match="first_byte_delay"):
+        OfflineModel(first_byte_delay=-1)
+
+
 @pytest.mark.parametrize("count", [3])
 def test_wait_for_requests(offline_model: OfflineModel, count: int) -> None:
     for _ in range(count):

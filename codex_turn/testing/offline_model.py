@@ -28,6 +28,10 @@ Layering (h11 style: one job per layer)
   0.163 offers that tool to a custom provider only when the provider sends a non-empty
   ``x-openai-actor-authorization`` header (``http_headers``); it then saves the image under
   ``$CODEX_HOME/generated_images`` and reports an ``imageGeneration`` item with ``savedPath``.
+* **Latency**: ``first_byte_delay`` (seconds, settable while the server runs) holds every
+  ``/responses`` answer back that long before its first byte, the status line: a real
+  model's time to first token, for benchmarks that must not flatter a client by answering
+  instantly. A scripted :attr:`Reply.delay` stalls *after* ``response.created`` on top of it.
 * **Proxy trap**: the tests point ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` at this server.
   Any internet attempt then arrives as ``CONNECT host:443`` (or an absolute-URI request), is
   answered 403 and recorded in :attr:`OfflineModel.proxy_attempts`: zero entries proves that
@@ -334,8 +338,14 @@ class OfflineModel:
     ``proxy_url`` into the proxy environment variables.
     """
 
-    def __init__(self, *, default_usage: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, *, default_usage: Mapping[str, int] | None = None, first_byte_delay: float = 0.0
+    ) -> None:
+        if first_byte_delay < 0:
+            raise ValueError("first_byte_delay must be >= 0")
         self.requests: list[RecordedRequest] = []
+        #: Seconds before the first byte of every ``/responses`` answer (module header).
+        self.first_byte_delay = first_byte_delay
         self.proxy_attempts: list[str] = []
         self.disconnects = 0  # streams the client closed mid-reply (e.g. on turn/interrupt)
         self.default_usage: Mapping[str, int] = dict(default_usage or DEFAULT_USAGE)
@@ -740,6 +750,8 @@ def _make_handler(model: OfflineModel) -> type[BaseHTTPRequestHandler]:
                 return
             reply = model._pick(request)
             try:
+                if model.first_byte_delay > 0:
+                    model._stall(self.connection, model.first_byte_delay)
                 self._answer(request, reply)
             except (_ClientGone, BrokenPipeError, ConnectionResetError):
                 with model._lock:
