@@ -33,7 +33,12 @@ from codex_turn.engines.summarizers import (
     format_timestamp,
     source_text,
 )
-from codex_turn.harness.appserver import CodexTurnResult, CodexTurnStatus, ThreadResult
+from codex_turn.harness.appserver import (
+    CodexTurnResult,
+    CodexTurnStatus,
+    ThreadResult,
+    ThreadSettings,
+)
 
 __all__ = ["CodexSummarizer", "CodexSummaryFailed", "SummaryAppServer"]
 
@@ -56,12 +61,7 @@ class CodexSummaryFailed(RuntimeError):
 
 class SummaryAppServer(Protocol):
     async def start_thread(
-        self,
-        *,
-        cwd: str | None = None,
-        developer_instructions: str | None = None,
-        model: str | None = None,
-        **kwargs: Any,
+        self, settings: ThreadSettings, *, ephemeral: bool | None = None
     ) -> ThreadResult: ...
 
     async def run_turn(
@@ -145,12 +145,14 @@ class CodexSummarizer:
 
     async def summarize(self, request: SummaryRequest) -> str:
         thread = await self._server.start_thread(
-            cwd=self._cwd,
-            developer_instructions=_INSTRUCTIONS,
-            model=self._model,
+            ThreadSettings(
+                cwd=self._cwd,
+                developer_instructions=_INSTRUCTIONS,
+                model=self._model,
+                sandbox="read-only",
+                approval_policy="never",
+            ),
             ephemeral=True,
-            sandbox="read-only",
-            approval_policy="never",
         )
         try:
             result = await self._server.run_turn(

@@ -103,7 +103,11 @@ from codex_turn.harness.appserver import (
     TurnProjector,
 )
 from codex_turn.harness.appserver.server_requests import TurnRequestHandlers
-from codex_turn.harness.appserver.threads import settings_key
+from codex_turn.harness.appserver.thread_settings import (
+    DEFAULT_SETTINGS,
+    RUNTIME_POLICY,
+    ThreadSettings,
+)
 from codex_turn.harness.appserver.types import TextInput, ThreadInfo, UserInput
 
 __all__ = ["ENDINGS", "CodexScript", "FakeAppServer", "FakeCall"]
@@ -160,6 +164,10 @@ class _Policy:
     sandbox: SandboxMode | None = None
     approvals_reviewer: ApprovalsReviewer | None = None
     service_tier: str | None = None
+
+    @classmethod
+    def of(cls, settings: ThreadSettings) -> _Policy:
+        return cls(**{name: getattr(settings, name) for name in RUNTIME_POLICY})
 
     def updated(self, sent: _Policy) -> _Policy:
         return _Policy(
@@ -339,80 +347,32 @@ class FakeAppServer:
         self.calls.append(FakeCall("bind_tools", {"thread_id": thread_id, "tools": registry.names}))
         self.threads[thread_id] = registry
 
-    def _note_loaded(self, result: ThreadResult, **settings: Any) -> None:
-        self.loaded[result.thread_id] = LoadedThread(result, settings_key(**settings))
+    def _recorded(self, settings: ThreadSettings, registry: ToolRegistry) -> dict[str, Any]:
+        """The settings as a call records them (the tools by name)."""
+        return {**attrs.asdict(settings, recurse=False), "tools": registry.names}
 
-    async def start_thread(
-        self,
-        *,
-        cwd: str | None = None,
-        developer_instructions: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
+    async def start_thread(self, settings: ThreadSettings = DEFAULT_SETTINGS) -> ThreadResult:
         await anyio.lowlevel.checkpoint()
-        registry = ToolRegistry(tools or ())
-        policy = _Policy(approval_policy, sandbox, approvals_reviewer, service_tier)
-        self.calls.append(
-            FakeCall(
-                "start_thread",
-                {
-                    "cwd": cwd,
-                    "developer_instructions": developer_instructions,
-                    "model": model,
-                    "tools": registry.names,
-                    **attrs.asdict(policy),
-                },
-            )
-        )
+        registry = ToolRegistry(settings.tools or ())
+        policy = _Policy.of(settings)
+        self.calls.append(FakeCall("start_thread", self._recorded(settings, registry)))
         self._restart_if_dead()
         if self.start_error is not None:
             raise self.start_error
         thread_id = f"thread-{next(self._ids)}"
         self.threads[thread_id] = registry
         self._policies[thread_id] = policy
-        result = self._thread_result(thread_id, model, policy)
-        self._note_loaded(
-            result,
-            developer_instructions=developer_instructions,
-            cwd=cwd,
-            model=model,
-            tools=registry,
-            **attrs.asdict(policy),
-        )
+        result = self._thread_result(thread_id, settings.model, policy)
+        self.loaded[result.thread_id] = LoadedThread(result, settings.key)
         return result
 
-    async def resume_thread(
-        self,
-        thread_id: str,
-        *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
+    async def resume_thread(self, thread_id: str, settings: ThreadSettings) -> ThreadResult:
         await anyio.lowlevel.checkpoint()
-        registry = ToolRegistry(tools or ())
-        sent = _Policy(approval_policy, sandbox, approvals_reviewer, service_tier)
+        registry = ToolRegistry(settings.tools or ())
+        sent = _Policy.of(settings)
         self.calls.append(
             FakeCall(
-                "resume_thread",
-                {
-                    "thread_id": thread_id,
-                    "cwd": cwd,
-                    "developer_instructions": developer_instructions,
-                    "model": model,
-                    "tools": registry.names,
-                    **attrs.asdict(sent),
-                },
+                "resume_thread", {"thread_id": thread_id, **self._recorded(settings, registry)}
             )
         )
         self._restart_if_dead()
@@ -425,15 +385,8 @@ class FakeAppServer:
         # What was sent replaces the thread's policy; what was not keeps it.
         policy = self._policies[thread_id].updated(sent)
         self._policies[thread_id] = policy
-        result = self._thread_result(thread_id, model, policy)
-        self._note_loaded(
-            result,
-            developer_instructions=developer_instructions,
-            cwd=cwd,
-            model=model,
-            tools=registry,
-            **attrs.asdict(sent),
-        )
+        result = self._thread_result(thread_id, settings.model, policy)
+        self.loaded[result.thread_id] = LoadedThread(result, settings.key)
         return result
 
     async def compact_thread(

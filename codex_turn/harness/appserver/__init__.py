@@ -11,6 +11,8 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
   immediate death detection);
 * :mod:`.connection`: JSON-RPC over the transport (correlation, timeouts, per-thread
   routing, liveness after a missed deadline, always-valid outgoing text);
+* :mod:`.thread_settings`: :class:`ThreadSettings`, what a thread is started, resumed or
+  forked with, as one value (its key, and what each request sends of it);
 * its parts, each on the connection: :mod:`.threads` (thread start/resume/fork),
   :mod:`.turn_start` (turn start and interrupt), :mod:`.native_compaction`
   (``thread/compact/start``) and :mod:`.server_requests` (what Codex asks of us: dynamic
@@ -26,9 +28,9 @@ Layers (bottom up), each mapping its own failures once into the :mod:`.errors` f
 Usage sketch::
 
     async with AppServer.start(AppServerConfig.offline(home, model.base_url)) as server:
-        thread = await server.start_thread(cwd=str(workspace),
-                                           developer_instructions=instructions,
-                                           tools=[lookup_tool])
+        thread = await server.start_thread(ThreadSettings(cwd=str(workspace),
+                                                          developer_instructions=instructions,
+                                                          tools=[lookup_tool]))
         result = await server.run_turn(thread.thread_id, prompt_text, prompt=raw_prompt,
                                        idle_timeout=120)
         result.outcome, result.messages_snapshot, result.usage
@@ -79,7 +81,8 @@ from .server_requests import (
     UserInputRequest,
     decline_all,
 )
-from .threads import KeptFork, LoadedThread, settings_key
+from .thread_settings import ThreadSettings
+from .threads import KeptFork, LoadedThread
 from .tools import DynamicTool, ToolRegistry, ToolResult, tool
 from .turn import CodexTurnPhase, TurnHandle
 from .types import (
@@ -139,6 +142,7 @@ __all__ = [
     "TextInput",
     "ThreadNotFound",
     "ThreadResult",
+    "ThreadSettings",
     "ToolRegistry",
     "ToolResult",
     "TurnHandle",
@@ -157,6 +161,5 @@ __all__ = [
     "bundled_codex_path",
     "decline_all",
     "render_toml",
-    "settings_key",
     "tool",
 ]

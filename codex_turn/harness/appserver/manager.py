@@ -13,12 +13,12 @@ client" plus two policies:
   and then a liveness probe (see "Liveness" in :mod:`.connection`), kills it and closes, and the
   manager replaces it exactly like a crashed one; threads and bindings are never dropped on
   a timeout.
-* **Thread memory.** Threads started or resumed through the manager remember their resume
-  parameters (developer instructions, cwd, model, Python tools, runtime policy). A thread that
-  was loaded in a previous process is re-resumed automatically before its next turn or
-  compaction, with its developer instructions and runtime policy (approval policy, sandbox,
-  approvals reviewer, service tier: whatever was last sent) re-sent, so a crash costs one
-  turn, not the thread, nor its policy. The memory is
+* **Thread memory.** Threads started or resumed through the manager remember the
+  :class:`~.thread_settings.ThreadSettings` they were last loaded with (developer
+  instructions, cwd, model, Python tools, runtime policy ...). A thread that was loaded in a
+  previous process is re-resumed automatically before its next turn with those settings
+  (before a native compaction, with its runtime policy), so a crash costs one turn, not the
+  thread, nor its policy. The memory is
   an LRU of ``max_threads`` threads (default
   :data:`~.defaults.MAX_REMEMBERED_THREADS`, 256): a per-turn engine rotates to a fresh
   thread every turn, and a tool closure can keep a whole turn alive. A thread that is done
@@ -84,10 +84,11 @@ from .port import AppServerPort
 from .process import LineTransport
 from .projector import CodexTurnResult, Notification
 from .server_requests import ApprovalPolicy, TurnRequestHandlers, UserInputHandler, decline_all
+from .thread_settings import DEFAULT_SETTINGS, ThreadSettings
 from .threads import KeptFork, LoadedThread
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .turn import TurnHandle
-from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
+from .types import ThreadResult, UserInput
 
 __all__ = ["AppServer"]
 
@@ -96,28 +97,11 @@ _METHOD_NOT_FOUND = -32601
 _UNSUBSCRIBE_TIMEOUT_S = 10.0
 
 
-@attrs.frozen(kw_only=True)
-class _RuntimePolicy:
-    """What a resume must re-send for the thread to keep running as it was (see
-    :meth:`AppServerClient.resume_thread`); ``None`` fields are not sent."""
-
-    approval_policy: AskForApproval | None = None
-    sandbox: SandboxMode | None = None
-    approvals_reviewer: ApprovalsReviewer | None = None
-    service_tier: str | None = None
-
-    def kwargs(self) -> dict[str, Any]:
-        return attrs.asdict(self, recurse=False)
-
-
 @attrs.define
 class _ThreadMemo:
-    developer_instructions: str | None
-    cwd: str | None
-    model: str | None
-    tools: ToolRegistry | None
+    #: What the thread was last started or resumed with (the tools: the last bound).
+    settings: ThreadSettings
     generation: int
-    policy: _RuntimePolicy = _RuntimePolicy()
     #: The thread's sticky turn defaults at its first load in this pool (see
     #: :attr:`~.threads.LoadedThread.defaults`). Only used when the app-server cannot tell its
     #: configured defaults (no ``config/read``): an auto-resume then restores them, never a
@@ -278,7 +262,7 @@ class AppServer:
             self._client.register_tools(thread_id, registry)
         memo = self._threads.get(thread_id)
         if memo is not None:
-            memo.tools = registry
+            memo.settings = attrs.evolve(memo.settings, tools=registry)
             self._threads.move_to_end(thread_id)
 
     @property
@@ -288,48 +272,23 @@ class AppServer:
 
     async def start_thread(
         self,
+        settings: ThreadSettings = DEFAULT_SETTINGS,
         *,
-        cwd: str | None = None,
-        developer_instructions: str | None = None,
-        model: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-        **kwargs: Any,
+        config: Mapping[str, Any] | None = None,
+        ephemeral: bool | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
-        """Start a thread (see :meth:`AppServerClient.start_thread`; ``kwargs`` go there).
+        """Start a thread (see :meth:`AppServerClient.start_thread`).
 
-        The runtime policy given here is remembered with the thread and re-sent when the
-        thread is auto-resumed in a new process."""
+        The settings are remembered with the thread and re-sent when the thread is
+        auto-resumed in a new process."""
         client = await self.client()
-        registry = as_registry(tools)
-        policy = _RuntimePolicy(
-            approval_policy=approval_policy,
-            sandbox=sandbox,
-            approvals_reviewer=approvals_reviewer,
-            service_tier=service_tier,
-        )
         result = await client.start_thread(
-            cwd=cwd,
-            developer_instructions=developer_instructions,
-            model=model,
-            tools=registry,
-            **policy.kwargs(),
-            **kwargs,
+            settings, config=config, ephemeral=ephemeral, timeout=timeout
         )
         self._remember(
             result.thread_id,
-            _ThreadMemo(
-                developer_instructions,
-                cwd,
-                model,
-                registry,
-                self.generation,
-                policy,
-                self._defaults_of(client, result.thread_id),
-            ),
+            _ThreadMemo(settings, self.generation, self._defaults_of(client, result.thread_id)),
         )
         return result
 
@@ -344,40 +303,25 @@ class AppServer:
     async def resume_thread(
         self,
         thread_id: str,
+        settings: ThreadSettings,
         *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-        **kwargs: Any,
+        exclude_turns: bool = True,
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
-        """Resume a thread (see :meth:`AppServerClient.resume_thread`; ``kwargs`` go there).
+        """Resume a thread (see :meth:`AppServerClient.resume_thread`).
 
-        The runtime policy is sent only when given (Codex applies it when this resume loads
-        the thread); what was sent is remembered for a later auto-resume."""
+        The runtime policy is sent only when set (Codex applies it when this resume loads
+        the thread); the settings are remembered for a later auto-resume."""
         client = await self.client()
-        registry = as_registry(tools)
-        policy = _RuntimePolicy(
-            approval_policy=approval_policy,
-            sandbox=sandbox,
-            approvals_reviewer=approvals_reviewer,
-            service_tier=service_tier,
-        )
         result = await client.resume_thread(
-            thread_id,
-            developer_instructions=developer_instructions,
-            cwd=cwd,
-            model=model,
-            tools=registry,
-            **policy.kwargs(),
-            **kwargs,
+            thread_id, settings, exclude_turns=exclude_turns, timeout=timeout
         )
         known = self._threads.get(thread_id)
-        if known is not None and known.defaults and not client.knows_configured_defaults(cwd):
+        if (
+            known is not None
+            and known.defaults
+            and not client.knows_configured_defaults(settings.cwd)
+        ):
             # Codex loads the thread from its rollout with the per-turn settings its last turn
             # left (it unloads idle threads; a restart loses them all). The client compares
             # them with Codex's configured defaults itself; an app-server that cannot tell
@@ -385,38 +329,15 @@ class AppServer:
             # by the next turn without its own.
             client.adopt_defaults(thread_id, known.defaults)
         defaults = self._defaults_of(client, thread_id)
-        self._remember(
-            thread_id,
-            _ThreadMemo(
-                developer_instructions, cwd, model, registry, self.generation, policy, defaults
-            ),
-        )
+        self._remember(thread_id, _ThreadMemo(settings, self.generation, defaults))
         return result
 
-    async def fork_thread(
-        self,
-        thread_id: str,
-        *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
+    async def fork_thread(self, thread_id: str, settings: ThreadSettings) -> ThreadResult:
         """An ephemeral fork of ``thread_id`` (see :meth:`AppServerClient.fork_thread`). Not
         remembered for an auto-resume: an ephemeral thread dies with its process."""
         client = await self.client()
         with self._learning_structured():
-            return await client.fork_thread(
-                thread_id,
-                developer_instructions=developer_instructions,
-                cwd=cwd,
-                model=model,
-                tools=tools,
-                approvals_reviewer=approvals_reviewer,
-                service_tier=service_tier,
-            )
+            return await client.fork_thread(thread_id, settings)
 
     async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None:
         """Append Responses items to an idle loaded thread (see
@@ -484,14 +405,7 @@ class AppServer:
             self._threads.move_to_end(thread_id)
         if self.auto_resume and memo is not None and memo.generation != self.generation:
             log.info("appserver.auto_resume", thread_id=capped(thread_id))
-            await self.resume_thread(
-                thread_id,
-                developer_instructions=memo.developer_instructions,
-                cwd=memo.cwd,
-                model=memo.model,
-                tools=memo.tools,
-                **memo.policy.kwargs(),
-            )
+            await self.resume_thread(thread_id, memo.settings)
         return client
 
     # -- turns ---------------------------------------------------------------------------
@@ -579,11 +493,10 @@ class AppServer:
             if not client.is_loaded(thread_id):
                 log.info("appserver.compaction_resume", thread_id=capped(thread_id))
                 memo = self._threads.get(thread_id)
+                policy = memo.settings.runtime_policy() if memo is not None else DEFAULT_SETTINGS
                 await self.resume_thread(
                     thread_id,
-                    developer_instructions=developer_instructions,
-                    cwd=cwd,
-                    **(memo.policy.kwargs() if memo is not None else {}),
+                    attrs.evolve(policy, developer_instructions=developer_instructions, cwd=cwd),
                 )
             return await client.compact_thread(
                 thread_id, timeout=timeout, interrupt_grace=interrupt_grace

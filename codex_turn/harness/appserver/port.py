@@ -7,10 +7,10 @@ thread natively. :class:`~.manager.AppServer` implements it; so does the tests' 
 fake (``tests/support/fake_appserver.py``), and mypy checks both statically. A method the
 orchestrator starts to use belongs here first, so that the fake cannot lag behind.
 
-The runtime policy keywords (``approval_policy``, ``sandbox``, ``approvals_reviewer``,
-``service_tier``) are sent only when not ``None``, as ``approvalPolicy``, ``sandbox``,
-``approvalsReviewer`` and ``serviceTier``; a resume that loads a thread should re-send them
-(see :meth:`~.threads.Threads.resume_thread`).
+A thread is started and resumed with one :class:`~.thread_settings.ThreadSettings` value
+(which says what each request sends of it). Its runtime policy (approval policy, sandbox,
+approvals reviewer, service tier) is sent only when set; a resume that loads a thread should
+re-send it (see :meth:`~.threads.Threads.resume_thread`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from .defaults import INTERRUPT_GRACE_S, NATIVE_COMPACTION_TIMEOUT_S
 from .native_compaction import CompactionResult
 from .projector import CodexTurnResult, Notification, TurnProjector
 from .server_requests import TurnRequestHandlers
+from .thread_settings import DEFAULT_SETTINGS, ThreadSettings
 from .threads import LoadedThread
 from .tools import DynamicTool
-from .types import ApprovalsReviewer, AskForApproval, SandboxMode, ThreadResult, UserInput
+from .types import ThreadResult, UserInput
 
 __all__ = ["AppServerPort", "TurnHandlePort"]
 
@@ -73,35 +74,13 @@ class TurnHandlePort(Protocol):
 class AppServerPort(Protocol):
     """What the orchestrator and compaction need from an app-server (see the module doc)."""
 
-    async def start_thread(
-        self,
-        *,
-        cwd: str | None = None,
-        developer_instructions: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
-        """``thread/start``, with ``tools`` bound to the new thread."""
+    async def start_thread(self, settings: ThreadSettings = DEFAULT_SETTINGS) -> ThreadResult:
+        """``thread/start``, with the settings' tools bound to the new thread."""
         ...
 
-    async def resume_thread(
-        self,
-        thread_id: str,
-        *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
-        """``thread/resume`` (turns excluded); the developer instructions are always sent."""
+    async def resume_thread(self, thread_id: str, settings: ThreadSettings) -> ThreadResult:
+        """``thread/resume`` (turns excluded) with the thread's whole settings again: Codex
+        keeps only the developer instructions re-sent here across a later compaction."""
         ...
 
     def forget_thread(self, thread_id: str) -> None:

@@ -7,14 +7,17 @@ built on the :class:`~.connection.Connection`. A thread's local state is its
 :class:`~.server_requests.Responder` for ``item/tool/call``) and whether this process loaded
 it; :meth:`Threads.forget_thread` releases both.
 
-``thread/resume`` always sends ``excludeTurns`` and the developer instructions again: Codex
-keeps only what is re-sent there across a later compaction. The runtime policy
-(``approval_policy``, ``sandbox``, ``approvals_reviewer``, ``service_tier``) is sent only when
-given; see :meth:`Threads.resume_thread` for what a resume without it loses.
+Each request takes the thread's settings as one :class:`~.thread_settings.ThreadSettings`
+value, which also says what each request sends of it. ``thread/resume`` always sends
+``excludeTurns`` and is always given the settings, developer instructions included: Codex keeps
+only what is re-sent there across a later compaction. The runtime policy (approval policy,
+sandbox, approvals reviewer, service tier) is sent only when set; see
+:meth:`Threads.resume_thread` for what a resume without it loses.
 
 The client also keeps, per thread this process loaded, what Codex holds
 (:class:`LoadedThread`): the result of the last start/resume, the key of the settings sent
-with it (:func:`settings_key`) and whether Codex has compacted or unloaded the thread since
+with it (:attr:`~.thread_settings.ThreadSettings.key`) and whether Codex has compacted or
+unloaded the thread since
 (:meth:`Threads.note` watches every notification, a listener of the connection:
 ``contextCompaction`` items, ``thread/compacted``, ``thread/status/changed`` to
 ``notLoaded``). The turn's resume table
@@ -40,8 +43,6 @@ other failure keeps its own type, so a caller can tell "gone" from "not now".
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -53,11 +54,10 @@ from .connection import Connection
 from .errors import AppServerRpcError, ThreadNotFound
 from .logsafe import capped
 from .projector import Notification
+from .thread_settings import DEFAULT_SETTINGS, ThreadSettings
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
-    ApprovalsReviewer,
-    AskForApproval,
-    SandboxMode,
+    ThreadForkParams,
     ThreadResult,
     ThreadResumeParams,
     ThreadStartParams,
@@ -73,7 +73,6 @@ __all__ = [
     "Threads",
     "configured_defaults",
     "loaded_defaults",
-    "settings_key",
 ]
 
 log = get_logger(__name__)
@@ -116,7 +115,7 @@ class LoadedThread:
     """What this process knows Codex holds for a thread it started or resumed."""
 
     result: ThreadResult  # the answer of the last thread/start or thread/resume
-    settings: str  # settings_key() of what was sent with it
+    settings: str  # ThreadSettings.key of what was sent with it
     compacted: bool = False  # Codex compacted the thread since (instructions may be gone)
     #: What a turn that states none of its own runs with, as ``turn/start`` fields
     #: (:data:`STICKY_TURN_FIELDS`; a field with no configured value is absent): Codex's
@@ -139,7 +138,7 @@ class KeptFork:
     #: The ids of the items it holds, in order: the context injected into it and its
     #: turn's own messages, converted as the engine hands them back.
     holds: tuple[str, ...]
-    settings: str  # settings_key() of what it was forked with, instructions included
+    settings: str  # ThreadSettings.key of what it was forked with, instructions included
     completed: bool  # its turn completed
     #: The harness's state for the next conversion (opaque here).
     memo: object = None
@@ -224,60 +223,9 @@ def _thread_defaults(
     return defaults, overridden
 
 
-def settings_key(
-    *,
-    developer_instructions: str | None = None,
-    cwd: str | None = None,
-    model: str | None = None,
-    tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-    approval_policy: AskForApproval | None = None,
-    sandbox: SandboxMode | None = None,
-    approvals_reviewer: ApprovalsReviewer | None = None,
-    service_tier: str | None = None,
-    base_instructions: str | None = None,
-    model_provider: str | None = None,
-    personality: str | None = "none",
-) -> str:
-    """A digest of the thread settings a start or resume sends (``thread/resume``'s keyword
-    arguments): equal keys mean a resume would send Codex nothing new."""
-    registry = as_registry(tools)
-    fields = {
-        "developer_instructions": developer_instructions,
-        "cwd": cwd,
-        "model": model,
-        "tools": registry.specs() if registry else None,
-        "approval_policy": approval_policy,
-        "sandbox": sandbox,
-        "approvals_reviewer": approvals_reviewer,
-        "service_tier": service_tier,
-        "base_instructions": base_instructions,
-        "model_provider": model_provider,
-        "personality": personality,
-    }
-    canonical = json.dumps(fields, sort_keys=True, default=repr, ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _sent_key(params: ThreadStartParams | ThreadResumeParams, tools: ToolRegistry | None) -> str:
-    """:func:`settings_key` of what a thread/start or thread/resume request sent."""
-    return settings_key(
-        developer_instructions=params.developer_instructions,
-        cwd=params.cwd,
-        model=params.model,
-        tools=tools,
-        approval_policy=params.approval_policy,
-        sandbox=params.sandbox,
-        approvals_reviewer=params.approvals_reviewer,
-        service_tier=params.service_tier,
-        base_instructions=params.base_instructions,
-        model_provider=params.model_provider,
-        personality=params.personality,
-    )
-
-
-def _sent_sticky(approval_policy: object, sandbox: object) -> tuple[str, ...]:
+def _sent_sticky(settings: ThreadSettings) -> tuple[str, ...]:
     """The sticky fields a start/resume sent itself (see :func:`_thread_defaults`)."""
-    fields = (("approvalPolicy", approval_policy), ("sandboxPolicy", sandbox))
+    fields = (("approvalPolicy", settings.approval_policy), ("sandboxPolicy", settings.sandbox))
     return tuple(field for field, value in fields if value is not None)
 
 
@@ -420,54 +368,29 @@ class Threads:
 
     async def start_thread(
         self,
+        settings: ThreadSettings = DEFAULT_SETTINGS,
         *,
-        cwd: str | None = None,
-        developer_instructions: str | None = None,
-        base_instructions: str | None = None,
-        model: str | None = None,
-        model_provider: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        personality: str | None = "none",
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
         config: Mapping[str, Any] | None = None,
         ephemeral: bool | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
-        """Start a thread. The runtime policy (``approval_policy``, ``sandbox``,
-        ``approvals_reviewer``, ``service_tier``) is sent only when given; the result reports
-        the effective values."""
-        registry = as_registry(tools)
-        configured = await self._configured_defaults(cwd, timeout)
-        params = ThreadStartParams(
-            cwd=cwd,
-            model=model,
-            model_provider=model_provider,
-            developer_instructions=developer_instructions,
-            base_instructions=base_instructions,
-            personality=personality,
-            dynamic_tools=registry.specs() if registry else None,
-            approval_policy=approval_policy,
-            sandbox=sandbox,
-            approvals_reviewer=approvals_reviewer,
-            service_tier=service_tier,
-            config=config,
-            ephemeral=ephemeral,
-        )
-        raw = await self._connection.request("thread/start", unstructure(params), timeout=timeout)
+        """Start a thread with ``settings``. The runtime policy is sent only when set; the
+        result reports the effective values."""
+        registry = settings.tools
+        configured = await self._configured_defaults(settings.cwd, timeout)
+        params = {
+            **settings.wire("thread/start"),
+            **unstructure(ThreadStartParams(config=config, ephemeral=ephemeral)),
+        }
+        raw = await self._connection.request("thread/start", params, timeout=timeout)
         result = structure(raw, ThreadResult)
         if registry is not None:
             self.register_tools(result.thread_id, registry)
         defaults, overridden = _thread_defaults(
-            configured, loaded_defaults(raw), sent=_sent_sticky(approval_policy, sandbox)
+            configured, loaded_defaults(raw), sent=_sent_sticky(settings)
         )
         self._loaded[result.thread_id] = LoadedThread(
-            result,
-            _sent_key(params, registry),
-            defaults=defaults,
-            overridden=overridden,
+            result, settings.key, defaults=defaults, overridden=overridden
         )
         log.info(
             "appserver.thread_started",
@@ -479,24 +402,15 @@ class Threads:
     async def resume_thread(
         self,
         thread_id: str,
+        settings: ThreadSettings,
         *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        base_instructions: str | None = None,
-        model: str | None = None,
-        model_provider: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        personality: str | None = "none",
         exclude_turns: bool = True,
-        approval_policy: AskForApproval | None = None,
-        sandbox: SandboxMode | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
-        """Resume (load) a thread. ``developer_instructions`` is required on purpose: Codex
-        keeps only what is re-sent here across a later compaction. ``tools`` are bound
-        locally only: Codex froze the thread's tool set at thread/start.
+        """Resume (load) a thread. ``settings`` are required on purpose (their developer
+        instructions above all): Codex keeps only what is re-sent here across a later
+        compaction. Their ``tools`` are bound locally only: Codex froze the thread's tool set
+        at thread/start.
 
         The runtime policy is sent only when given. Codex 0.163 applies it when the resume
         loads the thread; a thread this process has loaded already keeps its current policy
@@ -507,25 +421,13 @@ class Threads:
 
         Raises :class:`~.errors.ThreadNotFound` when Codex says the thread does not exist;
         a timeout, a closed process or any other refusal keeps its own error type."""
-        params = ThreadResumeParams(
-            thread_id=thread_id,
-            developer_instructions=developer_instructions,
-            base_instructions=base_instructions,
-            personality=personality,
-            exclude_turns=exclude_turns,
-            cwd=cwd,
-            model=model,
-            model_provider=model_provider,
-            approval_policy=approval_policy,
-            sandbox=sandbox,
-            approvals_reviewer=approvals_reviewer,
-            service_tier=service_tier,
-        )
-        configured = await self._configured_defaults(cwd, timeout)  # cached per cwd
+        params = {
+            **unstructure(ThreadResumeParams(thread_id=thread_id, exclude_turns=exclude_turns)),
+            **settings.wire("thread/resume"),
+        }
+        configured = await self._configured_defaults(settings.cwd, timeout)  # cached per cwd
         try:
-            raw = await self._connection.request(
-                "thread/resume", unstructure(params), timeout=timeout
-            )
+            raw = await self._connection.request("thread/resume", params, timeout=timeout)
         except AppServerRpcError as exc:
             not_found = ThreadNotFound.match(exc, thread_id)
             if not_found is None:
@@ -533,9 +435,8 @@ class Threads:
             log.info("appserver.thread_not_found", thread_id=capped(thread_id))
             raise not_found from exc
         result = structure(raw, ThreadResult)
-        registry = as_registry(tools)
-        if registry is not None:
-            self.register_tools(result.thread_id, registry)
+        if settings.tools is not None:
+            self.register_tools(result.thread_id, settings.tools)
         # A thread already loaded keeps what it holds (Codex ignores the resume's settings);
         # one loaded now holds what its rollout restored, compared with the configuration.
         held = self._loaded.get(result.thread_id)
@@ -543,13 +444,10 @@ class Threads:
             defaults, overridden = dict(held.defaults), held.overridden
         else:
             defaults, overridden = _thread_defaults(
-                configured, loaded_defaults(raw), sent=_sent_sticky(approval_policy, sandbox)
+                configured, loaded_defaults(raw), sent=_sent_sticky(settings)
             )
         self._loaded[result.thread_id] = LoadedThread(
-            result,
-            _sent_key(params, registry),
-            defaults=defaults,
-            overridden=overridden,
+            result, settings.key, defaults=defaults, overridden=overridden
         )
         log.info("appserver.thread_resumed", thread_id=capped(result.thread_id))
         return result
@@ -557,19 +455,16 @@ class Threads:
     async def fork_thread(
         self,
         thread_id: str,
+        settings: ThreadSettings,
         *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: ToolRegistry | Iterable[DynamicTool] | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> ThreadResult:
         """An *ephemeral* fork of ``thread_id`` (``thread/fork {ephemeral, excludeTurns}``):
         a loaded, idle thread with the parent's model-visible history and dynamic tool specs,
         its ``prompt_cache_key`` (Codex keys an ephemeral fork's cache by the parent), and
-        nothing on disk. ``tools`` are bound locally to the fork (their handlers).
+        nothing on disk. Of ``settings``, the fork sends what
+        :data:`~.thread_settings.SENT` says; their ``tools`` are bound locally to the fork
+        (their handlers).
 
         The parent need not be loaded here; it must have a rollout (a thread with neither a
         turn nor an injection has none: Codex answers "no rollout found"). Codex keeps an
@@ -578,25 +473,17 @@ class Threads:
 
         The fork's model-visible history begins with the *parent's* initial context (its
         developer instructions and environment, written into the parent's rollout): the
-        ``developer_instructions`` sent here do not replace them (send changing instructions
+        developer instructions sent here do not replace them (send changing instructions
         as a developer item, :func:`codex_turn.harness.turn.structured.developer_item`)."""
-        params: dict[str, Any] = {"threadId": thread_id, "ephemeral": True, "excludeTurns": True}
-        if developer_instructions is not None:
-            params["developerInstructions"] = developer_instructions
-        if cwd is not None:
-            params["cwd"] = cwd
-        if model is not None:
-            params["model"] = model
-        if approvals_reviewer is not None:
-            params["approvalsReviewer"] = approvals_reviewer
-        if service_tier is not None:
-            params["serviceTier"] = service_tier
-        configured = await self._configured_defaults(cwd, timeout)
+        params = {
+            **unstructure(ThreadForkParams(thread_id=thread_id)),
+            **settings.wire("thread/fork"),
+        }
+        configured = await self._configured_defaults(settings.cwd, timeout)
         raw = await self._connection.request("thread/fork", params, timeout=timeout)
         result = structure(raw, ThreadResult)
-        registry = as_registry(tools)
-        if registry is not None:
-            self.register_tools(result.thread_id, registry)
+        if settings.tools is not None:
+            self.register_tools(result.thread_id, settings.tools)
         defaults, overridden = _thread_defaults(configured, loaded_defaults(raw), sent=frozenset())
         self._loaded[result.thread_id] = LoadedThread(
             result, _FORK_SETTINGS, defaults=defaults, overridden=overridden

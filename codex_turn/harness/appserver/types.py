@@ -37,6 +37,7 @@ __all__ = [
     "SandboxMode",
     "TextInput",
     "ThreadCompactStartParams",
+    "ThreadForkParams",
     "ThreadInfo",
     "ThreadResult",
     "ThreadResumeParams",
@@ -51,6 +52,7 @@ __all__ = [
     "converter",
     "structure",
     "unstructure",
+    "wire_name",
 ]
 
 T = TypeVar("T")
@@ -159,19 +161,13 @@ _SANDBOX_MODES: Mapping[str, SandboxMode] = {
 }
 
 
+# The thread settings themselves (developer instructions, cwd, model, tools, runtime
+# policy ...) are one value, :class:`~.thread_settings.ThreadSettings`, with its own wire
+# mapping; these are the rest of each request.
+
+
 @attrs.frozen(kw_only=True)
 class ThreadStartParams:
-    cwd: str | None = None
-    model: str | None = None
-    model_provider: str | None = None
-    developer_instructions: str | None = None
-    base_instructions: str | None = None
-    personality: str | None = "none"
-    dynamic_tools: list[DynamicToolSpec] | None = None
-    approval_policy: AskForApproval | None = None
-    sandbox: SandboxMode | None = None
-    approvals_reviewer: ApprovalsReviewer | None = None
-    service_tier: str | None = None
     config: Mapping[str, Any] | None = None
     ephemeral: bool | None = None
 
@@ -179,18 +175,18 @@ class ThreadStartParams:
 @attrs.frozen(kw_only=True)
 class ThreadResumeParams:
     thread_id: str
-    developer_instructions: str | None = None
-    base_instructions: str | None = None
-    personality: str | None = "none"
     exclude_turns: bool | None = True
-    cwd: str | None = None
-    model: str | None = None
-    model_provider: str | None = None
-    approval_policy: AskForApproval | None = None
-    sandbox: SandboxMode | None = None
-    approvals_reviewer: ApprovalsReviewer | None = None
-    service_tier: str | None = None
     config: Mapping[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThreadForkParams:
+    """``thread/fork`` as the structured projection sends it: always ephemeral, turns
+    excluded."""
+
+    thread_id: str
+    ephemeral: bool = True
+    exclude_turns: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -294,21 +290,22 @@ class ThreadCompactStartParams:
 converter = cattrs.Converter(forbid_extra_keys=False)
 
 
-def _wire_name(field: attrs.Attribute[Any]) -> str:
+def wire_name(field: attrs.Attribute[Any]) -> str:
+    """A field's wire name: its ``wire`` metadata, else its name in camelCase."""
     wire = field.metadata.get("wire")
     return str(wire) if wire else camel(field.name)
 
 
 def _unstructure_factory(cl: type[Any]) -> Any:
     overrides: dict[str, Any] = {
-        f.name: override(rename=_wire_name(f), omit_if_default=f.default is None)
+        f.name: override(rename=wire_name(f), omit_if_default=f.default is None)
         for f in attrs.fields(cl)
     }
     return make_dict_unstructure_fn(cl, converter, **overrides)
 
 
 def _structure_factory(cl: type[Any]) -> Any:
-    overrides: dict[str, Any] = {f.name: override(rename=_wire_name(f)) for f in attrs.fields(cl)}
+    overrides: dict[str, Any] = {f.name: override(rename=wire_name(f)) for f in attrs.fields(cl)}
     return make_dict_structure_fn(cl, converter, **overrides)
 
 

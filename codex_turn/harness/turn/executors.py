@@ -46,7 +46,7 @@ from codex_turn.harness.appserver import (
     KeptFork,
     ThreadNotFound,
     ThreadResult,
-    settings_key,
+    ThreadSettings,
 )
 from codex_turn.harness.binding import ProjectionBinding, ThreadBinding, clear_binding
 from codex_turn.harness.turn.context import (
@@ -77,24 +77,24 @@ __all__ = ["EXECUTORS", "Executor", "PlanFacts", "start_thread", "thread_setting
 
 T = TurnTrigger
 
-Executor = Callable[[TurnContext, ThreadPlan, dict[str, Any]], Awaitable[TurnTrigger]]
+Executor = Callable[[TurnContext, ThreadPlan, ThreadSettings], Awaitable[TurnTrigger]]
 
 
-def thread_settings(ctx: TurnContext) -> dict[str, Any]:
+def thread_settings(ctx: TurnContext) -> ThreadSettings:
     """The settings the thread is started, resumed or forked with (the prompt plan's
     instructions, after the hooks)."""
     assert ctx.plan is not None
     params = ctx.params
-    return {
-        "developer_instructions": ctx.plan.instructions,
-        "cwd": os.fspath(params.workspace_dir),
-        "model": params.model,
-        "tools": ctx.tools,
+    return ThreadSettings(
+        developer_instructions=ctx.plan.instructions,
+        cwd=os.fspath(params.workspace_dir),
+        model=params.model,
+        tools=ctx.tools,
         # The approval policy and sandbox are this turn's (turn/start): sent here they would
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
-        "approvals_reviewer": params.approvals_reviewer,
-        "service_tier": params.service_tier,
-    }
+        approvals_reviewer=params.approvals_reviewer,
+        service_tier=params.service_tier,
+    )
 
 
 # --- the facts of the plan --------------------------------------------------------------------
@@ -104,9 +104,9 @@ class PlanFacts:
     """The facts :func:`~codex_turn.fsm.thread.plan_thread` reads (what this process holds of
     the bound thread, of the base and of the fork kept for it), for ``settings``."""
 
-    def __init__(self, ctx: TurnContext, settings: dict[str, Any]) -> None:
+    def __init__(self, ctx: TurnContext, settings: ThreadSettings) -> None:
         self._ctx, self._settings = ctx, settings
-        self._key = settings_key(**settings)
+        self._key = settings.key
 
     @property
     def resume(self) -> ResumeFacts:
@@ -128,7 +128,7 @@ class PlanFacts:
             base_bound=facts.base_bound,
             tools_match=facts.tools_match,
             engine_match=facts.engine_match,
-            cwd_match=bound is not None and bound.cwd == self._settings["cwd"],
+            cwd_match=bound is not None and bound.cwd == self._settings.cwd,
         )
 
     def fork(self, base: Choice[BaseAction]) -> ForkFacts:
@@ -194,12 +194,12 @@ def resume_refused(ctx: TurnContext, error: AppServerError) -> TurnTrigger:
 
 
 async def _resume_with_rpc(
-    ctx: TurnContext, thread_id: str, settings: dict[str, Any]
+    ctx: TurnContext, thread_id: str, settings: ThreadSettings
 ) -> ThreadResult:
-    return await ctx.app_server.resume_thread(thread_id, **settings)
+    return await ctx.app_server.resume_thread(thread_id, settings)
 
 
-async def _reuse_loaded(ctx: TurnContext, thread_id: str, settings: dict[str, Any]) -> ThreadResult:
+async def _reuse_loaded(ctx: TurnContext, thread_id: str, settings: ThreadSettings) -> ThreadResult:
     loaded = ctx.app_server.loaded_thread(thread_id)
     assert loaded is not None  # the resume table reuses only a loaded thread
     if ctx.tools:
@@ -209,11 +209,11 @@ async def _reuse_loaded(ctx: TurnContext, thread_id: str, settings: dict[str, An
 
 #: How each resume mode obtains the loaded thread.
 RESUMERS: Final[
-    Mapping[ResumeAction, Callable[[TurnContext, str, dict[str, Any]], Awaitable[ThreadResult]]]
+    Mapping[ResumeAction, Callable[[TurnContext, str, ThreadSettings], Awaitable[ThreadResult]]]
 ] = {ResumeAction.RESUME: _resume_with_rpc, ResumeAction.REUSE: _reuse_loaded}
 
 
-async def resume(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> TurnTrigger:
+async def resume(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
     """Resume the bound thread as the resume table says (``thread/resume``, or straight on
     to ``turn/start`` when this process holds it exactly as wanted)."""
     bound, decision, how = ctx.binding, plan.decision, plan.resume
@@ -246,7 +246,7 @@ async def resume(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -
 async def _fresh_thread(
     ctx: TurnContext,
     plan: ThreadPlan,
-    settings: dict[str, Any],
+    settings: ThreadSettings,
     *,
     bind: bool,
     retired: str | None = None,
@@ -255,7 +255,7 @@ async def _fresh_thread(
     ``retired`` (whose local state is released once the new thread exists)."""
     decision = plan.decision
     try:
-        result = await ctx.app_server.start_thread(**settings)
+        result = await ctx.app_server.start_thread(settings)
     except AppServerError as error:
         ctx.log.warning("codex app-server thread start failed", error=format_error(error))
         ctx.start_error = format_error(error)
@@ -289,17 +289,17 @@ async def _fresh_thread(
     return trigger
 
 
-async def start(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> TurnTrigger:
+async def start(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
     """A session without a thread: start one and bind it."""
     return await _fresh_thread(ctx, plan, settings, bind=True)
 
 
-async def transient(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> TurnTrigger:
+async def transient(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
     """A thread for this turn only: the binding keeps the tooled thread."""
     return await _fresh_thread(ctx, plan, settings, bind=False)
 
 
-async def rotate(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> TurnTrigger:
+async def rotate(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
     """Replace the bound thread with a fresh one."""
     bound = ctx.binding
     assert bound is not None  # the thread table rotates only a bound session
@@ -321,20 +321,21 @@ async def _clear_binding_quietly(ctx: TurnContext) -> None:
 _FORK_BASE: Final = ProjectionBinding(mode="fork_base", epoch="fork-base")
 
 
-async def _bound_base(ctx: TurnContext, settings: dict[str, Any]) -> str | TurnTrigger:
+async def _bound_base(ctx: TurnContext, settings: ThreadSettings) -> str | TurnTrigger:
     bound = ctx.binding
     assert bound is not None
     return bound.thread_id
 
 
-async def _new_base(ctx: TurnContext, settings: dict[str, Any]) -> str | TurnTrigger:
+async def _new_base(ctx: TurnContext, settings: ThreadSettings) -> str | TurnTrigger:
     """Start a base, anchor it and bind it: its id, or the trigger of the failure."""
     bound, port = ctx.binding, ctx.app_server
     assert supports_structured(port)
     try:
         # Neutral instructions: a fork inherits its base's initial context, so the
         # turn's instructions go into each fork instead (they may change every turn).
-        started = await ctx.app_server.start_thread(**{**settings, "developer_instructions": None})
+        neutral = attrs.evolve(settings, developer_instructions=None)
+        started = await ctx.app_server.start_thread(neutral)
     except AppServerError as error:
         ctx.log.warning("codex app-server thread start failed", error=format_error(error))
         ctx.start_error = format_error(error)
@@ -365,12 +366,12 @@ async def _new_base(ctx: TurnContext, settings: dict[str, Any]) -> str | TurnTri
 
 #: Where each base decision gets the base thread from.
 BASES: Final[
-    Mapping[BaseAction, Callable[[TurnContext, dict[str, Any]], Awaitable[str | TurnTrigger]]]
+    Mapping[BaseAction, Callable[[TurnContext, ThreadSettings], Awaitable[str | TurnTrigger]]]
 ] = {BaseAction.BOUND: _bound_base, BaseAction.NEW: _new_base}
 
 
 async def _fresh_fork(
-    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: dict[str, Any]
+    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: ThreadSettings
 ) -> tuple[ThreadResult, int] | TurnTrigger:
     """Fork ``base_id`` afresh and inject the whole context and the turn's instructions
     (a fork kept for it is released: it holds what this turn must not see)."""
@@ -383,24 +384,16 @@ async def _fresh_fork(
     assert ctx.plan is not None
     if ctx.plan.instructions:
         context.append(developer_item(ctx.plan.instructions))
-    prepared = await prepare_fork(
-        port,
-        base_id,
-        context,
-        developer_instructions=None,
-        cwd=settings["cwd"],
-        model=settings["model"],
-        tools=ctx.tools,
-        approvals_reviewer=settings["approvals_reviewer"],
-        service_tier=settings["service_tier"],
-    )
+    # The turn's instructions are in the context (a developer item): the fork's are neutral.
+    neutral = attrs.evolve(settings, developer_instructions=None)
+    prepared = await prepare_fork(port, base_id, context, neutral)
     if isinstance(prepared, ForkFailed):
         return fork_refused(ctx, prepared)
     return prepared.thread, prepared.injected
 
 
 async def _continued_fork(
-    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: dict[str, Any]
+    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: ThreadSettings
 ) -> tuple[ThreadResult, int] | TurnTrigger:
     """Inject what follows the kept fork's content (the turn's instructions are in it
     already: the fork table continues only a fork made with the same ones) and bind this
@@ -436,14 +429,14 @@ FORKS: Final[
     Mapping[
         ForkAction,
         Callable[
-            [TurnContext, ThreadPlan, str, dict[str, Any]],
+            [TurnContext, ThreadPlan, str, ThreadSettings],
             Awaitable[tuple[ThreadResult, int] | TurnTrigger],
         ],
     ]
 ] = {ForkAction.NEW: _fresh_fork, ForkAction.CONTINUE: _continued_fork}
 
 
-async def fork(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> TurnTrigger:
+async def fork(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
     """Run the turn in a fork of the session's base thread (the base table says which: the
     bound one, or a new one started, anchored and bound), this turn's context and
     instructions injected into the idle fork (or the kept fork continued, as the fork table
@@ -464,7 +457,7 @@ async def fork(ctx: TurnContext, plan: ThreadPlan, settings: dict[str, Any]) -> 
         base_thread_id=base_id,
         fork_thread_id=result.thread_id,
         holds=fork_context_keys(ctx),
-        settings=settings_key(**settings),
+        settings=settings.key,
         completed=False,
         memo=projected.conversion if projected is not None else None,
     )

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, TypeGuard
 
 import attrs
@@ -68,12 +68,13 @@ from codex_turn._log import format_error
 from codex_turn.harness.appserver import (
     AppServerError,
     AppServerRpcError,
-    DynamicTool,
     NoRollout,
     ThreadNotFound,
+    ThreadResult,
+    ThreadSettings,
 )
+from codex_turn.harness.appserver.thread_settings import DEFAULT_SETTINGS
 from codex_turn.harness.appserver.threads import KeptFork
-from codex_turn.harness.appserver.types import ApprovalsReviewer, ThreadResult
 from codex_turn.projection.items import canonical_json
 
 __all__ = [
@@ -100,17 +101,7 @@ ANCHOR: Final[Mapping[str, Any]] = {"type": "item_reference", "id": "msg_codex_t
 class SupportsStructured(Protocol):
     """What the structured projection needs beyond the turn port: fork and inject."""
 
-    async def fork_thread(
-        self,
-        thread_id: str,
-        *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approvals_reviewer: ApprovalsReviewer | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult: ...
+    async def fork_thread(self, thread_id: str, settings: ThreadSettings) -> ThreadResult: ...
 
     async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None: ...
 
@@ -243,33 +234,19 @@ async def prepare_fork(
     port: SupportsStructured,
     base_thread_id: str,
     items: Sequence[Mapping[str, Any]],
-    *,
-    developer_instructions: str | None = None,
-    cwd: str | None = None,
-    model: str | None = None,
-    tools: Iterable[DynamicTool] | None = None,
-    approvals_reviewer: ApprovalsReviewer | None = None,
-    service_tier: str | None = None,
+    settings: ThreadSettings = DEFAULT_SETTINGS,
 ) -> PreparedFork | ForkFailed:
-    """Fork ``base_thread_id`` (ephemeral) and inject ``items`` into the idle fork.
+    """Fork ``base_thread_id`` (ephemeral, with ``settings``) and inject ``items`` into the
+    idle fork.
 
     The base must be idle. A base without a rollout (loaded in this process) is anchored
     first. Never raises :class:`AppServerError`: a failure is returned as
     :class:`ForkFailed`; a fork created before a failure or a cancellation is forgotten
     locally (Codex keeps it until its process ends).
     """
-    tools = list(tools) if tools is not None else None
 
     async def fork() -> ThreadResult:
-        return await port.fork_thread(
-            base_thread_id,
-            developer_instructions=developer_instructions,
-            cwd=cwd,
-            model=model,
-            tools=tools,
-            approvals_reviewer=approvals_reviewer,
-            service_tier=service_tier,
-        )
+        return await port.fork_thread(base_thread_id, settings)
 
     anchored = False
     try:
