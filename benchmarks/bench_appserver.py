@@ -34,6 +34,7 @@ from codex_turn.harness.appserver import (
     AppServerClient,
     AppServerConfig,
     AppServerProcess,
+    ThreadSettings,
     bundled_codex_path,
 )
 from codex_turn.testing import OfflineModel
@@ -68,7 +69,9 @@ async def bench_round_trip(
     sdk: list[float] = []
     async with contextlib.AsyncExitStack() as stack:
         server = await stack.enter_async_context(AppServer.start(ours_config))
-        thread = await server.start_thread(cwd=str(workspace), developer_instructions="bench")
+        thread = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), developer_instructions="bench")
+        )
         sdk_thread = None
         if AsyncCodex is not None:
             sdk_config.write()
@@ -122,7 +125,7 @@ async def bench_rss(config: AppServerConfig, workspace: Path, counts: list[int])
             idle_rss, _ = _rss_kb(pid)
 
             async def one(i: int) -> None:
-                thread = await server.start_thread(cwd=str(workspace))
+                thread = await server.start_thread(ThreadSettings(cwd=str(workspace)))
                 result = await server.run_turn(thread.thread_id, f"thread {i}")
                 assert result.final_text == f"ECHO: thread {i}"
 

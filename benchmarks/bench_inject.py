@@ -82,7 +82,7 @@ from bench_floor import BareClient
 from bench_projection import make_messages
 
 from codex_turn import TurnParams, run_codex_turn
-from codex_turn.harness.appserver import AppServer, AppServerConfig
+from codex_turn.harness.appserver import AppServer, AppServerConfig, ThreadSettings
 from codex_turn.harness.engine import (
     AssembleParams,
     AssembleResult,
@@ -128,7 +128,9 @@ class Harness:
         self.cwd = cwd
 
     async def start(self) -> str:
-        result = await self.server.start_thread(cwd=self.cwd, developer_instructions=DEV)
+        result = await self.server.start_thread(
+            ThreadSettings(cwd=self.cwd, developer_instructions=DEV)
+        )
         return result.thread_id
 
     async def inject(self, thread_id: str, items: Sequence[dict[str, Any]]) -> None:

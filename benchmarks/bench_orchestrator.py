@@ -62,7 +62,12 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codex_turn import TurnParams, run_codex_turn
-from codex_turn.harness.appserver import AppServer, AppServerConfig, bundled_codex_path
+from codex_turn.harness.appserver import (
+    AppServer,
+    AppServerConfig,
+    ThreadSettings,
+    bundled_codex_path,
+)
 from codex_turn.harness.engine import (
     AfterTurnParams,
     AssembleParams,
@@ -226,7 +231,7 @@ async def resume_rpc(server: AppServer, thread_id: str, workspace: Path) -> floa
     orchestrated turn pays (developer instructions are re-sent on resume by design)."""
     started = time.perf_counter()
     await server.resume_thread(
-        thread_id, developer_instructions=INSTRUCTIONS, cwd=str(workspace), tools=[]
+        thread_id, ThreadSettings(developer_instructions=INSTRUCTIONS, cwd=str(workspace), tools=[])
     )
     return time.perf_counter() - started
 
@@ -358,11 +363,11 @@ async def main(args: argparse.Namespace) -> None:
         async with AppServer.start(config) as server:
             for c in configs:
                 thread = await server.start_thread(
-                    cwd=str(workspace), developer_instructions=INSTRUCTIONS
+                    ThreadSettings(cwd=str(workspace), developer_instructions=INSTRUCTIONS)
                 )
                 c.raw_thread = thread.thread_id
             probe = await server.start_thread(
-                cwd=str(workspace), developer_instructions=INSTRUCTIONS
+                ThreadSettings(cwd=str(workspace), developer_instructions=INSTRUCTIONS)
             )
             await server.run_turn(probe.thread_id, "probe")  # a rollout exists from now on
             for round_ in range(args.warmup + args.pairs):

@@ -22,6 +22,7 @@ from codex_turn.harness.appserver import (
     CodexTurnStatus,
     DynamicTool,
     Notification,
+    ThreadSettings,
 )
 from codex_turn.testing import OfflineModel, RecordedRequest, Reply
 
@@ -74,7 +75,9 @@ async def test_every_sent_message_conforms_to_the_binary_schema(
     tools = [DynamicTool("lookup_weather", "Look up the weather.", WEATHER_SCHEMA, weather)]
     async with AppServer.start(make_appserver_config(), record_sent=True) as server:
         thread = await server.start_thread(
-            cwd=str(workspace), developer_instructions=DEV, tools=tools, model="mock-model"
+            ThreadSettings(
+                cwd=str(workspace), developer_instructions=DEV, tools=tools, model="mock-model"
+            )
         )
         tid = thread.thread_id
         result = await server.run_turn(tid, "look", images=[f"data:image/png;base64,{PNG_1X1}"])
@@ -86,7 +89,9 @@ async def test_every_sent_message_conforms_to_the_binary_schema(
             await wait_for_model_request(offline_model, 4)
             await handle.interrupt()
             assert (await handle.collect()).outcome is CodexTurnStatus.INTERRUPTED
-        await server.resume_thread(tid, developer_instructions=DEV, cwd=str(workspace))
+        await server.resume_thread(
+            tid, ThreadSettings(developer_instructions=DEV, cwd=str(workspace))
+        )
         assert (await server.compact_thread(tid)).completed
 
     counts = codex_schema.validate_sent(server.sent, server.server_requests)
@@ -119,7 +124,9 @@ async def test_every_sent_message_conforms_to_the_binary_schema(
 async def test_developer_instructions_reach_the_model_verbatim(
     appserver: AppServer, offline_model: OfflineModel, workspace: Path
 ) -> None:
-    thread = await appserver.start_thread(cwd=str(workspace), developer_instructions=DEV)
+    thread = await appserver.start_thread(
+        ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+    )
     result = await appserver.run_turn(thread.thread_id, "hello there")
     assert result.outcome is CodexTurnStatus.COMPLETED
     assert result.final_text == "ECHO: hello there"
@@ -139,7 +146,9 @@ async def _first_process(
     config: AppServerConfig, workspace: Path, *, text: str = "first turn"
 ) -> str:
     async with AppServer.start(config) as server:
-        thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
+        thread = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+        )
         result = await server.run_turn(thread.thread_id, text)
         assert result.outcome is CodexTurnStatus.COMPLETED
         return thread.thread_id
@@ -152,7 +161,9 @@ async def test_resume_in_a_fresh_process_continues_the_thread(
     tid = await _first_process(first, workspace)
     # Same (already initialised) CODEX_HOME, new process.
     async with AppServer.start(make_appserver_config(codex_home=first.codex_home)) as server:
-        resumed = await server.resume_thread(tid, developer_instructions=DEV, cwd=str(workspace))
+        resumed = await server.resume_thread(
+            tid, ThreadSettings(developer_instructions=DEV, cwd=str(workspace))
+        )
         assert resumed.thread_id == tid
         assert resumed.thread.turns in (None, [])  # excludeTurns
         result = await server.run_turn(tid, "second turn")
@@ -172,7 +183,9 @@ async def _resume_compact_turn(
     first = make_config()
     tid = await _first_process(first, workspace)
     async with AppServer.start(make_config(codex_home=first.codex_home)) as server:
-        await server.resume_thread(tid, developer_instructions=instructions, cwd=str(workspace))
+        await server.resume_thread(
+            tid, ThreadSettings(developer_instructions=instructions, cwd=str(workspace))
+        )
         compaction = await server.compact_thread(tid, timeout=30)
         assert compaction.completed
         result = await server.run_turn(tid, "after compaction")
@@ -210,11 +223,13 @@ async def test_resume_re_sends_a_different_runtime_policy_and_codex_applies_it(
     first = make_appserver_config()
     async with AppServer.start(first, record_sent=True) as server:
         thread = await server.start_thread(
-            cwd=str(workspace),
-            developer_instructions=DEV,
-            approval_policy="never",
-            sandbox="read-only",
-            approvals_reviewer="user",
+            ThreadSettings(
+                cwd=str(workspace),
+                developer_instructions=DEV,
+                approval_policy="never",
+                sandbox="read-only",
+                approvals_reviewer="user",
+            )
         )
         tid = thread.thread_id
         assert (thread.approval_policy, thread.sandbox_mode, thread.approvals_reviewer) == (
@@ -237,12 +252,14 @@ async def test_resume_re_sends_a_different_runtime_policy_and_codex_applies_it(
     async with AppServer.start(second, record_sent=True) as server:
         resumed = await server.resume_thread(
             tid,
-            developer_instructions=DEV,
-            cwd=str(workspace),
-            approval_policy="on-request",
-            sandbox="workspace-write",
-            approvals_reviewer="auto_review",
-            service_tier="flex",
+            ThreadSettings(
+                developer_instructions=DEV,
+                cwd=str(workspace),
+                approval_policy="on-request",
+                sandbox="workspace-write",
+                approvals_reviewer="auto_review",
+                service_tier="flex",
+            ),
         )
         # Resuming the thread that is now loaded reports the effective policy (raw response,
         # validated against the binary's own response schema).
@@ -283,9 +300,11 @@ async def test_dynamic_tool_round_trip(
         return f"Sunny, 21C in {args['city']}"
 
     thread = await appserver.start_thread(
-        cwd=str(workspace),
-        developer_instructions=DEV,
-        tools=[DynamicTool("lookup_weather", "Look up the weather.", WEATHER_SCHEMA, weather)],
+        ThreadSettings(
+            cwd=str(workspace),
+            developer_instructions=DEV,
+            tools=[DynamicTool("lookup_weather", "Look up the weather.", WEATHER_SCHEMA, weather)],
+        )
     )
     offline_model.script(Reply.function_call("lookup_weather", {"city": "Paris"}, call_id="c_A1"))
     result = await appserver.run_turn(thread.thread_id, "weather in Paris?")
@@ -309,8 +328,10 @@ async def test_raising_tool_yields_an_error_result_and_the_turn_completes(
         raise RuntimeError("database unavailable")
 
     thread = await appserver.start_thread(
-        cwd=str(workspace),
-        tools=[DynamicTool("broken_tool", "Always fails.", {"type": "object"}, broken)],
+        ThreadSettings(
+            cwd=str(workspace),
+            tools=[DynamicTool("broken_tool", "Always fails.", {"type": "object"}, broken)],
+        )
     )
     offline_model.script(Reply.function_call("broken_tool", {}, call_id="c_B1"))
     seen: list[Notification] = []
@@ -339,7 +360,7 @@ async def test_raising_tool_yields_an_error_result_and_the_turn_completes(
 async def test_model_http_400_fails_the_turn_with_its_message(
     appserver: AppServer, offline_model: OfflineModel, workspace: Path
 ) -> None:
-    thread = await appserver.start_thread(cwd=str(workspace))
+    thread = await appserver.start_thread(ThreadSettings(cwd=str(workspace)))
     offline_model.script(Reply.http_error(400, '{"error":{"message":"prompt too spicy 4711"}}'))
     result = await appserver.run_turn(thread.thread_id, "hi")
     assert result.outcome is CodexTurnStatus.FAILED
@@ -355,7 +376,7 @@ async def test_model_http_400_fails_the_turn_with_its_message(
 async def test_slow_model_and_interrupt_gives_interrupted(
     appserver: AppServer, offline_model: OfflineModel, workspace: Path
 ) -> None:
-    thread = await appserver.start_thread(cwd=str(workspace))
+    thread = await appserver.start_thread(ThreadSettings(cwd=str(workspace)))
     offline_model.script(Reply.fixed("too late", delay=10, partial_text="PARTIAL "))
     started = time.monotonic()
     async with appserver.turn(thread.thread_id, "be slow") as handle:
@@ -378,7 +399,7 @@ async def test_slow_model_and_interrupt_gives_interrupted(
 async def test_cancellation_and_idle_timeout_interrupt_the_turn(
     appserver: AppServer, offline_model: OfflineModel, workspace: Path
 ) -> None:
-    thread = await appserver.start_thread(cwd=str(workspace))
+    thread = await appserver.start_thread(ThreadSettings(cwd=str(workspace)))
     tid = thread.thread_id
     offline_model.script(Reply.fixed("never", delay=10))
     with anyio.move_on_after(1.0) as scope:
@@ -444,7 +465,7 @@ async def test_cancelled_turn_start_interrupts_the_turn_codex_started(
     config = make_appserver_config()
     async with AppServer.start(config, record_sent=True, transport_factory=spawn) as server:
         server.add_listener(on_completed)
-        tid = (await server.start_thread(cwd=str(workspace))).thread_id
+        tid = (await server.start_thread(ThreadSettings(cwd=str(workspace)))).thread_id
         # Left alone, the orphan would run for 10 s (only its own prompt gets the slow reply).
         offline_model.script(Reply.fixed("never", delay=10), user_contains="orphan me")
         with anyio.CancelScope() as scope:
@@ -476,7 +497,7 @@ async def test_leaving_a_turn_before_codex_activated_it_still_interrupts_it(
             ended[n.turn_id] = str((n.params.get("turn") or {}).get("status"))
 
     appserver.add_listener(on_completed)
-    tid = (await appserver.start_thread(cwd=str(workspace))).thread_id
+    tid = (await appserver.start_thread(ThreadSettings(cwd=str(workspace)))).thread_id
     offline_model.script(Reply.fixed("never", delay=10), user_contains="leave at once")
     with anyio.CancelScope() as scope:
         async with appserver.turn(tid, "leave at once") as handle:
@@ -490,7 +511,9 @@ async def test_leaving_a_turn_before_codex_activated_it_still_interrupts_it(
 async def test_sigkill_mid_turn_raises_closed_quickly_and_the_next_turn_restarts(
     appserver: AppServer, offline_model: OfflineModel, workspace: Path
 ) -> None:
-    thread = await appserver.start_thread(cwd=str(workspace), developer_instructions=DEV)
+    thread = await appserver.start_thread(
+        ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+    )
     tid = thread.thread_id
     offline_model.script(Reply.fixed("never", delay=30))
     client = appserver.current
@@ -535,7 +558,7 @@ async def test_sixteen_concurrent_turns_on_distinct_threads(
 
     async def one(i: int) -> None:
         thread = await appserver.start_thread(
-            cwd=str(workspace), developer_instructions=f"{DEV} #{i}"
+            ThreadSettings(cwd=str(workspace), developer_instructions=f"{DEV} #{i}")
         )
         results[i] = (thread.thread_id, await appserver.run_turn(thread.thread_id, f"[t{i}] hi"))
 

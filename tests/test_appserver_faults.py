@@ -42,6 +42,7 @@ from codex_turn.harness.appserver import (
     CodexTurnStatus,
     DynamicTool,
     ThreadNotFound,
+    ThreadSettings,
     ToolRegistry,
 )
 from codex_turn.harness.appserver.client import LIVENESS_PROBE_METHOD, encode_message
@@ -245,7 +246,7 @@ async def test_the_manager_replaces_a_dead_process_and_re_resumes_its_thread(
 
     fast = attrs.evolve(config, request_timeout=0.1)
     async with AppServer.start(fast, transport_factory=spawn) as server:
-        tid = (await server.start_thread(developer_instructions="dev")).thread_id
+        tid = (await server.start_thread(ThreadSettings(developer_instructions="dev"))).thread_id
         fakes[0].stopped = True
         with pytest.raises(AppServerTimeout):  # turn/start got no answer, nor did the probe
             await server.run_turn(tid, "into the void")
@@ -347,14 +348,16 @@ async def test_the_client_maps_no_such_thread_on_resume_and_nothing_else(
     fake.handlers["thread/resume"] = lambda request: fake.refuse(request, *next(answers))
     async with AppServerClient.connect(config, transport=fake) as client:
         with pytest.raises(ThreadNotFound) as found:
-            await client.resume_thread("gone", developer_instructions=None)
+            await client.resume_thread("gone", ThreadSettings(developer_instructions=None))
         assert found.value.thread_id == "gone"
         with pytest.raises(AppServerRpcError) as other:
-            await client.resume_thread("broken", developer_instructions=None)
+            await client.resume_thread("broken", ThreadSettings(developer_instructions=None))
         assert not isinstance(other.value, ThreadNotFound)
         fake.handlers["thread/resume"] = lambda request: None
         with pytest.raises(AppServerTimeout):
-            await client.resume_thread("slow", developer_instructions=None, timeout=0.05)
+            await client.resume_thread(
+                "slow", ThreadSettings(developer_instructions=None), timeout=0.05
+            )
         assert not client.closed  # the probe was answered: a live process is kept
 
 
@@ -362,16 +365,18 @@ async def test_the_fake_raises_both_kinds_of_resume_failure() -> None:
     server = FakeAppServer()
     tid = (await server.start_thread()).thread_id
     with pytest.raises(ThreadNotFound):
-        await server.resume_thread("thread-unknown", developer_instructions=None)
+        await server.resume_thread("thread-unknown", ThreadSettings(developer_instructions=None))
     server.resume_error = FakeAppServer.resume_timeout()
     with pytest.raises(AppServerTimeout):
-        await server.resume_thread(tid, developer_instructions=None)
+        await server.resume_thread(tid, ThreadSettings(developer_instructions=None))
     server.resume_error = FakeAppServer.not_found(tid)
     with pytest.raises(ThreadNotFound) as found:
-        await server.resume_thread(tid, developer_instructions=None)
+        await server.resume_thread(tid, ThreadSettings(developer_instructions=None))
     assert found.value.thread_id == tid
     server.resume_error = None
-    assert (await server.resume_thread(tid, developer_instructions=None)).thread_id == tid
+    assert (
+        await server.resume_thread(tid, ThreadSettings(developer_instructions=None))
+    ).thread_id == tid
 
 
 # --- tool arguments are validated ------------------------------------------------------------
@@ -412,7 +417,7 @@ async def test_invalid_arguments_never_reach_the_host_function_through_the_fake(
             CodexScript(tool_calls=[*(("lookup", a) for a in invalid), ("lookup", {"city": "x"})])
         ]
     )
-    tid = (await server.start_thread(tools=[recording_tool(calls)])).thread_id
+    tid = (await server.start_thread(ThreadSettings(tools=[recording_tool(calls)]))).thread_id
     with capture_logs() as records:
         async with server.turn(tid, "go") as handle:
             result = await handle.collect()
@@ -520,12 +525,14 @@ async def test_huge_identifiers_are_capped_in_logs_and_errors(
     huge = "t" * 1_000_000
     async with AppServerClient.connect(config, transport=fake) as client:
         with capture_logs() as records:
-            await client.resume_thread(huge, developer_instructions=None)  # echoed back
+            await client.resume_thread(
+                huge, ThreadSettings(developer_instructions=None)
+            )  # echoed back
             fake.handlers["thread/resume"] = lambda request: fake.refuse(
                 request, -32600, f"no rollout found for thread id {huge}"
             )
             with pytest.raises(ThreadNotFound) as found:
-                await client.resume_thread(huge, developer_instructions=None)
+                await client.resume_thread(huge, ThreadSettings(developer_instructions=None))
             fake.notify("x", threadId=huge)
             fake.emit({"id": huge, "result": {}})
             await client.request(LIVENESS_PROBE_METHOD, {})  # the lines above were read

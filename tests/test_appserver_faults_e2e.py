@@ -37,6 +37,7 @@ from codex_turn.harness.appserver import (
     DynamicTool,
     Notification,
     ThreadNotFound,
+    ThreadSettings,
 )
 from codex_turn.testing import OfflineModel, Reply
 
@@ -90,7 +91,9 @@ async def test_a_stopped_process_is_declared_dead_replaced_and_the_thread_goes_o
     stopped: str,
 ) -> None:
     async with AppServer.start(make_appserver_config(**FAST)) as server:
-        thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
+        thread = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+        )
         tid = thread.thread_id
         first = await server.run_turn(tid, "first words 7d2e")
         assert first.final_text == "ECHO: first words 7d2e"
@@ -144,7 +147,7 @@ async def test_a_slow_but_live_process_is_never_declared_dead(
 ) -> None:
     """A timed-out turn whose process answers the probe keeps its process."""
     async with AppServer.start(make_appserver_config(**FAST)) as server:
-        tid = (await server.start_thread(cwd=str(workspace))).thread_id
+        tid = (await server.start_thread(ThreadSettings(cwd=str(workspace)))).thread_id
         offline_model.script(Reply.fixed("too late", delay=5))
         slow = await server.run_turn(tid, "slow model", idle_timeout=0.5)
         assert slow.outcome is CodexTurnStatus.TIMED_OUT  # interrupted, answered
@@ -167,7 +170,9 @@ async def test_lone_surrogates_arrive_as_replacement_characters_and_the_turn_com
     started = time.monotonic()
     async with AppServer.start(make_appserver_config(request_timeout=5.0)) as server:
         thread = await server.start_thread(
-            cwd=str(workspace), developer_instructions="DEV \ud800 lone", tools=[tool]
+            ThreadSettings(
+                cwd=str(workspace), developer_instructions="DEV \ud800 lone", tools=[tool]
+            )
         )
         result = await server.run_turn(
             thread.thread_id, "hi \udfff there, a pair \ud83d\ude00 stays", idle_timeout=5.0
@@ -193,34 +198,34 @@ async def test_resume_raises_thread_not_found_only_for_a_thread_codex_does_not_h
 ) -> None:
     config = make_appserver_config(**FAST)
     async with AppServer.start(config) as server:
-        gone = await server.start_thread(cwd=str(workspace))
+        gone = await server.start_thread(ThreadSettings(cwd=str(workspace)))
         await server.run_turn(gone.thread_id, "soon gone")
-        corrupt = await server.start_thread(cwd=str(workspace))
+        corrupt = await server.start_thread(ThreadSettings(cwd=str(workspace)))
         await server.run_turn(corrupt.thread_id, "soon corrupt")
     delete_rollout(gone.thread.path)
     corrupt_rollout(corrupt.thread.path)
     async with AppServer.start(make_appserver_config(codex_home=config.codex_home, **FAST)) as s:
         for unknown in (str(uuid.uuid4()), gone.thread_id, "not-a-thread-id"):
             with pytest.raises(ThreadNotFound) as found:
-                await s.resume_thread(unknown, developer_instructions=None)
+                await s.resume_thread(unknown, ThreadSettings(developer_instructions=None))
             assert isinstance(found.value, AppServerRpcError)
             assert found.value.code == -32600
             assert found.value.thread_id == unknown
         # A rollout that exists but cannot be read is not "no such thread".
         with pytest.raises(AppServerRpcError) as unreadable:
-            await s.resume_thread(corrupt.thread_id, developer_instructions=None)
+            await s.resume_thread(corrupt.thread_id, ThreadSettings(developer_instructions=None))
         assert not isinstance(unreadable.value, ThreadNotFound)
         # Nor is a process that does not answer (transient: the thread may well exist).
         stopped = s.current
         assert stopped is not None
         os.kill(process_of(s).pid, signal.SIGSTOP)
         with pytest.raises(AppServerError) as stuck:
-            await s.resume_thread(str(uuid.uuid4()), developer_instructions=None)
+            await s.resume_thread(str(uuid.uuid4()), ThreadSettings(developer_instructions=None))
         assert isinstance(stuck.value, AppServerTimeout)
         assert not isinstance(stuck.value, ThreadNotFound)
         assert stopped.closed  # declared dead meanwhile, and replaced on the next call
         with pytest.raises(ThreadNotFound):
-            await s.resume_thread(gone.thread_id, developer_instructions=None)
+            await s.resume_thread(gone.thread_id, ThreadSettings(developer_instructions=None))
         assert s.restarts == 1
 
 
@@ -262,7 +267,9 @@ async def test_a_private_home_and_everything_codex_writes_there_are_owner_only(
 ) -> None:
     config = make_appserver_config()
     async with AppServer.start(config) as server:
-        thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
+        thread = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+        )
         await server.run_turn(thread.thread_id, "private words")
     assert rollout_exists(thread.thread.path)
     check_owner_only(config.codex_home, Path(str(thread.thread.path)))
@@ -313,7 +320,9 @@ async def test_schema_violating_tool_calls_never_reach_the_host_function(
         return f"Sunny in {args['city']}"
 
     thread = await appserver.start_thread(
-        cwd=str(workspace), tools=[DynamicTool("lookup_weather", "Weather.", SCHEMA, weather)]
+        ThreadSettings(
+            cwd=str(workspace), tools=[DynamicTool("lookup_weather", "Weather.", SCHEMA, weather)]
+        )
     )
     replies = [
         Reply.function_call("lookup_weather", arguments, call_id=f"c_{i}")

@@ -44,6 +44,7 @@ from codex_turn.harness.appserver import (
     NoActiveTurn,
     Notification,
     TextInput,
+    ThreadSettings,
     TurnHandle,
     TurnNotRunning,
     TurnProjector,
@@ -400,8 +401,8 @@ async def test_client_forget_thread_releases_tools_and_loaded_mark(
 ) -> None:
     payload = _Payload()
     alive = weakref.ref(payload)
-    tid = (await client.start_thread(tools=[_tool_holding(payload)])).thread_id
-    other = (await client.start_thread(tools=[_tool_holding(_Payload())])).thread_id
+    tid = (await client.start_thread(ThreadSettings(tools=[_tool_holding(payload)]))).thread_id
+    other = (await client.start_thread(ThreadSettings(tools=[_tool_holding(_Payload())]))).thread_id
     del payload
     gc.collect()
     assert alive() is not None
@@ -424,10 +425,12 @@ async def test_manager_forget_thread_and_lru_bound(
     async with AppServer.start(config, transport_factory=factory, max_threads=2) as server:
         payload = _Payload()
         alive = weakref.ref(payload)
-        t1 = (await server.start_thread(tools=[_tool_holding(payload)])).thread_id
+        t1 = (await server.start_thread(ThreadSettings(tools=[_tool_holding(payload)]))).thread_id
         del payload
         t2 = (await server.start_thread()).thread_id
-        await server.resume_thread(t1, developer_instructions="again")  # t1 is now the newest
+        await server.resume_thread(
+            t1, ThreadSettings(developer_instructions="again")
+        )  # t1 is now the newest
         t3 = (await server.start_thread()).thread_id
         assert server.remembered_threads == [t1, t3]  # t2 was least recently used
         client = server.current
@@ -665,22 +668,26 @@ async def test_runtime_policy_is_sent_under_the_schema_names_only_when_given(
     client: AppServerClient, fake: FakeCodex
 ) -> None:
     tid = (await client.start_thread()).thread_id
-    await client.resume_thread(tid, developer_instructions=None)
+    await client.resume_thread(tid, ThreadSettings(developer_instructions=None))
     await client.start_thread(
-        approval_policy="never",
-        sandbox="read-only",
-        approvals_reviewer="user",
-        service_tier="flex",
+        ThreadSettings(
+            approval_policy="never",
+            sandbox="read-only",
+            approvals_reviewer="user",
+            service_tier="flex",
+        )
     )
     await client.resume_thread(
         tid,
-        developer_instructions=None,
-        approval_policy={
-            "granular": {"sandbox_approval": True, "rules": False, "mcp_elicitations": False}
-        },
-        sandbox="workspace-write",
-        approvals_reviewer="auto_review",
-        service_tier="flex",
+        ThreadSettings(
+            developer_instructions=None,
+            approval_policy={
+                "granular": {"sandbox_approval": True, "rules": False, "mcp_elicitations": False}
+            },
+            sandbox="workspace-write",
+            approvals_reviewer="auto_review",
+            service_tier="flex",
+        ),
     )
     plain_start, start = (m["params"] for m in fake.requests("thread/start"))
     plain_resume, resume = (m["params"] for m in fake.requests("thread/resume"))
@@ -714,15 +721,19 @@ async def test_auto_resume_after_a_restart_re_sends_the_runtime_policy(
     async with AppServer.start(config, transport_factory=factory) as server:
         tid = (
             await server.start_thread(
-                developer_instructions="dev", sandbox="workspace-write", approval_policy="never"
+                ThreadSettings(
+                    developer_instructions="dev", sandbox="workspace-write", approval_policy="never"
+                )
             )
         ).thread_id
         await server.resume_thread(
             tid,
-            developer_instructions="dev",
-            sandbox="danger-full-access",
-            approvals_reviewer="user",
-            service_tier="flex",
+            ThreadSettings(
+                developer_instructions="dev",
+                sandbox="danger-full-access",
+                approvals_reviewer="user",
+                service_tier="flex",
+            ),
         )  # what a later auto-resume re-sends: the last resume's policy
         fakes[0].die()
         with anyio.fail_after(3):

@@ -19,7 +19,7 @@ import pytest
 from support.recording_engine import RecordingEngine
 
 from codex_turn.cli import main as cli_main
-from codex_turn.harness.appserver import AppServer, AppServerConfig, CodexTurnStatus
+from codex_turn.harness.appserver import AppServer, AppServerConfig, CodexTurnStatus, ThreadSettings
 from codex_turn.harness.binding import (
     ContextEngineBinding,
     ProjectionBinding,
@@ -53,7 +53,9 @@ def params(session_file: Path, workspace: Path, **overrides: Any) -> CompactSess
 
 
 async def first_turn(server: AppServer, workspace: Path, session_file: Path) -> str:
-    thread = await server.start_thread(cwd=str(workspace), developer_instructions=DEV)
+    thread = await server.start_thread(
+        ThreadSettings(cwd=str(workspace), developer_instructions=DEV)
+    )
     result = await server.run_turn(thread.thread_id, "first turn")
     assert result.outcome is CodexTurnStatus.COMPLETED
     write_binding(session_file, ThreadBinding(thread_id=thread.thread_id, cwd=str(workspace)))

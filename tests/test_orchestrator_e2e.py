@@ -37,7 +37,7 @@ from codex_turn import (
     read_binding,
     run_codex_turn,
 )
-from codex_turn.harness.appserver import AppServerProcess
+from codex_turn.harness.appserver import AppServerProcess, ThreadSettings
 from codex_turn.harness.session import mirror_turn
 from codex_turn.harness.turn.orchestrator import TURN_START_TEXT_MAX_CHARS
 from codex_turn.testing import OfflineModel, Reply
@@ -396,7 +396,9 @@ async def test_no_engine_and_legacy_engine_turns_are_plain_codex_turns(
     workspace: Path,
 ) -> None:
     async with AppServer.start(make_appserver_config()) as server:
-        thread = await server.start_thread(cwd=str(workspace), developer_instructions=None)
+        thread = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), developer_instructions=None)
+        )
         await server.run_turn(thread.thread_id, "hello")
     plain = request_shape(offline_model.turn_requests()[-1])
 

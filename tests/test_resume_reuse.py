@@ -20,7 +20,7 @@ from codex_turn.harness.appserver import (
     AppServerConfig,
     LoadedThread,
     Notification,
-    settings_key,
+    ThreadSettings,
     tool,
 )
 from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
@@ -61,26 +61,35 @@ async def _lookup(args: Any) -> str:
     return "x"
 
 
-@pytest.mark.parametrize(
-    ("field", "other"),
-    [
-        ("developer_instructions", "be verbose"),
-        ("cwd", "/elsewhere"),
-        ("model", "m2"),
-        ("approval_policy", "on-request"),
-        ("sandbox", "workspace-write"),
-        ("approvals_reviewer", "user"),
-        ("service_tier", "flex"),
-        ("tools", [_lookup]),
-    ],
-)
+#: One changed value per setting.
+KEY_CASES: list[tuple[str, Any]] = [
+    ("developer_instructions", "be verbose"),
+    ("cwd", "/elsewhere"),
+    ("model", "m2"),
+    ("approval_policy", "on-request"),
+    ("sandbox", "workspace-write"),
+    ("approvals_reviewer", "user"),
+    ("service_tier", "flex"),
+    ("tools", [_lookup]),
+    ("base_instructions", "be someone"),
+    ("model_provider", "other"),
+    ("personality", "friendly"),
+]
+
+
+@pytest.mark.parametrize(("field", "other"), KEY_CASES)
 def test_settings_key_changes_with_every_setting(field: str, other: Any) -> None:
-    assert settings_key(**BASE) == settings_key(**BASE)
-    assert settings_key(**{**BASE, field: other}) != settings_key(**BASE)
+    assert ThreadSettings(**BASE).key == ThreadSettings(**BASE).key
+    assert ThreadSettings(**{**BASE, field: other}).key != ThreadSettings(**BASE).key
+
+
+def test_the_key_cases_cover_every_setting() -> None:
+    covered = {field for field, _ in KEY_CASES}
+    assert covered == {field.name for field in attrs.fields(ThreadSettings)}
 
 
 def _loaded(thread_id: str) -> LoadedThread:
-    return LoadedThread(ThreadResult(thread=ThreadInfo(id=thread_id)), settings_key(**BASE))
+    return LoadedThread(ThreadResult(thread=ThreadInfo(id=thread_id)), ThreadSettings(**BASE).key)
 
 
 FAKE_SERVER = r"""

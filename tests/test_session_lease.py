@@ -77,16 +77,16 @@ SCRIPT = textwrap.dedent(
 
     class SharedHomeCodex(FakeAppServer):
         # Two app-servers on one Codex home: any thread of the home can be resumed.
-        async def start_thread(self, **kwargs):
+        async def start_thread(self, settings):
             await anyio.sleep(float(delay))
-            return await super().start_thread(**kwargs)
+            return await super().start_thread(settings)
 
-        async def resume_thread(self, thread_id, **kwargs):
+        async def resume_thread(self, thread_id, settings):
             await anyio.sleep(float(delay))
             if thread_id not in self.threads:
                 self.threads[thread_id] = ToolRegistry(())
                 self._policies[thread_id] = _Policy()
-            return await super().resume_thread(thread_id, **kwargs)
+            return await super().resume_thread(thread_id, settings)
 
 
     server = SharedHomeCodex(default=CodexScript(reply=f"reply from {label}"))

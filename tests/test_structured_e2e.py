@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from codex_turn import AppServer
-from codex_turn.harness.appserver import tool
+from codex_turn.harness.appserver import ThreadSettings, tool
 from codex_turn.harness.turn.structured import (
     ForkFailed,
     PreparedFork,
@@ -44,8 +44,8 @@ def convert(messages: list[dict[str, Any]], prompt: str = "") -> list[dict[str, 
 
 
 async def base_thread(server: AppServer, workspace: Path, **kwargs: Any) -> str:
-    result = await server.start_thread(cwd=str(workspace), developer_instructions=DEV, **kwargs)
-    return result.thread_id
+    settings = ThreadSettings(cwd=str(workspace), developer_instructions=DEV, **kwargs)
+    return (await server.start_thread(settings)).thread_id
 
 
 async def forked_turn(
@@ -58,7 +58,7 @@ async def forked_turn(
 ) -> tuple[PreparedFork, RecordedRequest]:
     seen = len(model.turn_requests())
     prepared = await prepare_fork(
-        server, base, items, developer_instructions=DEV, cwd=str(workspace)
+        server, base, items, ThreadSettings(developer_instructions=DEV, cwd=str(workspace))
     )
     assert isinstance(prepared, PreparedFork), prepared
     result = await server.run_turn(prepared.fork_thread_id, prompt, timeout=60)

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from codex_turn.harness.appserver import (
     AppServerError,
     AppServerRpcError,
     AppServerTimeout,
-    DynamicTool,
+    ThreadSettings,
 )
 from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
 from codex_turn.harness.binding import read_binding
@@ -56,22 +56,12 @@ class ForkingFake(FakeAppServer):
         self.forks: list[str] = []
         self.injected: list[list[Mapping[str, Any]]] = []
 
-    async def fork_thread(
-        self,
-        thread_id: str,
-        *,
-        developer_instructions: str | None,
-        cwd: str | None = None,
-        model: str | None = None,
-        tools: Iterable[DynamicTool] | None = None,
-        approvals_reviewer: str | None = None,
-        service_tier: str | None = None,
-    ) -> ThreadResult:
+    async def fork_thread(self, thread_id: str, settings: ThreadSettings) -> ThreadResult:
         if self.fork_error is not None:
             raise self.fork_error
         fork_id = f"fork-{len(self.forks) + 1}"
         self.forks.append(fork_id)
-        return ThreadResult(thread=ThreadInfo(id=fork_id), model=model or self.model)
+        return ThreadResult(thread=ThreadInfo(id=fork_id), model=settings.model or self.model)
 
     async def inject_items(self, thread_id: str, items: Sequence[Mapping[str, Any]]) -> None:
         if self.inject_error is not None:
@@ -110,10 +100,10 @@ async def test_only_a_base_without_a_rollout_is_anchored(refusal: str, anchored:
     fork = fake.fork_thread
     refusals = [AppServerRpcError(-32600, refusal, method="thread/fork")]
 
-    async def refused_once(thread_id: str, **kwargs: Any) -> ThreadResult:
+    async def refused_once(thread_id: str, settings: ThreadSettings) -> ThreadResult:
         if refusals:
             raise refusals.pop()
-        return await fork(thread_id, **kwargs)
+        return await fork(thread_id, settings)
 
     fake.fork_thread = refused_once  # type: ignore[method-assign]
     outcome = await prepare_fork(fake, "base-1", [ITEM])

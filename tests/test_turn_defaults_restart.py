@@ -26,7 +26,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from codex_turn.harness.appserver import AppServerClient, AppServerConfig
+from codex_turn.harness.appserver import AppServerClient, AppServerConfig, ThreadSettings
 from codex_turn.harness.appserver.errors import AppServerClosed
 from codex_turn.harness.appserver.threads import _thread_defaults, configured_defaults
 from codex_turn.testing import OfflineModel, Reply
@@ -291,7 +291,9 @@ async def _resume_two(fake: ConfigCodex, tmp_path: Path) -> AppServerClient:
     config = AppServerConfig(codex_home=tmp_path / "home", write_config=False)
     async with AppServerClient.connect(config, transport=fake) as client:
         for thread_id in ("t1", "t2"):
-            await client.resume_thread(thread_id, developer_instructions="x", cwd="/w")
+            await client.resume_thread(
+                thread_id, ThreadSettings(developer_instructions="x", cwd="/w")
+            )
         return client
 
 
