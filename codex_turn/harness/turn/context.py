@@ -34,6 +34,7 @@ from codex_turn.harness.appserver import (
     TurnHandlePort,
     TurnProjector,
 )
+from codex_turn.harness.appserver.thread_settings import RUNTIME_POLICY
 from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
     BINDING_SCHEMA_VERSION,
@@ -462,10 +463,8 @@ async def save_binding(
         or (bound.auth_profile_id if bound is not None else None),
         "model": result.model or params.model,
         "model_provider": result.model_provider,
-        "approval_policy": params.approval_policy,
-        "sandbox": params.sandbox,
-        "approvals_reviewer": params.approvals_reviewer,
-        "service_tier": params.service_tier,
+        # The turn's runtime policy (approval policy, sandbox, reviewer, service tier).
+        **{name: getattr(params, name) for name in RUNTIME_POLICY},
         "dynamic_tools_fingerprint": tools_fingerprint,
         "context_engine": engine_record,
         # Why this thread exists: the decision that started or rotated to it (a resume keeps
