@@ -34,9 +34,6 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
 * ``memo``: the :class:`~codex_turn.projection.items.ConversionCache` carried from turn to
   turn (``forms.session_conversion``). OFF: no cache (every turn converts and checks the
   whole assembly). Same sessions as ``kept-forks``.
-* ``reuse``: the resume table's ``reuse`` (``RESUME_RULES`` in the thread plan: ``turn/start``
-  straight to a thread this process loaded with the same settings) against ``thread/resume``
-  every turn. No engine.
 * ``prompt-sync``: the prompt's fsync overlapping ``turn/start`` and the model's turn
   (``stages._PromptSync`` through ``run_in_worker_then``). OFF: the fsync runs in the same
   worker hop as the write, before ``turn/start``. No engine.
@@ -60,10 +57,16 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
   appended (``harness/history_cache.py``). OFF: its entry is forgotten before every read
   (the read cache stays). Same engine, 10k messages.
 
+Removed after measuring (the 5% rule; figures of the last run that had them, at 1.5 s):
+
+* resume reuse (``turn/start`` straight to a thread this process held unchanged, instead of
+  ``thread/resume``): 1.003 x floor ON, 1.006 OFF, saving +0.2% of a turn, client CPU 5.9
+  against 6.7 ms, the same bytes sent to the model. Every turn on a bound thread resumes.
+
 Switches are made here only: module-level names of the library are patched for the OFF
 configuration's steps (``unittest.mock.patch.object``), and restored before any other
 configuration runs. Every configuration has a *path check*: a counting wrapper around the
-decision its mechanism switches (kept forks continued, threads reused, frames rendered), so
+decision its mechanism switches (kept forks continued, threads resumed, frames rendered), so
 a row shows that ON took the fast path and OFF did not. Every thread (the floors' too)
 carries the same developer instructions, ``--instructions-kb`` (8) KB of them: a host's
 workspace rules (OpenClaw sends its bootstrap files this way); in a fresh fork they follow
@@ -152,7 +155,7 @@ import codex_turn.harness.turn.executors as executors
 import codex_turn.harness.turn.forms as forms
 import codex_turn.harness.turn.stages as stages
 from codex_turn import TurnParams, TurnResult
-from codex_turn.fsm.thread import Choice, ForkAction, ResumeAction, ThreadAction, ThreadPlan
+from codex_turn.fsm.thread import Choice, ForkAction, ThreadAction, ThreadPlan
 from codex_turn.harness._fs import run_in_worker, session_path
 from codex_turn.harness.appserver import AppServer, AppServerConfig, bundled_codex_path
 from codex_turn.harness.appserver.config import FORK_UNLOAD_DELAY_S
@@ -210,7 +213,6 @@ def label(messages: int) -> str:
 MECHANISM_TABLE: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
     ("kept-forks", "kept forks", "structured", ("small", "large"), "nofork"),
     ("memo", "conversion memo", "structured", ("small", "large"), "nomemo"),
-    ("reuse", "resume reuse", "plain", ("none",), "noreuse"),
     ("prompt-sync", "prompt fsync overlap", "plain", ("none",), "nosync"),
     ("worker-hops", "own worker hops", "plain", ("none",), "anyiohops"),
     ("lazy", "lazy projection", "bootstrap", ("large",), "eager"),
@@ -415,7 +417,7 @@ def _plan(
     config: MechanismConfig, override: Callable[[ThreadPlan], ThreadPlan] | None = None
 ) -> list[AbstractContextManager[Any]]:
     """Count how each turn's thread plan obtains the thread (a kept fork continued or a
-    fresh one; a loaded thread reused or resumed), after ``override`` changed it."""
+    fresh one; a bound thread resumed), after ``override`` changed it."""
     original = executors.plan_thread
 
     def plan(decision: Any, facts: Any) -> ThreadPlan:
@@ -424,8 +426,8 @@ def _plan(
             planned = override(planned)
         if planned.fork is not None:
             config.count(f"fork-{planned.fork.action.value}")
-        if planned.resume is not None:
-            config.count(planned.resume.action.value)
+        elif planned.action is ThreadAction.RESUME:
+            config.count("resume")
         return planned
 
     return [mock.patch.object(executors, "plan_thread", plan)]
@@ -481,15 +483,6 @@ def _no_memo(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
         return None
 
     return [*_plan(config), mock.patch.object(stages, "session_conversion", no_cache)]
-
-
-def _no_reuse(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    def resumed(plan: ThreadPlan) -> ThreadPlan:
-        if plan.resume is None:
-            return plan
-        return attrs.evolve(plan, resume=Choice(ResumeAction.RESUME, "bench-reuse-off"))
-
-    return _plan(config, resumed)
 
 
 def _no_prompt_sync_overlap(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -567,7 +560,6 @@ def _no_pristine(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
 SWITCHES: dict[str, Patches] = {
     "nofork": _no_kept_forks,
     "nomemo": _no_memo,
-    "noreuse": _no_reuse,
     "nosync": _no_prompt_sync_overlap,
     "eager": _eager_frame,
     "noreadcache": _no_read_cache,

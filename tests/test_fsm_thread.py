@@ -234,7 +234,6 @@ def _tables() -> list[tuple[str, tuple[Any, ...], type]]:
 
     return [
         ("thread", thread.THREAD_RULES, thread.ThreadFacts),
-        ("resume", thread.RESUME_RULES, thread.ResumeFacts),
         ("base", thread.BASE_RULES, thread.BaseFacts),
         ("fork", thread.FORK_RULES, thread.ForkFacts),
         ("form", thread.FORM_RULES, thread.FormFacts),
@@ -278,19 +277,12 @@ def test_a_plan_reads_only_the_tables_its_action_needs() -> None:
         Choice,
         ForkAction,
         ForkFacts,
-        ResumeAction,
-        ResumeFacts,
         plan_thread,
     )
 
     read: list[str] = []
 
     class Facts:
-        @property
-        def resume(self) -> ResumeFacts:
-            read.append("resume")
-            return ResumeFacts(loaded=True, settings_match=True)
-
         @property
         def base(self) -> BaseFacts:
             read.append("base")
@@ -304,21 +296,13 @@ def test_a_plan_reads_only_the_tables_its_action_needs() -> None:
         read.clear()
         plan = plan_thread(row.decision, Facts())
         assert plan.decision is row.decision
-        if row.decision.action is ThreadAction.RESUME:
-            assert read == ["resume"]
-            assert plan.resume is not None
-            assert plan.resume.action is ResumeAction.REUSE
-            assert plan.base is None
-            assert plan.fork is None
-        elif row.decision.action is ThreadAction.FORK:
+        if row.decision.action is ThreadAction.FORK:
             assert read == ["base", "fork:new"]  # no base bound: a new one, nothing kept
             assert plan.base is not None
             assert plan.base.action is BaseAction.NEW
             assert plan.fork is not None
             assert plan.fork.action is ForkAction.NEW
-            assert plan.resume is None
         else:
             assert read == []
-            assert plan.resume is None
             assert plan.base is None
             assert plan.fork is None

@@ -300,10 +300,9 @@ async def test_a8_projects_thread_bootstrap_context_once_per_epoch(
     assert second.thread_id == first.thread_id
     # An unchanged binding is not rewritten on resume (no fsyncs per turn for nothing).
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    # The thread is loaded in this process with the same settings and was not compacted:
-    # the resume is skipped (it would re-send nothing new), turn/start goes straight on.
+    # The bound thread is resumed with the raw prompt (it carries this epoch's context).
     methods = [m["method"] for m in appserver.sent[mark:] if "id" in m and "method" in m]
-    assert methods == ["turn/start"]
+    assert methods == ["thread/resume", "turn/start"]
     turn_start = [m["params"] for m in appserver.sent[mark:] if m.get("method") == "turn/start"]
     assert [i["text"] for i in turn_start[0]["input"]] == ["hello"]
     decisions = [
@@ -315,8 +314,8 @@ async def test_a8_projects_thread_bootstrap_context_once_per_epoch(
         ("missing-thread-binding", True),
         ("matching-thread-bootstrap-binding", False),
     ]
-    resumed = [r["resume"] for r in records if r["event"] == "codex app-server thread resumed"]
-    assert resumed == ["thread-loaded-unchanged"]
+    resumed = [r["reason"] for r in records if r["event"] == "codex app-server thread resumed"]
+    assert resumed == ["matching-thread-bootstrap-binding"]
     # The developer instructions (with the engine's addition) reach the model on both turns.
     requests = offline_model.turn_requests()[-2:]
     assert all("memory recall" in "".join(r.developer_messages) for r in requests)

@@ -62,7 +62,7 @@ def _pass_through() -> RecordingEngine:
 
 def _server() -> FakeAppServer:
     server = FakeAppServer()
-    server.keeps_threads_loaded = True  # as the real client: the second turn resumes nothing
+    server.keeps_threads_loaded = True  # as the real client
     return server
 
 

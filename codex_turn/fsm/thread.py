@@ -53,17 +53,12 @@ read). :func:`plan_thread` evaluates the tables a turn needs in one pass into a 
 :class:`ThreadPlan`; the harness carries the plan out and reports what happened as a
 past-tense trigger (``thread_started``/``thread_resumed``/``thread_rotated``/...).
 
-How a *resume* is carried out is a second, smaller table (:data:`RESUME_RULES`). A
-``thread/resume`` loads the thread and re-sends the developer instructions and the runtime
-policy; that is needed exactly when Codex may not hold them as this turn wants them. When
-this app-server process started or resumed the thread itself, with the very settings this
-turn sends, and Codex has not compacted it since (a compaction is the one event that can
-drop re-sent instructions, see the app-server reference §6) nor unloaded it, the thread is
-*reused*: ``turn/start`` goes straight to it. Otherwise it is resumed as before. The
-client keeps the facts (what it sent, every compaction and unload it saw); the decision is
-:func:`decide_resume`'s.
+A resume always sends ``thread/resume`` (it loads the thread and re-sends the developer
+instructions and the runtime policy). Skipping it for a thread this process held unchanged
+saved 0.2% of a turn with the model answering after 1.5 s (``benchmarks/bench_mechanisms.py``),
+so it is not done.
 
-Which base a ``fork`` uses is a third small table (:data:`BASE_RULES`): the bound base when
+Which base a ``fork`` uses is a second small table (:data:`BASE_RULES`): the bound base when
 there is one built for this turn's tools, engine and workspace; a new base (started, anchored
 and bound) otherwise. A base holds nothing a turn could lose, so replacing it costs only the
 warm prompt cache.
@@ -102,7 +97,6 @@ __all__ = [
     "FORK_RULES",
     "FORM_RULES",
     "KEEP_RULES",
-    "RESUME_RULES",
     "THREAD_RULES",
     "BaseAction",
     "BaseFacts",
@@ -114,8 +108,6 @@ __all__ = [
     "KeepFacts",
     "PlanFacts",
     "ProjectionForm",
-    "ResumeAction",
-    "ResumeFacts",
     "Rule",
     "ThreadAction",
     "ThreadDecision",
@@ -292,34 +284,6 @@ THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
 
 
 # --------------------------------------------------------------------------------------------
-# How a resume is carried out (see the module header)
-
-
-class ResumeAction(enum.Enum):
-    RESUME = "resume"  # send thread/resume: load the thread, re-send instructions and policy
-    REUSE = "reuse"  # the thread is loaded here exactly as wanted: turn/start goes straight on
-
-
-@attrs.frozen
-class ResumeFacts:
-    """What this app-server process knows about the bound thread."""
-
-    loaded: bool = False  # this process started or resumed it and Codex has not unloaded it
-    settings_match: bool = False  # ... with exactly the settings this turn would send
-    compacted: bool = False  # Codex compacted it since (re-sent instructions may be gone)
-
-
-R = ResumeAction
-
-RESUME_RULES: tuple[Rule[Choice[ResumeAction]], ...] = (
-    Rule(Choice(R.RESUME, "thread-not-loaded-here"), unless=("loaded",)),
-    Rule(Choice(R.RESUME, "compacted-since-loaded"), when=("compacted",)),
-    Rule(Choice(R.RESUME, "thread-settings-changed"), unless=("settings_match",)),
-    Rule(Choice(R.REUSE, "thread-loaded-unchanged")),
-)
-
-
-# --------------------------------------------------------------------------------------------
 # Which base thread a fork uses
 
 
@@ -464,9 +428,6 @@ class PlanFacts(Protocol):
     attributes."""
 
     @property
-    def resume(self) -> object: ...
-
-    @property
     def base(self) -> object: ...
 
     def fork(self, base: Choice[BaseAction]) -> object:
@@ -476,11 +437,10 @@ class PlanFacts(Protocol):
 
 @attrs.frozen
 class ThreadPlan:
-    """How this turn obtains its thread: the thread decision, and for a resume how it is
-    carried out, for a fork which base and whether the kept fork is continued."""
+    """How this turn obtains its thread: the thread decision, and for a fork which base and
+    whether the kept fork is continued."""
 
     decision: ThreadDecision
-    resume: Choice[ResumeAction] | None = None
     base: Choice[BaseAction] | None = None
     fork: Choice[ForkAction] | None = None
 
@@ -490,14 +450,12 @@ class ThreadPlan:
 
 
 def plan_thread(decision: ThreadDecision, facts: PlanFacts) -> ThreadPlan:
-    """The tables ``decision``'s action needs, in one pass (no other table's facts are read:
-    a resume never looks at kept forks, a start at the loaded thread).
+    """The tables ``decision``'s action needs, in one pass (no other action reads their
+    facts: a start never looks at kept forks).
 
     The thread decision itself is taken earlier, once the assembly is known, because the
     prompt hooks run on the prompt it chose; how it is carried out reads the thread settings
-    those hooks finalised (the instructions a loaded thread or a kept fork must match)."""
-    if decision.action is ThreadAction.RESUME:
-        return ThreadPlan(decision, resume=decide(RESUME_RULES, facts.resume))
+    those hooks finalised (the instructions a kept fork must match)."""
     if decision.action is ThreadAction.FORK:
         base = decide(BASE_RULES, facts.base)
         return ThreadPlan(decision, base=base, fork=decide(FORK_RULES, facts.fork(base)))

@@ -3,8 +3,8 @@
 Theory. The thread decision (:data:`codex_turn.fsm.thread.THREAD_RULES`) says *what* this
 turn's thread is; :func:`codex_turn.fsm.thread.plan_thread` adds *how*, from the facts
 gathered here once the prompt hooks have finalised the thread settings
-(:class:`PlanFacts`: what this app-server process holds of the bound thread and of the fork
-kept after the session's last turn). The starting_thread stage then looks the executor up in
+(:class:`PlanFacts`: what this app-server process holds of the base and of the fork kept
+after the session's last turn). The starting_thread stage then looks the executor up in
 :data:`EXECUTORS` by the plan's action and awaits it. An executor does the I/O the plan
 names and returns the past-tense trigger that says what happened; it never chooses.
 
@@ -32,8 +32,6 @@ from codex_turn.fsm.thread import (
     Choice,
     ForkAction,
     ForkFacts,
-    ResumeAction,
-    ResumeFacts,
     ThreadAction,
     ThreadPlan,
     plan_thread,
@@ -102,23 +100,11 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
 
 class PlanFacts:
     """The facts :func:`~codex_turn.fsm.thread.plan_thread` reads (what this process holds of
-    the bound thread, of the base and of the fork kept for it), for ``settings``."""
+    the base and of the fork kept for it), for ``settings``."""
 
     def __init__(self, ctx: TurnContext, settings: ThreadSettings) -> None:
         self._ctx, self._settings = ctx, settings
         self._key = settings.key
-
-    @property
-    def resume(self) -> ResumeFacts:
-        ctx = self._ctx
-        bound = ctx.binding
-        assert bound is not None
-        loaded = ctx.app_server.loaded_thread(bound.thread_id)
-        return ResumeFacts(
-            loaded=loaded is not None,
-            settings_match=loaded is not None and loaded.settings == self._key,
-            compacted=loaded is not None and loaded.compacted,
-        )
 
     @property
     def base(self) -> BaseFacts:
@@ -193,34 +179,13 @@ def resume_refused(ctx: TurnContext, error: AppServerError) -> TurnTrigger:
 # --- resume -----------------------------------------------------------------------------------
 
 
-async def _resume_with_rpc(
-    ctx: TurnContext, thread_id: str, settings: ThreadSettings
-) -> ThreadResult:
-    return await ctx.app_server.resume_thread(thread_id, settings)
-
-
-async def _reuse_loaded(ctx: TurnContext, thread_id: str, settings: ThreadSettings) -> ThreadResult:
-    loaded = ctx.app_server.loaded_thread(thread_id)
-    assert loaded is not None  # the resume table reuses only a loaded thread
-    if ctx.tools:
-        ctx.app_server.bind_tools(thread_id, ctx.tools)
-    return loaded.result
-
-
-#: How each resume mode obtains the loaded thread.
-RESUMERS: Final[
-    Mapping[ResumeAction, Callable[[TurnContext, str, ThreadSettings], Awaitable[ThreadResult]]]
-] = {ResumeAction.RESUME: _resume_with_rpc, ResumeAction.REUSE: _reuse_loaded}
-
-
 async def resume(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> TurnTrigger:
-    """Resume the bound thread as the resume table says (``thread/resume``, or straight on
-    to ``turn/start`` when this process holds it exactly as wanted)."""
-    bound, decision, how = ctx.binding, plan.decision, plan.resume
+    """Resume the bound thread (``thread/resume``: Codex loads it if need be and takes the
+    turn's instructions and tools)."""
+    bound, decision = ctx.binding, plan.decision
     assert bound is not None
-    assert how is not None
     try:
-        result = await RESUMERS[how.action](ctx, bound.thread_id, settings)
+        result = await ctx.app_server.resume_thread(bound.thread_id, settings)
     except AppServerError as error:
         return resume_refused(ctx, error)
     # The thread keeps the projection it carries (a matching epoch, or none); a resume
@@ -236,7 +201,7 @@ async def resume(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -
     )
     ctx.thread = ThreadReady(result=result, binding=binding)
     ctx.log = ctx.log.bind(thread_id=result.thread_id)
-    ctx.log.info("codex app-server thread resumed", reason=decision.reason, resume=how.reason)
+    ctx.log.info("codex app-server thread resumed", reason=decision.reason)
     return T.THREAD_RESUMED
 
 

@@ -1,9 +1,8 @@
-"""The resume table and the client's ledger of loaded threads (fast; the real binary's side
-is tests/test_resume_reuse_e2e.py)."""
+"""The client's ledger of loaded threads and the settings key a kept fork is matched by
+(fast; resuming against the real binary is tests/test_resume_e2e.py)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from support.fake_appserver import FakeAppServer
 from support.turns import temporary_session_file, turn_params
 
 from codex_turn import TurnOutcome, run_codex_turn
-from codex_turn.fsm import RESUME_RULES, ResumeAction, ResumeFacts, decide
 from codex_turn.harness.appserver import (
     AppServerClient,
     AppServerConfig,
@@ -24,26 +22,6 @@ from codex_turn.harness.appserver import (
     tool,
 )
 from codex_turn.harness.appserver.types import ThreadInfo, ThreadResult
-
-FIELDS = [f.name for f in attrs.fields(ResumeFacts)]
-
-
-@pytest.mark.parametrize(
-    "facts",
-    [
-        ResumeFacts(**dict(zip(FIELDS, bits, strict=True)))
-        for bits in itertools.product((False, True), repeat=len(FIELDS))
-    ],
-)
-def test_reuse_only_a_loaded_unchanged_uncompacted_thread(facts: ResumeFacts) -> None:
-    decision = decide(RESUME_RULES, facts)
-    wanted = facts.loaded and facts.settings_match and not facts.compacted
-    assert (decision.action is ResumeAction.REUSE) is wanted
-    if not facts.loaded:
-        assert decision.reason == "thread-not-loaded-here"
-    elif facts.compacted:
-        assert decision.reason == "compacted-since-loaded"
-
 
 BASE: dict[str, Any] = {
     "developer_instructions": "be brief",
@@ -174,32 +152,6 @@ async def test_the_ledger_follows_what_codex_says(
 
 # --------------------------------------------------------------------------------------------
 # Through the orchestrator, with the in-process fake (its ledger switched on)
-
-
-@pytest.mark.anyio
-async def test_turns_on_a_loaded_thread_send_no_resume_until_something_changes() -> None:
-    fake = FakeAppServer()
-    fake.keeps_threads_loaded = True
-    with temporary_session_file("reuse-") as path:
-
-        async def turn(prompt: str, **overrides: Any) -> None:
-            result = await run_codex_turn(turn_params(path, prompt, **overrides), app_server=fake)
-            assert result.outcome is TurnOutcome.COMPLETED
-
-        await turn("one")
-        await turn("two")
-        await turn("three")
-        assert [c.method for c in fake.calls if c.method != "turn"] == ["start_thread"]
-        thread_id = next(iter(fake.loaded))
-        fake.loaded[thread_id] = attrs.evolve(fake.loaded[thread_id], compacted=True)
-        await turn("four")  # Codex compacted: re-send the instructions
-        await turn("five", extra_developer_instructions="new")  # changed settings
-        await turn("six", extra_developer_instructions="new")
-        fake._die()
-        await turn("seven", extra_developer_instructions="new")  # a new process
-    methods = [c.method for c in fake.calls if c.method != "turn"]
-    assert methods == ["start_thread", "resume_thread", "resume_thread", "resume_thread"]
-    assert len(fake.calls_to("turn")) == 7
 
 
 @pytest.mark.anyio
