@@ -96,7 +96,7 @@ _log = get_logger(__name__)
 
 BINDING_SUFFIX: Final = ".codex-app-server.json"
 BINDING_SCHEMA_VERSION: Final = 1
-#: ``fork_base``: the bound thread is a structured projection's base (issue 15): it never
+#: ``fork_base``: the bound thread is a structured projection's base: it never
 #: runs a turn; each turn runs in an ephemeral fork of it (``codex_turn.fsm.thread``).
 ProjectionMode = Literal["per_turn", "thread_bootstrap", "fork_base"]
 _PROJECTION_MODES: Final = frozenset(get_args(ProjectionMode))

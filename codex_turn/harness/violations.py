@@ -4,7 +4,7 @@ An engine is a plugin and must never break a turn, so the lifecycle catches ever
 fault at its fallback points (:mod:`~codex_turn.harness.lifecycle`,
 :mod:`~codex_turn.harness.maintenance`, the engine step of
 :mod:`~codex_turn.harness.compaction`), logs it and takes the stage's failure edge. That
-keeps turns alive, and it also hid engines that never worked (issue 17). This module is the
+keeps turns alive, and it also hid engines that never worked. This module is the
 one place that decides, for each caught fault, whether it was the *engine's mistake* (a
 contract violation) or the *world's* (an operational fault); the fallback points call
 :func:`engine_fault` and nothing else decides it.

@@ -79,7 +79,7 @@ MAX_MESSAGE_CHARS: Final = 1000
 
 _INVALID_REQUEST: Final = -32600
 # Codex 0.163.0's answers to thread/resume for a thread that cannot be found (checked against
-# the real binary by tests/test_hardening_appserver.py); the first is thread/fork's answer for
+# the real binary by tests/test_appserver_faults_e2e.py); the first is thread/fork's answer for
 # a base without a rollout too.
 _NO_ROLLOUT: Final = "no rollout found for thread id"
 _INVALID_ID: Final = "invalid session id:"

@@ -1,6 +1,6 @@
 """The structured projection's thread strategy: an ephemeral fork of the session's base thread.
 
-Measured with the real binary (``benchmarks/bench_inject.py``, issue 15): of the ways to hand
+Measured with the real binary (``benchmarks/bench_inject.py``): of the ways to hand
 Codex an assembly as Responses items every turn, the fastest sound one is
 
     base thread (bound, idle, never runs a turn of its own; neutral instructions)
