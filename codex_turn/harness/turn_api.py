@@ -17,13 +17,13 @@ from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.turn.streaming import TurnFile
 from codex_turn.harness.usage import Usage
 
 __all__ = [
     "TURN_START_TEXT_MAX_CHARS",
     "InvalidTurnParams",
     "MaintenanceReport",
+    "TurnFile",
     "TurnParams",
     "TurnResult",
 ]
@@ -245,6 +245,21 @@ class MaintenanceReport:
 
     status: Literal["ran", "failed", "deferred", "skipped", "cancelled"]
     skip_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnFile:
+    """A file Codex saved to disk during the turn (today: a generated image)."""
+
+    path: str
+    #: What the file is: ``"generated_image"`` (an ``imageGeneration`` item's ``savedPath``).
+    kind: str
+    #: The Codex item that produced it.
+    item_id: str
+    #: Guessed from the file name (``image/png`` ...); ``None`` when unknown.
+    mime_type: str | None = None
+    #: The prompt the image model actually used, when Codex reported one.
+    revised_prompt: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -49,6 +49,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from codex_turn._log import get_logger
 from codex_turn.fsm import TraceEntry
 from codex_turn.harness.appserver import Notification
+from codex_turn.harness.turn_api import TurnFile
 
 __all__ = [
     "AgentMessageCompleted",
@@ -84,21 +85,6 @@ TOOL_ITEM_TYPES = frozenset(
         "imageGeneration",
     }
 )
-
-
-@attrs.frozen(kw_only=True)
-class TurnFile:
-    """A file Codex saved to disk during the turn (today: a generated image)."""
-
-    path: str
-    #: What the file is: ``"generated_image"`` (an ``imageGeneration`` item's ``savedPath``).
-    kind: str
-    #: The Codex item that produced it.
-    item_id: str
-    #: Guessed from the file name (``image/png`` ...); ``None`` when unknown.
-    mime_type: str | None = None
-    #: The prompt the image model actually used, when Codex reported one.
-    revised_prompt: str | None = None
 
 
 def saved_file(item: Mapping[str, Any]) -> TurnFile | None:
