@@ -34,13 +34,6 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
 * ``memo``: the :class:`~codex_turn.projection.items.ConversionCache` carried from turn to
   turn (``forms.session_conversion``). OFF: no cache (every turn converts and checks the
   whole assembly). Same sessions as ``kept-forks``.
-* ``prompt-sync``: the prompt's fsync overlapping ``turn/start`` and the model's turn
-  (``stages._PromptSync`` through ``run_in_worker_then``). OFF: the fsync runs in the same
-  worker hop as the write, before ``turn/start``. No engine.
-* ``worker-hops``: the harness's own worker threads (``harness/_fs.py``: a hop is two
-  event-loop rounds and a C queue) against ``anyio.to_thread.run_sync`` for every hop (as on
-  trio; a follow-up such as the prompt's fsync then runs before the caller resumes). No
-  engine.
 * ``lazy``: the text frame rendered only when a row of the thread table reads
   ``has_context`` or the decision sends it (``forms.TurnThreadFacts``,
   ``stages._frame_if_sent``): none for a thread-bootstrap engine resuming its epoch's thread,
@@ -57,11 +50,20 @@ The mechanisms (:data:`MECHANISM_TABLE`; ``--only`` takes their keys)
   appended (``harness/history_cache.py``). OFF: its entry is forgotten before every read
   (the read cache stays). Same engine, 10k messages.
 
-Removed after measuring (the 5% rule; figures of the last run that had them, at 1.5 s):
+Removed by this rule (their rows and switches are gone with them; figures of the run that
+judged them, 2026-12-03, plain sessions, no engine, ON/OFF client CPU in ms a turn):
 
 * resume reuse (``turn/start`` straight to a thread this process held unchanged, instead of
-  ``thread/resume``): 1.003 x floor ON, 1.006 OFF, saving +0.2% of a turn, client CPU 5.9
-  against 6.7 ms, the same bytes sent to the model. Every turn on a bound thread resumes.
+  ``thread/resume``): 1.003 x floor ON, 1.006 OFF, saving +0.2% of a turn at 1.5 s, CPU
+  5.9/6.7, the same bytes sent to the model. Every turn on a bound thread resumes.
+* the prompt's fsync overlapping ``turn/start`` and the model's turn (``_PromptSync``
+  through ``run_in_worker_then``), against the fsync in the write's own hop: +0.3 % of a
+  turn at 1.5 s (-0.6 %..+0.6 %), CPU 5.9/5.8; +1.1 % at 0 s (-24.4 %..+13.6 %). The prompt
+  is now written and fsynced in one hop before ``turn/start``.
+* the harness's own worker threads (``harness/_fs.py``: a ``queue.SimpleQueue`` pool, a hop
+  two event-loop rounds) against ``anyio.to_thread.run_sync`` for every hop: +0.1 % at
+  1.5 s (-0.4 %..+0.4 %), CPU 5.9/5.8; +0.2 % at 0 s (-6.7 %..+28.9 %). A hop is now
+  anyio's, under a limiter of the old pool's size.
 
 Switches are made here only: module-level names of the library are patched for the OFF
 configuration's steps (``unittest.mock.patch.object``), and restored before any other
@@ -145,7 +147,6 @@ from bench_floor import (
     write_session,
 )
 
-import codex_turn.harness._fs as worker_fs
 import codex_turn.harness.lifecycle as lifecycle
 import codex_turn.harness.session._cache as session_cache
 import codex_turn.harness.session._mirror as session_mirror
@@ -156,7 +157,7 @@ import codex_turn.harness.turn.forms as forms
 import codex_turn.harness.turn.stages as stages
 from codex_turn import TurnParams, TurnResult
 from codex_turn.fsm.thread import Choice, ForkAction, ThreadAction, ThreadPlan
-from codex_turn.harness._fs import run_in_worker, session_path
+from codex_turn.harness._fs import session_path
 from codex_turn.harness.appserver import AppServer, AppServerConfig, bundled_codex_path
 from codex_turn.harness.appserver.config import FORK_UNLOAD_DELAY_S
 from codex_turn.harness.engine import (
@@ -213,8 +214,6 @@ def label(messages: int) -> str:
 MECHANISM_TABLE: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
     ("kept-forks", "kept forks", "structured", ("small", "large"), "nofork"),
     ("memo", "conversion memo", "structured", ("small", "large"), "nomemo"),
-    ("prompt-sync", "prompt fsync overlap", "plain", ("none",), "nosync"),
-    ("worker-hops", "own worker hops", "plain", ("none",), "anyiohops"),
     ("lazy", "lazy projection", "bootstrap", ("large",), "eager"),
     ("pristine", "pristine history", "bootstrap", ("large",), "nopristine"),
     ("read-cache", "session read cache", "bootstrap", ("large",), "noreadcache"),
@@ -485,18 +484,6 @@ def _no_memo(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     return [*_plan(config), mock.patch.object(stages, "session_conversion", no_cache)]
 
 
-def _no_prompt_sync_overlap(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    """The prompt's fsync in the write's own hop, before ``turn/start`` goes."""
-
-    async def then_inline(func: Callable[..., Any], then: Callable[[Any], None], *args: Any) -> Any:
-        def both() -> Any:
-            result = func(*args)
-            then(result)
-            return result
-
-        return await run_in_worker(both)
-
-    return [*_plan(config), mock.patch.object(stages, "run_in_worker_then", then_inline)]
 
 
 def _eager_frame(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -537,16 +524,6 @@ def _no_stripped_cache(config: MechanismConfig) -> list[AbstractContextManager[A
     return [*_frame(config), mock.patch.object(turn_context, "stripped_histories", Cold())]
 
 
-def _anyio_hops(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
-    """Every worker hop through ``anyio.to_thread.run_sync``, as on trio (a follow-up such
-    as the prompt's fsync then runs before the caller resumes)."""
-
-    async def hop(func: Callable[..., Any], args: tuple[Any, ...], then: Any) -> Any:
-        return await anyio.to_thread.run_sync(worker_fs._with_then, func, args, then)
-
-    return [*_plan(config), mock.patch.object(worker_fs, "_hop", hop)]
-
-
 def _no_pristine(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
     """The engine's assembly checked message by message even when it is the harness's own,
     unchanged history."""
@@ -560,11 +537,9 @@ def _no_pristine(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
 SWITCHES: dict[str, Patches] = {
     "nofork": _no_kept_forks,
     "nomemo": _no_memo,
-    "nosync": _no_prompt_sync_overlap,
     "eager": _eager_frame,
     "noreadcache": _no_read_cache,
     "nostripped": _no_stripped_cache,
-    "anyiohops": _anyio_hops,
     "nopristine": _no_pristine,
 }
 

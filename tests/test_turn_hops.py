@@ -1,18 +1,21 @@
-"""A turn's worker-thread hops: each costs two thread wake-ups (~0.2 ms of wall
-time and of CPU on this project's 2-vCPU machine), so a turn takes only the ones it needs.
+"""A turn's worker-thread hops: each costs two thread wake-ups and four event-loop rounds
+(~0.2 ms of wall time and of CPU on this project's 2-vCPU machine), so a turn takes only the
+ones it needs.
 
 Five for a turn with or without an engine (that does not bootstrap): the session lease, the
-preflight with the reads, the prompt (its fsync follows in the same worker), the mirror, and
-the lease given back. The engine's finalize reads the transcript as the mirror left it in the
+preflight with the reads, the prompt (written and fsynced in one hop), the mirror, and the
+lease given back. The engine's finalize reads the transcript as the mirror left it in the
 mirror's own hop, and that read-back is what it is handed; when it fails, the finalize falls
 back to the history read before the turn plus the turn, as before. Run against the in-process
-fake app-server on asyncio (trio takes anyio's workers, which are not counted here).
+fake app-server on asyncio; every ``anyio.to_thread.run_sync`` is counted, the hops of
+:func:`~codex_turn.harness._fs.run_in_worker` and any other.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from structlog.testing import capture_logs
 from support.engine_sqlite_workload import texts
@@ -21,7 +24,7 @@ from support.recording_engine import RecordingEngine
 from support.turns import turn_params
 
 from codex_turn import AssembleResult, ContextProjection, TurnOutcome, run_codex_turn
-from codex_turn.harness import _fs, history_cache
+from codex_turn.harness import history_cache
 from codex_turn.harness.session import SessionError
 
 pytestmark = pytest.mark.anyio
@@ -29,19 +32,15 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of each job handed to the worker pool, in order."""
+    """The name of each function handed to a worker thread, in order."""
     names: list[str] = []
-    submit = _fs._Workers.submit
+    run_sync = anyio.to_thread.run_sync
 
-    def counted(self: _fs._Workers, job: Any) -> None:
-        name = getattr(job[1], "__qualname__", repr(job[1]))
-        # Not counted: the wait for the prompt's fsync, taken only by a turn that ends before
-        # that fsync did (the fake's turns end at once; a model's turn takes far longer).
-        if name != "Event.wait":
-            names.append(name)
-        submit(self, job)
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        names.append(getattr(func, "__qualname__", repr(func)))
+        return await run_sync(func, *args, **kwargs)
 
-    monkeypatch.setattr(_fs._Workers, "submit", counted)
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
     return names
 
 

@@ -28,28 +28,24 @@ The rules that live here so that no caller re-derives them:
   :class:`NotRegularFileError` unless ``fstat`` says it is a regular file (a directory, a
   FIFO, a socket or a device is never read or written).
 * **File I/O leaves the event loop in one hop.** :func:`run_in_worker` runs a synchronous
-  function in a worker thread and waits for it, shielded: the work is never abandoned (a lease
-  taken by a worker nobody waits for would never be given back), the caller's cancellation is
-  raised once it is done. On asyncio it is two event-loop rounds (the worker's wake-up and
-  the waiting task's), where ``anyio.to_thread.run_sync`` takes four: its checkpoint and its
-  capacity limiter's each cost a round, and a turn makes several hops (issue 13). The workers
-  are this module's own (at most :data:`MAX_WORKERS`, each gone after
-  :data:`WORKER_IDLE_SECONDS` without work; a forked child starts afresh; jobs reach them
-  through a ``queue.SimpleQueue``, whose C ``put``/``get`` halve a hop's CPU against a
-  ``threading.Condition``); the function runs in a copy of the caller's context, as with
-  anyio. Elsewhere (trio) it is anyio's. :func:`run_in_worker_then` lets the worker go on
-  with a follow-up after handing the result back: the prompt's ``fsync`` overlaps
-  ``turn/start`` that way, for no extra hop.
+  function in one of anyio's worker threads (``anyio.to_thread.run_sync``, in a copy of the
+  caller's context: :func:`pinned_session_path` follows the hop) and waits for it,
+  shielded: the work is never abandoned (a lease taken by a worker nobody waits for would
+  never be given back), the caller's cancellation is raised once it is done. At most
+  :data:`MAX_WORKERS` hops run at once per event loop (a ``CapacityLimiter``: the CPUs + 2,
+  at most 32); more wait in line for a free slot. No hop waits for another hop, so a full
+  limiter always drains. The harness's own pool (a ``queue.SimpleQueue``, two event-loop
+  rounds a hop against anyio's four) and an fsync overlapping ``turn/start`` were measured
+  and removed: +0.1 % and +0.3 % of a turn whose model answers after 1.5 s
+  (``benchmarks/bench_mechanisms.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import errno
 import os
-import queue
 import secrets
 import stat
 import threading
@@ -60,14 +56,9 @@ from typing import Any, Final, TypeVar
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+from anyio.lowlevel import RunVar
 
 from codex_turn._env import int_from_env
-from codex_turn._log import get_logger
-
-try:
-    import sniffio as _sniffio
-except ImportError:  # pragma: no cover - anyio depends on it
-    _sniffio = None  # type: ignore[assignment]
 
 __all__ = [
     "NotRegularFileError",
@@ -81,7 +72,6 @@ __all__ = [
     "pinned_session_path",
     "pread_exact",
     "run_in_worker",
-    "run_in_worker_then",
     "session_path",
     "write_all",
 ]
@@ -342,8 +332,6 @@ def _create_exclusive_plain(path: str, data: bytes, mode: int) -> bool:
 
 _T = TypeVar("_T")
 
-_log = get_logger(__name__)
-
 
 def _usable_cpus() -> int:
     try:
@@ -353,8 +341,8 @@ def _usable_cpus() -> int:
 
 
 #: Overrides :data:`MAX_WORKERS` (1 to 256), read once at import: for storage whose fsyncs
-#: take long (each holds a worker while it waits), or a CPU quota the affinity mask does
-#: not show. Anything else is ignored, with a warning.
+#: take long (each holds a slot while it waits), or a CPU quota the affinity mask does not
+#: show. Anything else is ignored, with a warning.
 ENV_WORKERS: Final = "CODEX_TURN_WORKER_THREADS"
 
 
@@ -373,165 +361,32 @@ def _max_workers() -> int:
     )
 
 
-#: At most this many worker threads (:func:`_max_workers`: the CPUs + 2, at most 32, unless
-#: :data:`ENV_WORKERS` says otherwise); more concurrent hops wait in line for the next free
-#: worker. No job waits for a job queued behind it (a prompt's fsync runs in the worker that
-#: wrote it, as a follow-up), so a full pool always drains.
+#: At most this many hops at once per event loop (:func:`_max_workers`: the CPUs + 2, at
+#: most 32, unless :data:`ENV_WORKERS` says otherwise); more wait for a free slot.
 MAX_WORKERS: Final = _max_workers()
-#: A worker with nothing to do for this long ends (anyio's own workers: 10 s).
-WORKER_IDLE_SECONDS: Final = 10.0
 
-_Job = tuple[
-    contextvars.Context,
-    Callable[..., Any],
-    tuple[Any, ...],
-    asyncio.AbstractEventLoop,
-    "asyncio.Future[Any]",
-    "Callable[[Any], None] | None",
-]
+#: The limiter of :func:`run_in_worker`, one per event loop (an anyio limiter belongs to the
+#: loop it is first used in, as anyio's own default thread limiter does).
+_limiter: RunVar[anyio.CapacityLimiter] = RunVar("codex_turn_worker_limiter")
 
 
-class _Workers:
-    """The threads :func:`run_in_worker` hands its jobs to: started on demand up to
-    :data:`MAX_WORKERS`, ending after :data:`WORKER_IDLE_SECONDS` idle.
-
-    Jobs go through a ``queue.SimpleQueue`` (its ``put``/``get`` are C code: half the cost of
-    a hop through a ``threading.Condition``, which runs in Python and allocates a lock per
-    wait). Every queued job is accounted for, so that a job never waits while fewer than
-    :data:`MAX_WORKERS` threads exist: it either *claims* an idle worker (``_idle``, workers
-    that will take a job without being started) or, with every thread busy, is counted in
-    ``_backlog`` and taken by the next worker to finish, which then does not count itself
-    idle. A worker whose ``get`` timed out ends only if no job claimed it meanwhile (``_idle``
-    still counts it); otherwise a job is in the queue for it, and it goes back for it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._threads = 0
-        self._idle = 0  # workers free for a job and not claimed by one
-        self._backlog = 0  # jobs queued while every worker was busy
-
-    def submit(self, job: _Job) -> None:
-        with self._lock:
-            self._jobs.put(job)
-            if self._idle:
-                self._idle -= 1  # that worker takes it
-                return
-            if self._threads >= MAX_WORKERS:
-                self._backlog += 1  # the next worker to finish takes it
-                return
-            self._threads += 1
-        threading.Thread(target=self._work, name="codex-turn-worker", daemon=True).start()
-
-    def _work(self) -> None:
-        jobs = self._jobs
-        while True:
-            try:
-                context, func, args, loop, future, then = jobs.get(timeout=WORKER_IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle:  # unclaimed: nobody queued a job for this worker
-                        self._idle -= 1
-                        self._threads -= 1
-                        return
-                continue  # claimed just as the wait ended: its job is in the queue
-            try:
-                result = context.run(func, *args)
-            except BaseException as error:
-                _deliver(loop, future, None, error)
-            else:
-                _deliver(loop, future, result, None)
-                if then is not None:
-                    _run_then(context, then, result)
-            with self._lock:
-                if self._backlog:
-                    self._backlog -= 1
-                else:
-                    self._idle += 1
-
-
-def _run_then(context: contextvars.Context, then: Callable[[Any], None], result: Any) -> None:
+def _worker_limiter() -> anyio.CapacityLimiter:
     try:
-        context.run(then, result)
-    except BaseException as error:  # nobody waits for it: said here; the worker lives on
-        _log.warning("worker follow-up failed", error=type(error).__name__)
-
-
-def _deliver(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    result: Any,
-    error: BaseException | None,
-) -> None:
-    with suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        loop.call_soon_threadsafe(_settle, future, result, error)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-_workers = _Workers()
-
-
-def _reset_workers() -> None:
-    # A forked child inherits the bookkeeping but none of the threads (nor maybe a free lock).
-    global _workers
-    _workers = _Workers()
-
-
-os.register_at_fork(after_in_child=_reset_workers)
+        return _limiter.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(MAX_WORKERS)
+        _limiter.set(limiter)
+        return limiter
 
 
 async def run_in_worker(func: Callable[..., _T], *args: Any) -> _T:
     """``func(*args)`` in a worker thread, waited for shielded (see the module header).
 
-    As ``anyio.to_thread.run_sync``: a caller already cancelled does not start it; one
-    cancelled meanwhile gets the result, and the cancellation at its next checkpoint. Raises
-    what ``func`` raised. Unlike anyio's, the worker is not an AnyIO worker thread:
-    ``anyio.from_thread`` in ``func`` needs the loop's token
-    (``anyio.lowlevel.current_token()``), which the hop's file I/O never does."""
-    return await _hop(func, args, None)
-
-
-async def run_in_worker_then(func: Callable[..., _T], then: Callable[[_T], None], *args: Any) -> _T:
-    """:func:`run_in_worker`, and then ``then(result)`` in the same worker thread *after* the
-    caller has resumed with ``result``: work the caller must not wait for (an ``fsync`` that
-    may overlap what the caller does next). ``then`` runs only when ``func`` returned, and
-    reports its own outcome (an exception it lets out is logged by type, never raised); the
-    caller waits for it through whatever ``then`` signals. On trio both run before the caller
-    resumes (anyio's workers have no follow-up)."""
-    return await _hop(func, args, then)
-
-
-async def _hop(
-    func: Callable[..., _T], args: tuple[Any, ...], then: Callable[[_T], None] | None
-) -> _T:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio (trio): anyio's workers, with the same shielding
-        return await anyio.to_thread.run_sync(_with_then, func, args, then)
-    await anyio.lowlevel.checkpoint_if_cancelled()  # no event-loop round unless cancelled
-    context = contextvars.copy_context()
-    if _sniffio is not None:
-        # As in anyio's workers: code in the worker is not in the event loop's thread.
-        context.run(_sniffio.current_async_library_cvar.set, None)
-    future: asyncio.Future[_T] = loop.create_future()
-    _workers.submit((context, func, args, loop, future, then))
+    A caller already cancelled does not start it; one cancelled meanwhile (waiting for a free
+    slot, or for the work) gets the result, and the cancellation at its next checkpoint.
+    Raises what ``func`` raised."""
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    # Shielded from here on, the wait for a slot included: a hop asked for is a hop done.
     with anyio.CancelScope(shield=True):
-        result = await future
-    return result
-
-
-def _with_then(
-    func: Callable[..., _T], args: tuple[Any, ...], then: Callable[[_T], None] | None
-) -> _T:
-    result = func(*args)
-    if then is not None:
-        _run_then(contextvars.copy_context(), then, result)
+        result = await anyio.to_thread.run_sync(func, *args, limiter=_worker_limiter())
     return result

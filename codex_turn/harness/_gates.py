@@ -22,7 +22,7 @@ holder is never dispossessed on a timeout. The lock file is polled from a worker
 jittered backoff (:data:`_POLL_MIN` to :data:`_POLL_MAX`); the wait is cancellable. Gates and
 leases are keyed by :func:`codex_turn.harness._fs.session_path`, the key of the lock file. The
 lease is taken and given back in one worker-thread hop each
-(:func:`codex_turn.harness._fs.run_in_worker`, two event-loop rounds a hop).
+(:func:`codex_turn.harness._fs.run_in_worker`).
 """
 
 from __future__ import annotations

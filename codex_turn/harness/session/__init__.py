@@ -25,7 +25,7 @@ One private module per concern; this package re-exports the public names of each
   reaches Codex (:class:`TranscriptUnwritable`), and the recovery of a transcript that holds
   only a torn header.
 * ``_mirror.py``: :func:`mirror_prompt` (the user's prompt, written before ``turn/start``;
-  :func:`sync_appended` makes it durable meanwhile), :func:`mirror_turn` (one idempotent
+  :func:`sync_appended` fsyncs it next, in the same hop), :func:`mirror_turn` (one idempotent
   append per turn under the write lock) and :func:`reset_session`.
 
 The dependency order is ``_format`` <- ``_lockfile`` <- ``_lock`` <- ``_lease`` and

@@ -15,13 +15,14 @@ header already complete (:func:`codex_turn.harness._fs.create_exclusive`: a temp
 ``turn/start`` under the key the turn's mirror will use for it (a run-unique identity, since
 Codex's turn id is not known yet), so a host killed mid-turn still has the user's words, and
 the completed turn's :func:`mirror_turn` skips the prompt and appends the rest, exactly once.
-The write is what must precede ``turn/start``: once ``write`` returned, the bytes are the
-kernel's and survive the death of the host process. Its ``fsync`` (which only an OS crash
-needs) may overlap the model's turn: ``mirror_prompt(sync=False)`` leaves it to the caller,
-who runs :func:`sync_appended` meanwhile and waits for it before the turn returns (the turn
-runs it in the worker thread that wrote the prompt, after ``turn/start`` was let go). An
+Once ``write`` returned, the bytes are the kernel's and survive the death of the host
+process; the ``fsync`` (which only an OS crash needs) follows in the same worker hop, before
+``turn/start``. The turn calls ``mirror_prompt(sync=False)`` and then :func:`sync_appended`,
+so that a failed ``fsync`` is told apart from a failed write: the one is said and the turn
+goes on (the mirror's own ``fsync`` of the same file follows), the other fails the turn. An
 ``fsync`` of a small append costs ~0.1-0.3 ms on this project's CI machine and milliseconds
-on slower disks; a turn's only other one is the mirror's own.
+on slower disks; letting it overlap ``turn/start`` saved +0.3 % of a turn whose model answers
+after 1.5 s, and was removed (``benchmarks/bench_mechanisms.py``).
 
 **What cannot take a mirror is refused, what holds nothing is recovered** (``_writable.py``):
 a directory, a FIFO or a dangling symbolic link at the path is :class:`TranscriptUnwritable`
@@ -249,7 +250,7 @@ def mirror_prompt(
     projector's ``<turnId>:prompt``. A host that dies mid-turn leaves the prompt in the
     transcript; a retried pre-mirror appends nothing. Raises as :func:`mirror_turn` does, and
     :class:`MirrorInputError` unless ``prompt_message`` is a ``user`` message. ``sync=False``:
-    written, not yet fsynced; the caller runs :func:`sync_appended` (module header).
+    written, not yet fsynced; the caller runs :func:`sync_appended` next (module header).
     """
     if not isinstance(prompt_message, dict) or prompt_message.get("role") != "user":
         raise MirrorInputError("the prompt message must be a dict with role 'user'")

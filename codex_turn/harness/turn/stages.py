@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
@@ -46,7 +45,7 @@ from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
 from codex_turn.fsm.thread import ThreadAction, ThreadDecision
 from codex_turn.fsm.turn import FORM_TRIGGERS, RunEnd, run_end_trigger
-from codex_turn.harness._fs import run_in_worker, run_in_worker_then
+from codex_turn.harness._fs import run_in_worker
 from codex_turn.harness.appserver import (
     AppServerClosed,
     AppServerError,
@@ -78,7 +77,6 @@ from codex_turn.harness.maintenance import (
 )
 from codex_turn.harness.runtime_controls import turn_request_handlers, turn_start_overrides
 from codex_turn.harness.session import (
-    MirrorResult,
     SessionError,
     ensure_transcript_writable,
     mirror_prompt,
@@ -347,14 +345,17 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     cancelled = anyio.get_cancelled_exc_class()
     end = RunEnd.FAILED
     completed: CodexTurnResult | None = None  # the turn's result, when it completed
-    prompt_sync: _PromptSync | None = None
     try:
-        # The user's words are in the transcript before the model sees them: a host that dies
-        # during the turn still leaves the prompt there (the mirror dedups it later). Its
-        # fsync overlaps turn/start and is waited for before this stage ends.
-        written = _PromptSync()
-        await run_in_worker_then(_mirror_prompt, written, ctx, thread.thread_id)
-        prompt_sync = written  # runs (or ran) only now that the prompt is written
+        # The user's words are in the transcript, written and fsynced in one hop, before the
+        # model sees them: a host that dies during the turn still leaves the prompt there (the
+        # mirror dedups it later). A hop is never abandoned: a caller cancelled meanwhile
+        # gets its cancellation at turn/start, and the turn is mirrored as aborted.
+        unsynced = await run_in_worker(_mirror_prompt, ctx, thread.thread_id)
+        if unsynced is not None:
+            # The mirror's own fsync, of the same file, follows; an error it meets is reported.
+            ctx.log.warning(
+                "failed to sync the prompt to the transcript", error=format_error(unsynced)
+            )
         async with ctx.app_server.turn(
             thread.thread_id,
             plan.prompt,
@@ -408,11 +409,6 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ctx.log.warning("codex turn failed unexpectedly", error=format_error(error))
     finally:
         ctx.switch.live_handle = None
-        if prompt_sync is not None:
-            # However the stage ends, and shielded: the prompt is durable before it does (a
-            # cancelled caller's turn is still mirrored, after it).
-            with anyio.CancelScope(shield=True):
-                await prompt_sync.wait(ctx)
         if thread.fork is not None and completed is None:
             settle_fork(ctx, None)  # kept as incomplete: the fork table will not continue it
         elif plan.decision.action is ThreadAction.TRANSIENT:
@@ -426,45 +422,25 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
 
-def _mirror_prompt(ctx: TurnContext, thread_id: str) -> MirrorResult:
+def _mirror_prompt(ctx: TurnContext, thread_id: str) -> OSError | None:
+    """Append the prompt, then fsync it (the worker's one hop). A failed write raises (the
+    turn fails); a failed fsync is returned, for the turn to say and go on with (the bytes
+    are the kernel's: only an OS crash could lose them, and the mirror fsyncs them again)."""
     prompt = partial_result(ctx, [], CodexTurnStatus.INTERRUPTED, None).messages_snapshot[0]
-    return mirror_prompt(
+    written = mirror_prompt(
         ctx.session_file,
         _with_prompt_key(ctx, [prompt])[0],
         scope=f"codex-app-server:{thread_id}",
         identity=ctx.prompt_identity,
         session_id=ctx.params.session_id,
         cwd=os.fspath(ctx.params.workspace_dir),
-        sync=False,  # _PromptSync, in the same worker, once turn/start may go
+        sync=False,  # synced below, so that its failure is told apart from the write's
     )
-
-
-class _PromptSync:
-    """The prompt's fsync, run by the worker that wrote the prompt right after handing the
-    turn back (:func:`~codex_turn.harness._fs.run_in_worker_then`): it overlaps ``turn/start``
-    and the model's turn instead of delaying them. ``wait`` ends it before the turn does."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: OSError | None = None
-
-    def __call__(self, mirrored: MirrorResult) -> None:
-        try:
-            sync_appended(mirrored)
-        except OSError as error:
-            self._error = error
-        finally:
-            self._done.set()
-
-    async def wait(self, ctx: TurnContext) -> None:
-        # Set long before a turn ends (an fsync is milliseconds): no worker hop then.
-        if not self._done.is_set():
-            await run_in_worker(self._done.wait)
-        if self._error is not None:
-            # The mirror's own fsync, of the same file, follows; an error it meets is reported.
-            ctx.log.warning(
-                "failed to sync the prompt to the transcript", error=format_error(self._error)
-            )
+    try:
+        sync_appended(written)
+    except OSError as error:
+        return error
+    return None
 
 
 def _with_prompt_key(ctx: TurnContext, messages: list[AgentMessage]) -> list[AgentMessage]:
