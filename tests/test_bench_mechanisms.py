@@ -110,7 +110,6 @@ def test_the_quick_run_prints_every_mechanism_on_its_paths_with_a_verdict(
         "kept forks": ("fork-continue:2", "fork-new:2"),
         "conversion memo": ("fork-continue:2", "fork-continue:2"),
         "lazy projection": ("lazy:2", "framed:2"),
-        "pristine history": ("lazy:2", "lazy:2"),
         "session read cache": ("lazy:2", "lazy:2"),
         "stripped-history cache": ("lazy:2", "lazy:2"),
     }

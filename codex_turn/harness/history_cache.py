@@ -9,8 +9,7 @@ engines and hooks cannot edit this shared copy (nor the read cache's) in place; 
 itself is a read-only :class:`~codex_turn.harness.runtime_context.FrozenHistory` handed to
 every reader as it is (a copy of a 100k-message history costs ~0.3 ms, and a turn read it
 twice and copied each read). An engine is handed a copy of its own
-(:class:`~codex_turn.harness.runtime_context.HarnessHistory`, pristine: handed back
-unchanged, it needs no check).
+(:class:`~codex_turn.harness.runtime_context.RuntimeContextFree`).
 
 Memory: each entry is charged to the byte ledger shared with the read cache
 (``codex_turn.harness.session._budget``, one ceiling for both, least recently used out): a

@@ -110,7 +110,6 @@ from codex_turn.harness.runtime_context import (
     build_runtime_context,
     build_runtime_context_from_usage,
     harness_runtime_context,
-    is_pristine_history,
     strip_runtime_context_messages,
 )
 from codex_turn.harness.violations import engine_fault, tolerated_violation
@@ -342,13 +341,8 @@ async def assemble_context_engine(
         assemble = optional_method(engine, "assemble")
         if assemble is None:
             raise InvalidEngineResult(engine_id(engine), "assemble", "the engine has no assemble")
-        handed = params.messages  # a pass-through hands it back: then no walk over it
-        known = handed if is_pristine_history(handed) else None
-        handed_count = len(handed)
         returned = await assemble(params)
-        if known is not None and not (is_pristine_history(known) and len(known) == handed_count):
-            known = None  # changed by the engine meanwhile (the count: by C code, too)
-        result = ensure_assemble_result(returned, engine_id=engine_id(engine), known_messages=known)
+        result = ensure_assemble_result(returned, engine_id=engine_id(engine))
     except Exception as err:
         error = engine_fault(
             _log,

@@ -7,17 +7,16 @@ for other runners. Absent is not zero: ``tokenBudget``, ``currentTokenCount`` an
 ``promptCache`` are present only when known. :func:`strip_runtime_context_messages` drops
 OpenClaw's hidden ``openclaw.runtime-context`` custom messages from a history.
 
-The stripped histories the harness hands around are lists of three kinds, so that a long
+The stripped histories the harness hands around are lists of two kinds, so that a long
 history is walked only where it must be: :class:`RuntimeContextFree` (known stripped: not
-scanned again), :class:`FrozenHistory` (the harness's own, shared and read-only: never
-copied per reader) and :class:`HarnessHistory` (an engine's own copy of it, which notes any
-change: handed back unchanged, it is not checked message by message).
+scanned again; an engine gets its own such copy) and :class:`FrozenHistory` (the harness's
+own, shared and read-only: never copied per reader).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from codex_turn.frozen import FrozenList
@@ -27,12 +26,10 @@ from codex_turn.harness.usage import Usage
 __all__ = [
     "RUNTIME_CONTEXT_CUSTOM_TYPE",
     "FrozenHistory",
-    "HarnessHistory",
     "RuntimeContextFree",
     "build_runtime_context",
     "build_runtime_context_from_usage",
     "harness_runtime_context",
-    "is_pristine_history",
     "strip_runtime_context_messages",
 ]
 
@@ -52,47 +49,6 @@ class RuntimeContextFree(list[AgentMessage]):
     """
 
 
-def _noting_change(method: Callable[..., Any]) -> Callable[..., Any]:
-    def changing(self: HarnessHistory, *args: Any, **kwargs: Any) -> Any:
-        self.pristine = False
-        return method(self, *args, **kwargs)
-
-    changing.__name__ = method.__name__
-    return changing
-
-
-class HarnessHistory(RuntimeContextFree):
-    """A stripped history of the harness's own read-only messages that notes being changed.
-
-    ``pristine`` holds while the list is as the harness made it: every item one of its frozen
-    messages (:mod:`codex_turn.frozen`, a ``dict`` nobody can edit). A change through any of
-    the list's methods clears it (the list itself stays an ordinary, mutable list). What it
-    buys: an engine's ``assemble`` that hands the history back as it was given (a
-    pass-through) is checked in O(1), not by a pass over every message of a long session.
-    The methods are Python's: C code that edits the list directly (``list.append(history,
-    x)``, ``heapq``) is not seen, except a change of its length, which the check compares.
-    """
-
-    __slots__ = ("pristine",)
-
-    def __init__(self, messages: Iterable[AgentMessage] = (), *, pristine: bool = False) -> None:
-        super().__init__(messages)
-        self.pristine = pristine
-
-    __setitem__ = _noting_change(list.__setitem__)
-    __delitem__ = _noting_change(list.__delitem__)
-    __iadd__ = _noting_change(list.__iadd__)
-    __imul__ = _noting_change(list.__imul__)
-    append = _noting_change(list.append)
-    extend = _noting_change(list.extend)
-    insert = _noting_change(list.insert)
-    pop = _noting_change(list.pop)
-    remove = _noting_change(list.remove)
-    reverse = _noting_change(list.reverse)
-    sort = _noting_change(list.sort)
-    clear = _noting_change(list.clear)
-
-
 class FrozenHistory(FrozenList, RuntimeContextFree):
     """The stripped history the harness keeps per session and shares, read-only.
 
@@ -100,31 +56,22 @@ class FrozenHistory(FrozenList, RuntimeContextFree):
     any :class:`~codex_turn.frozen.FrozenList` does (``TypeError``; through its methods: C
     code calling ``list``'s own, such as ``heapq``, is not stopped): so a turn's stages can
     share it without a copy each (a copy of a long history is a pass over it). Engines never
-    get it: what they are handed is their own :class:`HarnessHistory` copy
-    (:func:`strip_runtime_context_messages`), pristine; ``copy.copy`` gives the same.
+    get it: what they are handed is their own :class:`RuntimeContextFree` copy
+    (:func:`strip_runtime_context_messages`); ``copy.copy`` gives the same.
     """
 
     __slots__ = ()
 
-    def __copy__(self) -> HarnessHistory:
-        return HarnessHistory(self, pristine=True)
+    def __copy__(self) -> RuntimeContextFree:
+        return RuntimeContextFree(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenHistory, (list(self),))
 
 
-def is_pristine_history(messages: object) -> bool:
-    """Whether ``messages`` is a :class:`HarnessHistory` still as the harness made it."""
-    return type(messages) is HarnessHistory and messages.pristine
-
-
 def strip_runtime_context_messages(messages: Iterable[AgentMessage]) -> RuntimeContextFree:
     """``messages`` without OpenClaw's hidden ``openclaw.runtime-context`` custom messages."""
-    if type(messages) is FrozenHistory:  # the harness's own: a pristine copy
-        return HarnessHistory(messages, pristine=True)
-    if type(messages) is HarnessHistory:  # a copy, pristine if the original still is
-        return HarnessHistory(messages, pristine=messages.pristine)
-    if isinstance(messages, RuntimeContextFree):
+    if isinstance(messages, RuntimeContextFree):  # the harness's own history among them
         return RuntimeContextFree(messages)
     # Test the exact type first (JSON messages are plain dicts): the abstract Mapping check
     # alone is ~3x slower per message, and this runs over the whole history.

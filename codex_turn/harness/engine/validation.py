@@ -181,16 +181,12 @@ def coerce_result(value: object, cls: type[T], *, engine_id: str, method: str) -
         raise InvalidEngineResult(engine_id, method, _describe_structure_error(err)) from None
 
 
-def ensure_assemble_result(
-    value: object, *, engine_id: str, known_messages: object = None
-) -> AssembleResult:
+def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
     """Check what ``assemble()`` returned, with OpenClaw's exact wording for a bad shape.
 
     Only ``messages`` (a list of objects) is mandatory, as in OpenClaw's
     ``ensureAssembleResultShape``; a missing ``estimatedTokens`` reads as 0, a present one
     must be a number, and ``systemPromptAddition`` must be a string when present.
-    ``known_messages``: a list known to hold only objects (the harness's own history, as it
-    handed it to the engine, unchanged); returned as ``messages``, it is not walked again.
     """
     if isinstance(value, AssembleResult):
         messages: object = value.messages
@@ -217,9 +213,7 @@ def ensure_assemble_result(
         )
     # One C-speed pass over the types (assemble is on every turn, with the whole history);
     # the per-message walk runs only when some type is not a dict, to name the index.
-    if messages is not known_messages and not all(
-        issubclass(kind, dict) for kind in set(map(type, messages))
-    ):
+    if not all(issubclass(kind, dict) for kind in set(map(type, messages))):
         for index, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise InvalidEngineResult(
