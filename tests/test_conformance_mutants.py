@@ -355,3 +355,24 @@ async def test_a_hanging_engine_fails_by_timeout_and_is_still_disposed(tmp_path:
     )
     assert report.failed == ("deterministic",)
     assert report.result("deterministic").reason == "did not finish within 0.5s"
+
+
+class _NaNStore(ToyStore):
+    """A correct store whose assembly carries a float NaN (not JSON) in one message."""
+
+    async def assemble(self, params: AssembleParams) -> AssembleResult:
+        result = await super().assemble(params)
+        scored = {"role": "custom", "customType": "score", "content": "s", "score": math.nan}
+        return attrs.evolve(result, messages=[*result.messages, scored])
+
+
+async def test_an_assembly_holding_nan_fails_the_check_instead_of_raising(tmp_path: Path) -> None:
+    report = await check_engine_conformance(
+        lambda path: _NaNStore(path),
+        workdir=tmp_path,
+        storage="durable",
+        checks=["results_valid", "deterministic"],
+    )
+    assert report.failed == ("results_valid", "deterministic"), report.format()
+    for check in report.failed:
+        assert "NaN or an infinity" in report.result(check).reason

@@ -33,7 +33,7 @@ import pytest
 from support.engine_sqlite_workload import SMALL, Message
 
 from codex_turn.engines import EngineSettings, SqliteContextEngine, _messages, _store
-from codex_turn.engines._messages import digest
+from codex_turn.engines._messages import digest, encode
 from codex_turn.harness.engine import AfterTurnParams, BootstrapParams
 from codex_turn.harness.runtime_context import (
     RUNTIME_CONTEXT_CUSTOM_TYPE,
@@ -581,3 +581,12 @@ def test_a_sigkilled_bootstrap_then_a_retry_gives_the_uninterrupted_store(tmp_pa
             "source_id HAVING count(*) > 1)"
         ).fetchone()[0]
     assert doubles == 0
+
+
+def test_the_store_encoding_refuses_a_non_json_number() -> None:
+    # A stored message is its canonical JSON; NaN and the infinities have none.
+    for number in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            encode({"role": "user", "content": "x", "score": number})
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            encode({"role": "user", "content": "x", "idempotencyKey": number})

@@ -26,6 +26,7 @@ from codex_turn.projection.items import (
     ELIDED_OUTPUT,
     SUMMARY_HEADER,
     UNANSWERED_OUTPUT,
+    ConversionCache,
     ConvertedItems,
     Unconvertible,
     UnconvertibleReason,
@@ -234,6 +235,49 @@ def test_unconvertible_input_gives_a_typed_reason(
     assert isinstance(result, Unconvertible)
     assert result.reason is reason
     assert reason.value in str(result)
+
+
+def _call_then_result(arguments: object, content: object) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "toolCall", "id": "c", "name": "exec", "arguments": arguments}],
+        },
+        {"role": "toolResult", "toolCallId": "c", "content": content},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "content"),
+    [
+        ({"ratio": float("nan")}, "ok"),
+        ('{"ratio": NaN}', "ok"),  # JSON text with a bare NaN: Python's json reads it
+        ({"limit": float("inf")}, "ok"),
+        ({}, {"score": float("-inf")}),
+        ({}, [{"type": "json", "value": float("nan")}]),
+    ],
+)
+def test_a_payload_holding_a_non_json_number_is_unconvertible_not_an_error(
+    arguments: object, content: object
+) -> None:
+    messages = _call_then_result(arguments, content)
+    for cache in (None, ConversionCache()):
+        result = convert_messages(messages, payload_policy="full", cache=cache)
+        assert isinstance(result, Unconvertible)
+        assert result.reason is UnconvertibleReason.NON_JSON_NUMBER
+        assert result.index is not None
+        assert "non_json_number" in str(result)
+    # A policy that never encodes the value converts it: only "full" keeps payloads as JSON.
+    for policy in ("elide", "shape-only"):
+        ok(convert_messages(messages, payload_policy=policy))
+
+
+def test_canonical_json_refuses_nan_everywhere() -> None:
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        canonical_json({"x": float("nan")})
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        canonical_json([float("inf")])
+    assert canonical_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
 
 
 def test_empty_assembly_converts_to_no_items() -> None:

@@ -211,6 +211,40 @@ async def test_an_unconvertible_assembly_falls_back_to_the_text_frame(
     assert "ORPHAN_CONTEXT_U" in request.user_messages[-1]
 
 
+async def test_an_assembly_holding_nan_falls_back_to_the_text_frame(
+    appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
+) -> None:
+    # An engine's assembly is arbitrary Python: a float NaN in a tool payload kept as JSON
+    # has no canonical JSON, so the items are refused and the turn still runs.
+    nan_call = [
+        {"role": "user", "content": "NAN_CONTEXT_U", "timestamp": 1},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "toolCall", "id": "c1", "name": "exec", "arguments": {"r": float("nan")}}
+            ],
+            "timestamp": 2,
+        },
+        {"role": "toolResult", "toolCallId": "c1", "content": "done", "timestamp": 3},
+    ]
+    engine = RecordingEngine(
+        responses={"assemble": AssembleResult(messages=nan_call, estimated_tokens=3)}
+    )
+    with capture_logs() as records:
+        result = await run_codex_turn(
+            params(prompt="ask", tool_payloads="full"), app_server=appserver, engine=engine
+        )
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert "projected" in triggers(result)
+    assert "projected_as_items" not in triggers(result)
+    warning = [r for r in records if "structured projection unavailable" in r["event"]]
+    assert warning
+    assert warning[0]["reason"] == "non_json_number"
+    request = offline_model.turn_requests()[-1]
+    assert CONTEXT_HEADER in request.user_messages[-1]
+    assert "NAN_CONTEXT_U" in request.user_messages[-1]
+
+
 async def test_a_refused_fork_falls_back_to_the_text_frame_on_a_fresh_thread(
     appserver: AppServer, offline_model: OfflineModel, params: Callable[..., TurnParams]
 ) -> None:

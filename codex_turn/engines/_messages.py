@@ -47,12 +47,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from codex_turn._json import canonical_json
+
 __all__ = [
     "PathIndex",
     "PathScan",
     "TokenEstimator",
     "analyze",
-    "canonical_json",
     "digest",
     "encode",
     "estimate_tokens",
@@ -93,13 +94,6 @@ def estimate_tokens(text: str) -> int:
     astral = len(_ASTRAL.findall(text))
     rest = len(text) - cjk - astral
     return (rest + 3) // 4 + cjk + 2 * astral
-
-
-def canonical_json(value: Any) -> str:
-    """Canonical JSON: sorted keys, compact separators, raw non-ASCII, no NaN."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
 
 
 def encode(message: Mapping[str, Any]) -> tuple[bytes, bytes]:

@@ -34,9 +34,10 @@ by exactly one ``function_call_output`` with its ``call_id``: a call still unans
 next user or assistant message starts (or at the end) gets :data:`UNANSWERED_OUTPUT` right
 there. A result whose call is unknown or already answered, a call without an id, or two calls
 sharing an id make the assembly unconvertible (:class:`Unconvertible`, with a typed
-:class:`UnconvertibleReason`), as do a non-list assembly, a message that is not a mapping and
+:class:`UnconvertibleReason`), as do a non-list assembly, a message that is not a mapping,
 a role that cannot be injected (``system`` and ``developer`` would be dropped or gain
-authority; unknown roles have no meaning).
+authority; unknown roles have no meaning) and a tool payload kept as JSON (``full``) that
+holds NaN or an infinity (not JSON: :func:`~codex_turn._json.canonical_json` refuses it).
 
 Ids. Codex adds a random id to an injected item that has none (``msg_<uuidv7>``) and keeps an
 id it is given. A thread whose injected history is rebuilt every turn would then send new ids
@@ -87,6 +88,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from codex_turn._json import canonical_json
 from codex_turn.frozen import FrozenDict, FrozenList
 from codex_turn.projection.frame import _drop_duplicate_prompt, _trim
 from codex_turn.projection.payload import input_shape, redact_secrets, redacted_payload
@@ -101,7 +103,7 @@ __all__ = [
     "PayloadPolicy",
     "Unconvertible",
     "UnconvertibleReason",
-    "canonical_json",
+    "canonical_json",  # codex_turn._json's, where the structured turn path imports it
     "check_items",
     "convert_messages",
     "newest_items",
@@ -136,6 +138,8 @@ class UnconvertibleReason(enum.Enum):
     DUPLICATE_CALL_ID = "duplicate_call_id"
     ORPHAN_TOOL_RESULT = "orphan_tool_result"
     INVALID_CONTENT = "invalid_content"
+    #: A tool payload kept as JSON holds NaN or an infinity, which JSON has no form for.
+    NON_JSON_NUMBER = "non_json_number"
 
 
 @attrs.frozen
@@ -222,16 +226,22 @@ def _converted(
     return converted
 
 
-def canonical_json(value: Any) -> str:
-    """Compact canonical JSON: keys sorted at every depth, non-ASCII kept as is."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 class _Refused(Exception):
     def __init__(self, reason: UnconvertibleReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+def _payload_json(value: object, what: str) -> str:
+    """:func:`canonical_json` of a tool payload already redacted or shaped (every leaf JSON but
+    a float NaN or infinity, which an engine's Python may hold): a refusal, not an error."""
+    try:
+        return canonical_json(value)
+    except ValueError:
+        raise _Refused(
+            UnconvertibleReason.NON_JSON_NUMBER, f"{what} holds NaN or an infinity"
+        ) from None
 
 
 def _str_field(mapping: Mapping[str, Any], keys: Sequence[str]) -> str | None:
@@ -267,7 +277,7 @@ def _arguments(raw: object, policy: PayloadPolicy) -> str:
             value = raw
     if policy == "shape-only":
         return canonical_json(input_shape(value if value is not None else {}))
-    return canonical_json(redacted_payload(value if value is not None else {}))
+    return _payload_json(redacted_payload(value if value is not None else {}), "tool arguments")
 
 
 def _output_text(content: object, policy: PayloadPolicy) -> str:
@@ -278,7 +288,7 @@ def _output_text(content: object, policy: PayloadPolicy) -> str:
     if content is None:
         return ""
     if not isinstance(content, list | tuple):
-        return canonical_json(redacted_payload(content))
+        return _payload_json(redacted_payload(content), "a tool result")
     texts: list[str] = []
     for part in content:
         if isinstance(part, Mapping):
@@ -289,7 +299,7 @@ def _output_text(content: object, policy: PayloadPolicy) -> str:
             elif kind == "image":
                 texts.append(_IMAGE)
             else:
-                texts.append(canonical_json(redacted_payload(part)))
+                texts.append(_payload_json(redacted_payload(part), "a tool result part"))
         elif isinstance(part, str):
             texts.append(redact_secrets(part))
     return "\n".join(texts)

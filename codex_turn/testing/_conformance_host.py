@@ -32,15 +32,15 @@ recognised in an assembly by content, whatever keys an engine drops or adds.
 *Identity and analysis.* A raw message in an assembly is identified by its role and its
 canonical content (a tool result by its ``toolCallId``); anything else is *derived* (a summary).
 :func:`duplicates`, :func:`tool_pair_problems` and :func:`missing` answer the invariant
-questions; :func:`canonical_json` (sorted keys, fixed separators) is the byte identity that
-"identical output" means.
+questions; :func:`~codex_turn._json.canonical_json` (sorted keys, fixed separators, no NaN) is
+the byte identity that "identical output" means: an assembly holding NaN or an infinity has
+none, and fails the check that got it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -51,6 +51,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
+from codex_turn._json import canonical_json
 from codex_turn.frozen import freeze
 from codex_turn.harness.engine.contract import (
     REQUIRED_METHODS,
@@ -91,7 +92,6 @@ __all__ = [
     "ScriptedTurn",
     "Session",
     "Storage",
-    "canonical_json",
     "concurrently",
     "conversation",
     "duplicates",
@@ -137,11 +137,6 @@ class NotApplicable(Exception):
 
 
 # --- Canonical form and identity ------------------------------------------------------------
-
-
-def canonical_json(value: object) -> str:
-    """The byte identity of a JSON value: sorted keys, fixed separators, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def result_json(result: AssembleResult) -> str:
@@ -530,9 +525,14 @@ class DrivenEngine:
         )
         raw = await _checked("assemble()", self.engine.assemble(params))
         try:
-            return ensure_assemble_result(raw, engine_id=self.info.id)
+            result = ensure_assemble_result(raw, engine_id=self.info.id)
         except Exception as err:
             raise CheckFailed(str(err)) from err
+        try:
+            canonical_json(result.messages)
+        except ValueError:
+            raise CheckFailed("assemble() returned messages holding NaN or an infinity") from None
+        return result
 
     async def finalize(
         self, session: Session, before: list[AgentMessage], after: list[AgentMessage]

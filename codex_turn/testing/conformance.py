@@ -102,6 +102,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from codex_turn._json import canonical_json
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness.engine.contract import (
     OPTIONAL_METHODS,
@@ -118,7 +119,6 @@ from codex_turn.testing._conformance_host import (
     NotApplicable,
     Session,
     Storage,
-    canonical_json,
     concurrently,
     conversation,
     duplicates,
