@@ -60,6 +60,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
+from codex_turn._json import AgentMessage
 from codex_turn.errors import CodexTurnError
 from codex_turn.projection.budget import max_rendered_context_chars, text_part_max_chars
 from codex_turn.projection.payload import input_shape, redacted_payload, render_json
@@ -82,7 +83,6 @@ __all__ = [
     "unframed_projection",
 ]
 
-AgentMessage = dict[str, Any]
 ToolPayloadMode = Literal["elide", "preserve"]
 
 CONTEXT_HEADER: Final = "OpenClaw assembled context for this turn:"

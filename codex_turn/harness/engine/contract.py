@@ -42,6 +42,7 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from codex_turn._json import AgentMessage
 from codex_turn.errors import CodexTurnError
 
 __all__ = [
@@ -83,9 +84,6 @@ __all__ = [
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
 ]
-
-#: One message of a transcript or an assembly: a JSON object, unknown keys preserved.
-AgentMessage = dict[str, Any]
 
 #: The open bag of host facts an engine receives (OpenClaw's ``ContextEngineRuntimeContext``).
 #: Keys are OpenClaw's camelCase names (``tokenBudget``, ``currentTokenCount``, ``workspaceDir``,

@@ -41,12 +41,12 @@ from typing import Any, Final
 
 import attrs
 
+from codex_turn._json import AgentMessage
 from codex_turn._log import format_error, get_logger
 from codex_turn.harness._fs import open_regular, pread_exact, session_path
 from codex_turn.harness.session import _budget
 from codex_turn.harness.session._format import (
     BAD,
-    AgentMessage,
     Entry,
     Fold,
     MessageHistory,

@@ -44,6 +44,7 @@ from typing import Any, Final, Protocol, TypeVar, overload
 
 import attrs
 
+from codex_turn._json import AgentMessage
 from codex_turn.errors import CodexTurnError
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
 ]
 
 Entry = dict[str, Any]
-AgentMessage = dict[str, Any]
 
 _E = TypeVar("_E")
 

@@ -49,12 +49,12 @@ from typing import Final
 
 import attrs
 
+from codex_turn._json import AgentMessage
 from codex_turn._log import format_error, get_logger, mask_session_key
 from codex_turn.harness import binding as _binding
 from codex_turn.harness._fs import create_exclusive, open_regular, session_path, write_all
 from codex_turn.harness.session._cache import clear_session_cache, refresh, state_for
 from codex_turn.harness.session._format import (
-    AgentMessage,
     Fold,
     SessionError,
     TranscriptUnwritable,

@@ -30,13 +30,13 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Final, overload
 
+from codex_turn._json import AgentMessage
 from codex_turn._log import get_logger
 from codex_turn.harness._fs import open_regular, pread_exact, session_path
 from codex_turn.harness.session._cache import holds_context, load_session_context
 from codex_turn.harness.session._format import (
     BAD,
     UTF8_BOM,
-    AgentMessage,
     Entry,
     SessionError,
     first_object_problem,
