@@ -36,9 +36,9 @@ from codex_turn._cli_support import (
     codex_binary,
     codex_version,
     dump_json,
+    engine_for_command,
     engine_label,
     offline_home_for,
-    resolve_engine,
     session_header,
     session_identity,
 )
@@ -75,7 +75,7 @@ def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None,
         store = SqliteContextEngine.store_next_to(session_file)
         if not os.path.exists(store):
             return None, f"no engine store at {store} (inspect creates none; a turn does)"
-    return resolve_engine(spec, session_file, create=False), None
+    return engine_for_command(spec, session_file, create=False), None
 
 
 class _NoCodex:

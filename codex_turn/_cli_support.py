@@ -320,7 +320,7 @@ def progress_hooks(progress: Progress) -> TurnHooks:
 # --- engines --------------------------------------------------------------------------------
 
 
-def resolve_engine(spec: str | None, session_file: str, *, create: bool) -> object | None:
+def engine_for_command(spec: str | None, session_file: str, *, create: bool) -> object | None:
     """The engine a command uses. ``none``: no engine; ``sqlite``: the reference engine next to
     the session; ``module:attr``: loaded relative to the current directory. ``None`` (no
     flag): the reference engine when ``create`` or when its store already exists, else none."""

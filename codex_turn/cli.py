@@ -35,11 +35,11 @@ from codex_turn._cli_support import (
     add_codex_bin_option,
     close_engine,
     configure_cli_logging,
+    engine_for_command,
     exit_code_for,
     non_negative_float,
     non_negative_int,
     positive_float,
-    resolve_engine,
     session_header,
     session_identity,
     stderr_note,
@@ -487,7 +487,7 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     )
     if args.codex_home and not args.offline and not args.model_base_url:
         user_codex_home(args.codex_home)  # a typo is refused before the engine compacts
-    engine = resolve_engine(args.engine, session_file, create=False)
+    engine = engine_for_command(args.engine, session_file, create=False)
     #: Codex could not be run when native compaction needed it (a missing binary): the
     #: compaction reports it, and the command fails with it (exit 5) even when the engine's
     #: part succeeded.

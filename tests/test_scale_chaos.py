@@ -35,7 +35,7 @@ from test_scale import _log_size, _messages, _params, _start_worker, _texts, _wa
 
 from codex_turn.engines import SqliteContextEngine
 from codex_turn.harness.lifecycle import call_bootstrap
-from codex_turn.scale import TurnHandle, TurnQueue, TurnRecord
+from codex_turn.scale import QueuedTurn, TurnQueue, TurnRecord
 
 pytestmark = pytest.mark.codex
 
@@ -112,7 +112,7 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
             for executor_id in ids:
                 fleet.wait_up(executor_id)
             submitted = dict.fromkeys(range(SESSIONS), 0)
-            handles: list[TurnHandle] = []
+            handles: list[QueuedTurn] = []
 
             def submit_round() -> None:  # one more turn for every session, in order
                 for s in range(SESSIONS):

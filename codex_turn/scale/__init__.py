@@ -6,7 +6,7 @@ database holds the queue and every turn's checkpoint: a SQLite file embedded in 
 same code.
 
 * :class:`TurnQueue` submits a turn (:meth:`TurnQueue.submit`, idempotent by turn id) and
-  returns a :class:`TurnHandle`; any process reads its :class:`TurnStatus` and
+  returns a :class:`QueuedTurn`; any process reads its :class:`TurnStatus` and
   :class:`TurnRecord` later by the turn id (:meth:`TurnQueue.handle`). A waiting handle is
   woken by the worker when the turn ends (on one machine; else it polls).
 * :class:`TurnWorker` (or ``codex-turn worker --db URL``) runs them. Routing is sticky
@@ -36,10 +36,10 @@ except ImportError as error:  # pragma: no cover - depends on the installed extr
     raise ImportError("codex_turn.scale needs DBOS: pip install 'codex-turn[scale]'") from error
 
 from codex_turn.scale._queue import (
+    QueuedTurn,
+    QueuedTurnState,
     TurnFailed,
-    TurnHandle,
     TurnQueue,
-    TurnState,
     TurnStatus,
     session_lane,
 )
@@ -48,11 +48,11 @@ from codex_turn.scale._worker import TurnWorker
 from codex_turn.scale._workflow import mirrored_turn
 
 __all__ = [
+    "QueuedTurn",
+    "QueuedTurnState",
     "TurnFailed",
-    "TurnHandle",
     "TurnQueue",
     "TurnRecord",
-    "TurnState",
     "TurnStatus",
     "TurnWorker",
     "mirrored_turn",

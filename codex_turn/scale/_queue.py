@@ -1,4 +1,4 @@
-"""Submitting turns and reading their results: :class:`TurnQueue` and :class:`TurnHandle`.
+"""Submitting turns and reading their results: :class:`TurnQueue` and :class:`QueuedTurn`.
 
 The queue is a DBOS client: it talks to the system database only (a SQLite file, or
 Postgres), runs no turn itself and needs no launched DBOS, so any process can submit a turn
@@ -31,11 +31,11 @@ from codex_turn.scale._wake import Wakes, wake_directory
 from codex_turn.scale._wire import TurnRecord, params_to_wire, session_lane
 from codex_turn.scale._workflow import APP_NAME, WORKFLOW_NAME
 
-__all__ = ["TurnFailed", "TurnHandle", "TurnQueue", "TurnState", "TurnStatus", "session_lane"]
+__all__ = ["QueuedTurn", "QueuedTurnState", "TurnFailed", "TurnQueue", "TurnStatus", "session_lane"]
 
-TurnState = Literal["enqueued", "running", "completed", "failed", "cancelled"]
+QueuedTurnState = Literal["enqueued", "running", "completed", "failed", "cancelled"]
 
-_STATES: Final[dict[str, TurnState]] = {
+_STATES: Final[dict[str, QueuedTurnState]] = {
     "ENQUEUED": "enqueued",
     "DELAYED": "enqueued",
     "PENDING": "running",
@@ -60,14 +60,14 @@ class TurnStatus:
     """Where a queued turn is: ``state``, and the executor that runs or ran it."""
 
     turn_id: str
-    state: TurnState
+    state: QueuedTurnState
     executor_id: str | None
     created_at_ms: int | None
     updated_at_ms: int | None
 
 
 @attrs.define(eq=False)
-class TurnHandle:
+class QueuedTurn:
     """A submitted turn, by its id: its status and, once done, its :class:`TurnRecord`.
 
     Waiting for the result reads the turn's durable status in the database: on SQLite when a
@@ -195,7 +195,7 @@ class TurnQueue:
         self._router = Router(database_url, statuses=functools.partial(statuses_of, self._client))
         self._wakes = Wakes(wake_directory(database_url))
 
-    def submit(self, params: TurnParams, *, turn_id: str) -> TurnHandle:
+    def submit(self, params: TurnParams, *, turn_id: str) -> QueuedTurn:
         prompt_identity_for(turn_id)  # the turn id becomes the prompt's identity: check it now
         lane = session_lane(params)
         wire = params_to_wire(params)
@@ -215,20 +215,20 @@ class TurnQueue:
             placement = self._router.submit(lane, turn_id, enqueue)
         except dbos_error.DBOSWorkflowIDInUseError:  # submitted before (nothing was written)
             placement = None
-        handle = TurnHandle(turn_id, self._client, self._wakes)
+        handle = QueuedTurn(turn_id, self._client, self._wakes)
         handle.routed = placement.reason if placement is not None else "existing"
         return handle
 
-    async def submit_async(self, params: TurnParams, *, turn_id: str) -> TurnHandle:
+    async def submit_async(self, params: TurnParams, *, turn_id: str) -> QueuedTurn:
         return await anyio.to_thread.run_sync(lambda: self.submit(params, turn_id=turn_id))
 
-    def handle(self, turn_id: str) -> TurnHandle:
+    def handle(self, turn_id: str) -> QueuedTurn:
         """The handle of a turn submitted earlier, by any process (``KeyError`` if none)."""
         if not self._client.list_workflows(
             workflow_ids=[turn_id], load_input=False, load_output=False
         ):
             raise KeyError(turn_id)
-        return TurnHandle(turn_id, self._client, self._wakes)
+        return QueuedTurn(turn_id, self._client, self._wakes)
 
     def close(self) -> None:
         self._wakes.close()

@@ -93,7 +93,9 @@ RuntimeContext = dict[str, Any]
 LEGACY_ENGINE_ID: Final = "legacy"
 
 TurnMaintenanceMode = Literal["foreground", "background"]
-ProjectionMode = Literal["per_turn", "thread_bootstrap"]
+#: What an engine may ask of the projection (:class:`ContextProjection`); the thread binding
+#: records one more way its thread was projected (``binding.ProjectionMode``: ``fork_base``).
+ContextProjectionMode = Literal["per_turn", "thread_bootstrap"]
 CompactionTarget = Literal["budget", "threshold"]
 
 
@@ -213,7 +215,7 @@ class ContextProjection:
     context to be projected once per ``epoch`` into a fresh thread (reference section 4.1).
     """
 
-    mode: ProjectionMode
+    mode: ContextProjectionMode
     epoch: str | None = None
     fingerprint: str | None = None
 
