@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 import sys
 import tempfile
 import tomllib
@@ -318,6 +319,23 @@ def test_a_new_or_empty_home_gets_the_private_config(tmp_path: Path, existing: s
     assert temporary == (
         [".config.toml.codex-turn-abc123"] if existing.startswith("leftover") else []
     )
+
+
+def test_a_write_killed_before_its_rename_leaves_a_home_that_is_still_ours(
+    tmp_path: Path,
+) -> None:
+    # The config is written through harness._fs (a temp beside it, then link or replace): the
+    # temp of a writer that died is no user file, and the next write removes it.
+    home = tmp_path / "home"
+    home.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    (home / f"config.toml.{child.pid}.0badf00d.tmp").write_text("interrupted")
+    path = offline(home).write()
+    assert path == home / "config.toml"
+    offline(home, model="second").write()
+    assert sorted(p.name for p in home.iterdir()) == ["config.toml"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 def test_our_own_config_is_rewritten_in_a_used_home(tmp_path: Path) -> None:

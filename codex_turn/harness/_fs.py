@@ -17,8 +17,10 @@ The rules that live here so that no caller re-derives them:
   reader sees the old bytes or the new, never a mix. Replacements and removals of one path are
   serialised in-process by :func:`atomic_write_lock`. A writer killed before the rename leaves
   the old file intact plus ``<name>.<pid>.<hex>.tmp``, removed by the next write of that path
-  once the pid is dead. :func:`create_exclusive` is the sibling for files that must be created
-  complete and never replaced (the transcript): the same temp file, then ``link``.
+  once the pid is dead (:func:`is_write_temp` tells such a name). :func:`create_exclusive` is
+  the sibling for files that must be created complete and never replaced (the transcript, a
+  lock file, a fresh Codex home's config): the same temp file, then ``link``. Nothing else
+  in the package renames a file over another.
 * **Appends are not here.** Appending to a transcript is one ``O_APPEND`` write owned by the
   mirror; only :func:`write_all` (a full ``write`` loop) is shared, and its reading sibling
   :func:`pread_exact` (a full ``pread`` loop).
@@ -67,6 +69,7 @@ __all__ = [
     "create_exclusive",
     "file_kind",
     "fsync_directory",
+    "is_write_temp",
     "open_regular",
     "pid_alive",
     "pinned_session_path",
@@ -230,16 +233,17 @@ def atomic_write_lock(path: str | os.PathLike[str]) -> threading.Lock:
         return _write_locks.setdefault(key, threading.Lock())
 
 
-def _write_temp(path: str, data: bytes, mode: int) -> str:
-    """Write ``data`` to a new ``<path>.<pid>.<hex>.tmp`` and fsync it; return its name.
-    On failure the temp file is removed and the error re-raised."""
+def _write_temp(path: str, data: bytes, mode: int, *, durable: bool = True) -> str:
+    """Write ``data`` to a new ``<path>.<pid>.<hex>.tmp`` and fsync it (when ``durable``);
+    return its name. On failure the temp file is removed and the error re-raised."""
     temp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(temp, flags, mode)
     try:
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException:
@@ -247,6 +251,23 @@ def _write_temp(path: str, data: bytes, mode: int) -> str:
             os.unlink(temp)
         raise
     return temp
+
+
+def _temp_pid(candidate: str, name: str) -> int | None:
+    """The writer's pid when ``candidate`` is a temp file of :func:`atomic_write` or
+    :func:`create_exclusive` for the file named ``name`` (``<name>.<pid>.<hex>.tmp``)."""
+    if not candidate.startswith(name + "."):
+        return None
+    parts = candidate[len(name) + 1 :].split(".")
+    if len(parts) != 3 or parts[2] != _TEMP_SUFFIX[1:] or not parts[0].isdigit():
+        return None
+    return int(parts[0])
+
+
+def is_write_temp(candidate: str, name: str) -> bool:
+    """Whether the file name ``candidate`` is a temp file that a write of the file named
+    ``name`` (in the same directory) makes, or left behind when its writer died."""
+    return _temp_pid(candidate, name) is not None
 
 
 def _remove_orphaned_temps(path: str) -> None:
@@ -258,18 +279,20 @@ def _remove_orphaned_temps(path: str) -> None:
     except OSError:
         return
     for candidate in candidates:
-        parts = candidate[len(prefix) :].split(".")
-        if len(parts) != 3 or parts[2] != _TEMP_SUFFIX[1:] or not parts[0].isdigit():
-            continue
-        pid = int(parts[0])
-        if pid != os.getpid() and not pid_alive(pid):
+        pid = _temp_pid(candidate, name)
+        if pid is not None and pid != os.getpid() and not pid_alive(pid):
             with suppress(OSError):
                 os.unlink(os.path.join(directory, candidate))
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600, durable: bool = True
+) -> None:
     """Replace ``path`` with ``data`` atomically and durably (see the module header).
 
+    ``durable=False`` skips both fsyncs, for a file whose meaning ends with its writer (a
+    lock file's renewal: a crash ends the lease anyway, and an fsync under the lock would
+    stall the writes waiting for it); readers still see the old bytes or the new.
     Creates the directory if needed. Raises :class:`OSError`; the previous file is then
     unchanged and no temp file is left behind.
     """
@@ -278,14 +301,15 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600
     with atomic_write_lock(target):
         os.makedirs(directory, exist_ok=True)
         _remove_orphaned_temps(target)
-        temp = _write_temp(target, data, mode)
+        temp = _write_temp(target, data, mode, durable=durable)
         try:
             os.replace(temp, target)
         except BaseException:
             with suppress(OSError):
                 os.unlink(temp)
             raise
-        fsync_directory(directory)
+        if durable:
+            fsync_directory(directory)
 
 
 def create_exclusive(path: str, data: bytes, *, mode: int = 0o600) -> bool:

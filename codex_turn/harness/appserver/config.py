@@ -61,7 +61,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,6 +68,8 @@ from typing import Any, Final, get_args
 
 import attrs
 import tomli_w
+
+from codex_turn.harness._fs import atomic_write, create_exclusive, is_write_temp
 
 from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
 from .errors import CodexBinaryMissing, CodexHomeNotPrivate, InvalidAppServerConfig
@@ -87,11 +88,13 @@ __all__ = [
 OFFLINE_PROVIDER_ID = "offline"
 CONFIG_FILE = "config.toml"
 CONFIG_MARKER = "# codex-turn private config (AppServerConfig.offline)"
+"""The first line of every config.toml this library writes: the file is ours to rewrite."""
 #: ``thread_unload_delay_secs`` in a private config.toml (see :meth:`AppServerConfig.config_data`).
 FORK_UNLOAD_DELAY_S: Final = 30
-"""The first line of every config.toml this library writes: the file is ours to rewrite."""
 CONFIG_NOTE = "# Rewritten at every start of codex-turn: edits here are lost."
-_TEMP_PREFIX = ".config.toml.codex-turn-"
+#: The temp files of earlier versions' config writes (``harness._fs`` names them now): an
+#: interrupted one may still lie in a home, and does not make it a user's.
+_LEGACY_TEMP_PREFIX = ".config.toml.codex-turn-"
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_UMASK = 0o077
@@ -483,8 +486,9 @@ class AppServerConfig:
         A private home is claimed first (:meth:`claim_home`): a config.toml that codex-turn
         did not write is never overwritten, a home holding anything else is never written
         into (:class:`~.errors.CodexHomeNotPrivate`). Our own config.toml is replaced
-        atomically (a new file is linked into place, so a file that appeared meanwhile is
-        not clobbered). Then the home is made owner-only (see the module header); a user
+        atomically (:func:`~codex_turn.harness._fs.atomic_write`); a new one is created
+        exclusively (:func:`~codex_turn.harness._fs.create_exclusive`), so a file that appeared
+        meanwhile is not clobbered. Then the home is made owner-only (see the module header); a user
         home is only created when missing (``0700``), never written or re-permissioned.
         Raises ``OSError``, and ``TypeError``/``ValueError`` for a value TOML cannot hold
         (before anything is written)."""
@@ -496,24 +500,14 @@ class AppServerConfig:
         ours = self.claim_home()
         self.restrict_home()
         path = self.codex_home / CONFIG_FILE
-        # Created owner-only (never briefly readable) under a temporary name, then moved in.
-        fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.codex_home)
-        try:
-            with open(fd, "w", encoding="utf-8") as file:
-                os.fchmod(file.fileno(), PRIVATE_FILE_MODE)
-                file.write(text)
-                file.flush()
-                os.fsync(file.fileno())
-            if not ours:
-                try:
-                    os.link(temp, path)  # never replaces a config.toml created meanwhile
-                except FileExistsError:
-                    ours = self.claim_home()  # ours (a concurrent start) or refused
-            if ours:
-                os.replace(temp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
+        # Written owner-only (never briefly readable) under a temporary name, then moved in.
+        data = text.encode("utf-8")
+        if not ours:
+            if create_exclusive(os.fspath(path), data, mode=PRIVATE_FILE_MODE):
+                return path
+            ours = self.claim_home()  # created meanwhile: ours (a concurrent start) or refused
+        if ours:
+            atomic_write(path, data, mode=PRIVATE_FILE_MODE)
         return path
 
     def claim_home(self) -> bool:
@@ -532,7 +526,9 @@ class AppServerConfig:
             info = os.lstat(path)
         except FileNotFoundError:
             others = sorted(
-                name for name in os.listdir(self.codex_home) if not name.startswith(_TEMP_PREFIX)
+                name
+                for name in os.listdir(self.codex_home)
+                if not (name.startswith(_LEGACY_TEMP_PREFIX) or is_write_temp(name, CONFIG_FILE))
             )
             if others:
                 shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")

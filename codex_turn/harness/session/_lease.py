@@ -18,16 +18,17 @@ attempt holds for a whole turn: ``<realpath(dir)>/<name>.lock``
 
 A lease records ``ttlMs`` (:data:`LEASE_TTL_SECONDS`) and ``host`` besides OpenClaw's
 ``{pid, createdAt, starttime}``. A daemon thread renews it every quarter ttl by writing a fresh
-``createdAt`` to ``<name>.lock.renew.<pid>.<hex>`` and renaming it over the lock (readers never
-see a torn file), only while the file still holds exactly the bytes this process last wrote. So
-a live holder never looks expired, to us (ttl) or to OpenClaw (30 minutes), whatever the turn's
-length. Another process takes the lock over only when it is stale (``_lockfile.py``): its
-holder is on this host and its pid is dead or recycled (at once: a SIGKILLed turn frees its
-session for the next process immediately), or its holder is on another host and it is older
-than its ttl (its renewals stopped), or it is older than OpenClaw's 30 minutes. A live holder
-on this host is never judged by the ttl, and a live holder's lease is never taken on a
-timeout: the waiter gives up with :class:`~codex_turn.SessionBusy`. A lease found replaced at
-renewal is *lost*: logged, no longer renewed, and the process's writes take the file again.
+``createdAt`` over the lock with :func:`~codex_turn.harness._fs.atomic_write` (not durable: a
+lease means nothing after a crash; readers never see a torn file), only while the file still
+holds exactly the bytes this process last wrote. So a live holder never looks expired, to us
+(ttl) or to OpenClaw (30 minutes), whatever the turn's length. Another process takes the lock
+over only when it is stale (``_lockfile.py``): its holder is on this host and its pid is dead
+or recycled (at once: a SIGKILLed turn frees its session for the next process immediately), or
+its holder is on another host and it is older than its ttl (its renewals stopped), or it is
+older than OpenClaw's 30 minutes. A live holder on this host is never judged by the ttl, and a
+live holder's lease is never taken on a timeout: the waiter gives up with
+:class:`~codex_turn.SessionBusy`. A lease found replaced at renewal is *lost*: logged, no
+longer renewed, and the process's writes take the file again.
 
 Everything here is synchronous and never waits: :func:`try_acquire_lease` makes one attempt
 (breaking stale locks on the way) and the async caller (``_gates.hold_session``) polls with
@@ -38,20 +39,17 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 import threading
 import time
-from contextlib import suppress
 from typing import Final
 
 import attrs
 
 from codex_turn._log import format_error, get_logger
-from codex_turn.harness._fs import session_path
+from codex_turn.harness._fs import atomic_write, session_path
 from codex_turn.harness.session._lock import PathLock, SessionLease, path_lock
 from codex_turn.harness.session._lockfile import (
     LOCK_STALE_SECONDS,
-    RENEW_TEMP,
     lock_payload,
     read_lock,
     release_file_lock,
@@ -191,19 +189,7 @@ def _replace_lock(lease: SessionLease, lock: PathLock) -> None:
         _log.warning("session lease lost: the lock file was replaced", lock=lock_path)
         return
     data = lock_payload(lease.ttl)
-    temp = f"{lock_path}{RENEW_TEMP}{os.getpid()}.{secrets.token_hex(4)}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(temp, flags, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(temp, lock_path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(temp)
-        raise
+    atomic_write(lock_path, data, durable=False)
     lock.payload = data
     lease.renewals += 1
 

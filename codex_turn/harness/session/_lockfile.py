@@ -149,13 +149,17 @@ def _lock_staleness(lock_path: str, stale_after: float) -> tuple[str | None, int
 
 
 _STALE_ASIDE: Final = ".stale."
-RENEW_TEMP: Final = ".renew."  # a lease renewal's temp file, renamed over the lock
+#: An earlier version's lease-renewal temp file (renewals are ``_fs.atomic_write`` now, whose
+#: own leftovers the next renewal removes): still swept where a dead holder left one.
+_LEGACY_RENEW_TEMP: Final = ".renew."
 
 
 def _break_stale_lock(lock_path: str, reason: str, observed: bytes, pid: int | None) -> None:
     """Remove a stale lock without removing a fresh one that replaced it meanwhile."""
     aside = f"{lock_path}{_STALE_ASIDE}{os.getpid()}.{secrets.token_hex(4)}"
     try:
+        # A move, not a write (so not _fs.atomic_write): the very file judged stale goes aside
+        # to be compared; rename never replaces here (``aside`` is a fresh unique name).
         os.rename(lock_path, aside)
     except FileNotFoundError:
         return
@@ -176,13 +180,14 @@ def _break_stale_lock(lock_path: str, reason: str, observed: bytes, pid: int | N
 
 def sweep_stale_asides(lock_path: str) -> None:
     """Remove the ``<name>.lock.stale.<pid>.<hex>`` files of breakers that died mid-break, and
-    the ``<name>.lock.renew.<pid>.<hex>`` temp files of lease holders that died mid-renewal.
+    the ``<name>.lock.renew.<pid>.<hex>`` temp files that lease holders of an earlier version
+    left when they died mid-renewal.
 
     Called while holding the path's locks: an aside of this process is then never in use,
     and one of a live process may be (it is being compared): left alone.
     """
     directory, name = os.path.split(lock_path)
-    prefixes = (name + _STALE_ASIDE, name + RENEW_TEMP)
+    prefixes = (name + _STALE_ASIDE, name + _LEGACY_RENEW_TEMP)
     try:
         candidates = [n for n in os.listdir(directory) if n.startswith(prefixes)]
     except OSError:
