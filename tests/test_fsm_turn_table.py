@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from fsm_checks import (
@@ -26,7 +27,14 @@ from codex_turn.fsm import (
     TurnState,
     TurnTrigger,
 )
-from codex_turn.fsm.turn import TURN_MACHINE
+from codex_turn.fsm.turn import (
+    ASSEMBLE_TRIGGERS,
+    BOOTSTRAP_TRIGGERS,
+    FINALIZE_TRIGGERS,
+    MAINTENANCE_TRIGGERS,
+    TURN_MACHINE,
+)
+from codex_turn.harness.maintenance import MaintenanceOutcome, ScheduleResult
 
 
 @pytest.mark.parametrize("state", TURN_STATES)
@@ -290,3 +298,34 @@ def test_a_stage_cut_short_ends_as_the_oracle_says(flags: dict[str, bool]) -> No
             turn.fire(trigger)
             assert turn.state.name == dest
         turn.close()
+
+
+@pytest.mark.parametrize(
+    ("state", "triggers"),
+    [
+        (TurnState.BOOTSTRAPPING, BOOTSTRAP_TRIGGERS),
+        (TurnState.ASSEMBLING, ASSEMBLE_TRIGGERS),
+        (TurnState.FINALIZING, FINALIZE_TRIGGERS),
+        (TurnState.MAINTAINING, MAINTENANCE_TRIGGERS),
+    ],
+)
+def test_each_engine_stage_map_names_exactly_the_exits_of_its_state(
+    state: TurnState, triggers: dict[Any, TurnTrigger]
+) -> None:
+    exits = {edge.trigger for edge in TURN_TABLE[state]} - {TurnTrigger.CANCELLED}
+    assert set(triggers.values()) == exits
+    assert len(set(triggers.values())) == len(triggers)  # one status, one exit
+
+
+def test_a_maintenance_request_the_scheduler_dropped_ends_as_dropped() -> None:
+    for schedule, ending in [
+        (ScheduleResult.STARTED, "deferred"),
+        (ScheduleResult.COALESCED, "deferred"),
+        (ScheduleResult.REJECTED, "dropped"),
+        (ScheduleResult.CLOSED, "dropped"),
+    ]:
+        outcome = MaintenanceOutcome(status="deferred", reason="turn", schedule=schedule)
+        assert outcome.ending == ending
+        assert outcome.trigger is MAINTENANCE_TRIGGERS[ending]
+    skipped = MaintenanceOutcome(status="skipped", reason="turn")
+    assert (skipped.ending, skipped.trigger) == ("skipped", None)

@@ -71,8 +71,12 @@ from codex_turn.fsm._machine import Edge, Model, TableMachine
 from codex_turn.fsm.thread import ProjectionForm, ThreadAction
 
 __all__ = [
+    "ASSEMBLE_TRIGGERS",
+    "BOOTSTRAP_TRIGGERS",
     "CUT_SHORT_TRIGGERS",
+    "FINALIZE_TRIGGERS",
     "FORM_TRIGGERS",
+    "MAINTENANCE_TRIGGERS",
     "RUN_END_TRIGGERS",
     "THREAD_TRIGGERS",
     "TURN_TABLE",
@@ -233,6 +237,35 @@ THREAD_TRIGGERS: dict[ThreadAction, TurnTrigger] = {
 FORM_TRIGGERS: dict[ProjectionForm, TurnTrigger] = {
     ProjectionForm.TEXT: TurnTrigger.PROJECTED,
     ProjectionForm.ITEMS: TurnTrigger.PROJECTED_AS_ITEMS,
+}
+
+
+#: The engine stages' exits, by how the engine call went: the ``status`` of the harness's
+#: lifecycle outcome (``harness.lifecycle``, ``harness.maintenance``), read by the stages and by
+#: the outcomes' own ``trigger``. An engine call that timed out is ``failed``.
+BOOTSTRAP_TRIGGERS: dict[str, TurnTrigger] = {
+    "bootstrapped": TurnTrigger.BOOTSTRAPPED,
+    "failed": TurnTrigger.BOOTSTRAP_FAILED,
+    "skipped": TurnTrigger.BOOTSTRAP_SKIPPED,
+}
+ASSEMBLE_TRIGGERS: dict[str, TurnTrigger] = {
+    "assembled": TurnTrigger.ASSEMBLED,
+    "failed": TurnTrigger.ASSEMBLE_FAILED,
+    "skipped": TurnTrigger.ASSEMBLE_SKIPPED,
+}
+#: The finalizing exit by whether the engine took the turn (``FinalizeOutcome.succeeded``).
+FINALIZE_TRIGGERS: dict[bool, TurnTrigger] = {
+    True: TurnTrigger.FINALIZED,
+    False: TurnTrigger.FINALIZE_FAILED,
+}
+#: The maintaining exit: run inline (``ran``, ``failed``) or handed to a scheduler that took
+#: the request (``deferred``) or dropped it (``dropped``: rejected, or the scheduler closed).
+#: A request that attempted nothing (``skipped``) has no exit: the table skips maintaining.
+MAINTENANCE_TRIGGERS: dict[str, TurnTrigger] = {
+    "ran": TurnTrigger.MAINTENANCE_RAN,
+    "failed": TurnTrigger.MAINTENANCE_FAILED,
+    "deferred": TurnTrigger.MAINTENANCE_DEFERRED,
+    "dropped": TurnTrigger.MAINTENANCE_DROPPED,
 }
 
 

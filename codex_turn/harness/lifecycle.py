@@ -67,6 +67,9 @@ import attrs
 
 from codex_turn._log import get_logger
 from codex_turn.fsm.turn import (
+    ASSEMBLE_TRIGGERS,
+    BOOTSTRAP_TRIGGERS,
+    FINALIZE_TRIGGERS,
     SkipReason,
     TurnTrigger,
     bootstrap_skip_reason,
@@ -162,11 +165,8 @@ class BootstrapOutcome:
 
     @property
     def trigger(self) -> TurnTrigger:
-        return {
-            "bootstrapped": TurnTrigger.BOOTSTRAPPED,
-            "failed": TurnTrigger.BOOTSTRAP_FAILED,
-            "skipped": TurnTrigger.BOOTSTRAP_SKIPPED,
-        }[self.status]
+        """The turn machine's trigger for this outcome (``fsm.turn.BOOTSTRAP_TRIGGERS``)."""
+        return BOOTSTRAP_TRIGGERS[self.status]
 
 
 @attrs.frozen
@@ -177,11 +177,8 @@ class AssembleOutcome:
 
     @property
     def trigger(self) -> TurnTrigger:
-        return {
-            "assembled": TurnTrigger.ASSEMBLED,
-            "failed": TurnTrigger.ASSEMBLE_FAILED,
-            "skipped": TurnTrigger.ASSEMBLE_SKIPPED,
-        }[self.status]
+        """The turn machine's trigger for this outcome (``fsm.turn.ASSEMBLE_TRIGGERS``)."""
+        return ASSEMBLE_TRIGGERS[self.status]
 
 
 @attrs.frozen
@@ -202,7 +199,8 @@ class FinalizeOutcome:
 
     @property
     def trigger(self) -> TurnTrigger:
-        return TurnTrigger.FINALIZED if self.succeeded else TurnTrigger.FINALIZE_FAILED
+        """The turn machine's trigger for this outcome (``fsm.turn.FINALIZE_TRIGGERS``)."""
+        return FINALIZE_TRIGGERS[self.succeeded]
 
 
 # --- Bootstrap ------------------------------------------------------------------------------

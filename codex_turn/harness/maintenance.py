@@ -39,7 +39,7 @@ import anyio.lowlevel
 import attrs
 
 from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.fsm.turn import TurnTrigger, defers_maintenance
+from codex_turn.fsm.turn import MAINTENANCE_TRIGGERS, TurnTrigger, defers_maintenance
 from codex_turn.harness._gates import session_lane_busy
 from codex_turn.harness.engine.contract import (
     InvalidEngineResult,
@@ -92,13 +92,18 @@ class MaintenanceOutcome:
     schedule: ScheduleResult | None = None
 
     @property
+    def ending(self) -> Literal["ran", "failed", "deferred", "dropped", "skipped"]:
+        """``status``, with a deferral the scheduler dropped (rejected, or closed) told apart:
+        how the request ended, in the words of ``fsm.turn.MAINTENANCE_TRIGGERS``."""
+        if self.status == "deferred" and self.schedule in _DROPPED_SCHEDULES:
+            return "dropped"
+        return self.status
+
+    @property
     def trigger(self) -> TurnTrigger | None:
-        """The turn machine's trigger for this outcome (``None`` when nothing was attempted)."""
-        return {
-            "ran": TurnTrigger.MAINTENANCE_RAN,
-            "failed": TurnTrigger.MAINTENANCE_FAILED,
-            "deferred": TurnTrigger.MAINTENANCE_DEFERRED,
-        }.get(self.status)
+        """The turn machine's trigger for this outcome (``fsm.turn.MAINTENANCE_TRIGGERS``;
+        ``None`` when nothing was attempted)."""
+        return MAINTENANCE_TRIGGERS.get(self.ending)
 
 
 async def run_context_engine_maintenance(
@@ -256,6 +261,10 @@ class ScheduleResult(enum.Enum):
     COALESCED = "coalesced"  # merged into the pending rerun of a session already scheduled
     REJECTED = "rejected"  # too many sessions queued; dropped (and logged)
     CLOSED = "closed"  # the scheduler is closed; dropped
+
+
+#: How a scheduler takes a request it drops: nothing will run.
+_DROPPED_SCHEDULES: Final = frozenset({ScheduleResult.REJECTED, ScheduleResult.CLOSED})
 
 
 @attrs.define

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import attrs
@@ -44,7 +44,15 @@ import attrs
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
 from codex_turn.fsm.thread import ThreadAction, ThreadDecision
-from codex_turn.fsm.turn import FORM_TRIGGERS, RunEnd, run_end_trigger
+from codex_turn.fsm.turn import (
+    ASSEMBLE_TRIGGERS,
+    BOOTSTRAP_TRIGGERS,
+    FINALIZE_TRIGGERS,
+    FORM_TRIGGERS,
+    MAINTENANCE_TRIGGERS,
+    RunEnd,
+    run_end_trigger,
+)
 from codex_turn.harness._fs import run_in_worker
 from codex_turn.harness.appserver import (
     AppServerClosed,
@@ -71,7 +79,6 @@ from codex_turn.harness.lifecycle import (
 )
 from codex_turn.harness.maintenance import (
     MaintenanceOutcome,
-    ScheduleResult,
     call_maintenance,
     defer_maintenance,
 )
@@ -189,7 +196,8 @@ async def bootstrap(ctx: TurnContext) -> TurnTrigger:
             runtime_context=runtime_context(ctx),
         ),
     )
-    failed = outcome is None or outcome.status == "failed"
+    status = outcome.status if outcome is not None else "failed"  # None: it timed out
+    failed = status == "failed"
     # Bootstrap may have written to the transcript (OpenClaw test A3): read it again, keeping
     # the previous history if the re-read fails.
     reread = await run_in_worker(read_history_sync, ctx)
@@ -197,10 +205,10 @@ async def bootstrap(ctx: TurnContext) -> TurnTrigger:
         ctx.history = attrs.evolve(ctx.history, messages=reread)
     ctx.log.info(
         "codex context engine bootstrap " + ("failed" if failed else "completed"),
-        status="failed" if failed else "bootstrapped",
+        status=status,
         history_messages=len(ctx.messages),
     )
-    return T.BOOTSTRAP_FAILED if failed else T.BOOTSTRAPPED
+    return BOOTSTRAP_TRIGGERS[status]
 
 
 async def assemble(ctx: TurnContext) -> TurnTrigger:
@@ -224,7 +232,8 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
         ),
     )
     if outcome is None or outcome.status != "assembled" or outcome.result is None:
-        return T.ASSEMBLE_FAILED
+        # Timed out (None), failed, or nothing to apply: the baseline prompt.
+        return ASSEMBLE_TRIGGERS["failed"]
     result = outcome.result
     ctx.assembled = Assembled(result)
     ctx.log.info(
@@ -235,7 +244,7 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             result.system_prompt_addition and result.system_prompt_addition.strip()
         ),
     )
-    return T.ASSEMBLED
+    return ASSEMBLE_TRIGGERS[outcome.status]
 
 
 async def project(ctx: TurnContext) -> TurnTrigger:
@@ -589,18 +598,15 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
             snapshot_is_fallback=fallback,
         ),
     )
-    if finalized is None:
-        return T.FINALIZE_FAILED
+    if finalized is None:  # it timed out
+        return FINALIZE_TRIGGERS[False]
     ctx.log.info(
         "codex context engine finalize " + ("completed" if finalized.succeeded else "failed"),
         path=finalized.path,
         new_messages=finalized.new_message_count,
         fallback_snapshot=fallback,
     )
-    return finalized.trigger
-
-
-_DROPPED: Final = {ScheduleResult.REJECTED, ScheduleResult.CLOSED}
+    return FINALIZE_TRIGGERS[finalized.succeeded]
 
 
 async def maintain(ctx: TurnContext) -> TurnTrigger:
@@ -618,19 +624,20 @@ async def maintain(ctx: TurnContext) -> TurnTrigger:
     if ctx.may(T.MAINTENANCE_DEFERRED):  # the table's fact: deferred to a scheduler
         assert ctx.scheduler is not None
         deferred = defer_maintenance(ctx.scheduler, **request)
-        if deferred.schedule in _DROPPED:
+        ending = deferred.ending  # deferred, or dropped by the scheduler
+        if ending == "dropped":
             assert deferred.schedule is not None
             # Handed to the scheduler, which dropped it: nothing will run.
             reason = f"scheduler_{deferred.schedule.value}"
             ctx.maintenance = MaintenanceReport(status="skipped", skip_reason=reason)
-            return T.MAINTENANCE_DROPPED
-        ctx.maintenance = MaintenanceReport(status="deferred")
-        return T.MAINTENANCE_DEFERRED
+        else:
+            ctx.maintenance = MaintenanceReport(status="deferred")
+        return MAINTENANCE_TRIGGERS[ending]
     ran: MaintenanceOutcome | None = await engine_call(
         ctx, "maintain", call_maintenance(reason="turn", **request)
     )
-    if ran is None or ran.status != "ran":
-        ctx.maintenance = MaintenanceReport(status="failed")
-        return T.MAINTENANCE_FAILED
-    ctx.maintenance = MaintenanceReport(status="ran")
-    return T.MAINTENANCE_RAN
+    # None: it timed out. ``skipped`` (no maintain to call, though the turn began with one:
+    # the facts said it maintains) did not run either.
+    status = ran.status if ran is not None and ran.status != "skipped" else "failed"
+    ctx.maintenance = MaintenanceReport(status="ran" if status == "ran" else "failed")
+    return MAINTENANCE_TRIGGERS[status]
