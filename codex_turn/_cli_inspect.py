@@ -117,9 +117,9 @@ async def _preview(args: argparse.Namespace) -> dict[str, Any]:
     )
     binding = read_binding(session_file, session_id=session_id)
     try:
-        # The turn's own context and machine (a private seam of the orchestrator: a public
-        # "preview" there would make this a one-liner).
-        ctx, turn = await orchestrator._prepare(
+        # The turn's own context and machine, as run_codex_turn prepares them; the stages
+        # below run as the turn would, up to the first one that would reach Codex.
+        ctx, turn = await orchestrator.prepare_turn(
             params,
             session_file=session_file,
             app_server=_NoCodex(),

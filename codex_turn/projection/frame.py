@@ -74,7 +74,9 @@ __all__ = [
     "CodexContextProjection",
     "ProjectionError",
     "ToolPayloadMode",
+    "drop_duplicate_prompt",
     "frame_context",
+    "js_trim",
     "project_context_engine_assembly",
     "project_thread_bootstrap_assembly",
     "render_context",
@@ -141,7 +143,8 @@ class CodexContextProjection:
     context_range: tuple[int, int] | None = None
 
 
-def _trim(text: str) -> str:
+def js_trim(text: str) -> str:
+    """``text.trim()`` as JavaScript (OpenClaw) does it: its whitespace, at both ends."""
     return text.strip(_JS_WHITESPACE)
 
 
@@ -238,7 +241,7 @@ def _render_body(message: Mapping[str, Any], part_max: int, preserve: bool) -> s
     if "content" not in message:
         summary = message.get("summary")
         if message.get("role") in _SUMMARY_ROLES and isinstance(summary, str):
-            return _cut_head(_trim(summary), part_max)
+            return _cut_head(js_trim(summary), part_max)
         return ""
     content = message["content"]
     if isinstance(content, str):
@@ -327,14 +330,16 @@ def _user_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _drop_duplicate_prompt(messages: list[AgentMessage], prompt: str) -> list[AgentMessage]:
+def drop_duplicate_prompt(messages: list[AgentMessage], prompt: str) -> list[AgentMessage]:
+    """``messages`` without a last user message that repeats ``prompt`` (already trimmed): the
+    raw prompt follows the projection in ``turn/start`` (rule 1 of the frame)."""
     if not prompt or not messages:
         return messages
     last = messages[-1]
     if not isinstance(last, Mapping) or last.get("role") != "user":
         return messages
     text = _user_text(last)
-    if text is not None and _trim(text) == prompt:
+    if text is not None and js_trim(text) == prompt:
         return messages[:-1]
     return messages
 
@@ -364,8 +369,8 @@ def _project(
     if system_prompt_addition is not None and not isinstance(system_prompt_addition, str):
         raise ProjectionError("system_prompt_addition must be a string or None")
 
-    trimmed_prompt = _trim(prompt)
-    messages = _drop_duplicate_prompt(list(assembled_messages), trimmed_prompt)
+    trimmed_prompt = js_trim(prompt)
+    messages = drop_duplicate_prompt(list(assembled_messages), trimmed_prompt)
     max_chars = max_rendered_context_chars(token_budget, reserve_tokens)
     if max_context_chars is not None:
         # A caller's hard room (Codex's turn/start size limit) tightens the budget's cap.
@@ -376,7 +381,7 @@ def _project(
         part_max=text_part_max_chars(max_chars),
         tool_payload_mode=tool_payload_mode,
     )
-    addition = _trim(system_prompt_addition) if system_prompt_addition else ""
+    addition = js_trim(system_prompt_addition) if system_prompt_addition else ""
     return CodexContextProjection(
         developer_instruction_addition=addition or None,
         prompt_text=frame_context(context, trimmed_prompt),
@@ -432,10 +437,10 @@ def unframed_projection(
     thread that already carries this epoch's context): rendering a frame only to throw it
     away costs O(assembly) per turn.
     """
-    addition = _trim(system_prompt_addition) if system_prompt_addition else ""
+    addition = js_trim(system_prompt_addition) if system_prompt_addition else ""
     return CodexContextProjection(
         developer_instruction_addition=addition or None,
-        prompt_text=_trim(prompt),
+        prompt_text=js_trim(prompt),
         assembled_messages=[],
         pre_prompt_message_count=len(original_history_messages),
         max_context_chars=0,

@@ -90,7 +90,7 @@ import attrs
 
 from codex_turn._json import canonical_json
 from codex_turn.frozen import FrozenDict, FrozenList
-from codex_turn.projection.frame import _drop_duplicate_prompt, _trim
+from codex_turn.projection.frame import drop_duplicate_prompt, js_trim
 from codex_turn.projection.payload import input_shape, redact_secrets, redacted_payload
 
 __all__ = [
@@ -453,7 +453,7 @@ def _convert_one(builder: _Builder, message: Mapping[str, Any]) -> None:
                 if isinstance(p, Mapping) and isinstance(t := p.get("text"), str)
             )
         builder.start("user")
-        if _trim(summary):
+        if js_trim(summary):
             builder.text(f"{SUMMARY_HEADER}\n{summary}")
         builder.flush()
     else:
@@ -520,7 +520,7 @@ def convert_messages(
                 return Unconvertible(
                     UnconvertibleReason.MESSAGE_NOT_A_MAPPING, index, type(message).__name__
                 )
-    kept = _drop_duplicate_prompt(list(messages), _trim(prompt)) if prompt else list(messages)
+    kept = drop_duplicate_prompt(list(messages), js_trim(prompt)) if prompt else list(messages)
     dropped = len(kept) != len(messages)
     if cache is not None:
         return cache._convert(kept, payload_policy, first_index, dropped)

@@ -25,7 +25,7 @@ is decided once (a second ``turn/interrupt`` for one turn hangs inside Codex), a
 task that decided it sends it; giving up on a turn (a cancelled caller, a timed-out
 :meth:`TurnHandle.collect`) always interrupts first and then waits at most one grace, so
 ABANDONED comes after an interrupt decision and leaving the turn never waits twice. The two
-notifications move the phase wherever they arrive (inside :meth:`TurnHandle._absorb`); our
+notifications move the phase wherever they arrive (inside :meth:`TurnHandle.absorb`); our
 decisions only in :meth:`TurnHandle.interrupt` and when giving up. An input the table does
 not list is a bug in this module and raises ``RuntimeError``.
 """
@@ -247,7 +247,7 @@ class TurnHandle:
                 n = await self._stream.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise self.client.closed_error or AppServerClosed() from None
-            if self._absorb(n):
+            if self.absorb(n):
                 return n
 
     def _buffered_own(self) -> Notification | None:
@@ -262,7 +262,7 @@ class TurnHandle:
                 return None
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise self.client.closed_error or AppServerClosed() from None
-            if self._absorb(n):
+            if self.absorb(n):
                 return n
 
     def _ready(self) -> Notification | None:
@@ -274,8 +274,9 @@ class TurnHandle:
             return None
         return self._buffered_own()
 
-    def _absorb(self, n: Notification) -> bool:
-        """Fold one notification of the thread; whether it belonged to this turn."""
+    def absorb(self, n: Notification) -> bool:
+        """Fold one notification of the thread; whether it belonged to this turn (the client
+        replays through it what it read before the handle existed)."""
         if not self.projector.feed(n):
             return False
         if n.method == "turn/started":
@@ -379,8 +380,9 @@ class TurnHandle:
         finally:
             self._fire(_TurnInput.ABANDON)
 
-    async def _abandon(self) -> None:
-        """Interrupt and wait briefly for turn/completed (used on cancellation)."""
+    async def abandon(self) -> None:
+        """Interrupt and wait briefly for turn/completed (on cancellation, and by the client
+        for a turn whose ``turn/start`` it gave up on)."""
         with contextlib.suppress(AppServerError):
             await self._give_up()
             await self._drain(self.interrupt_grace)
@@ -395,12 +397,13 @@ class TurnHandle:
         if self.client.closed_error is not None:
             return
         with anyio.CancelScope(shield=True):
-            await self._abandon()
+            await self.abandon()
 
     def _host_answering(self, idle_timeout: float) -> bool:
         """A host callback (approval, user input) of this turn's thread is pending, or was
         answered less than ``idle_timeout`` ago (Codex goes on from there)."""
-        bindings = getattr(self.client, "_turn_handlers", None)
+        # Optional for a client (tests' fakes have none): read by name, not in _TurnClient.
+        bindings = getattr(self.client, "turn_handlers", None)
         binding = bindings.get(self.thread_id) if isinstance(bindings, dict) else None
         if binding is None:
             return False

@@ -72,9 +72,9 @@ class Turns:
         self.provider = provider
         self.model = model
         self.interrupt_grace = interrupt_grace
-        # What a TurnHandle reads of its client by name: the host callbacks bound to its
-        # thread (a pending one holds its idle timer).
-        self._turn_handlers = responder.bindings
+        #: What a TurnHandle reads of its client by name, when the client has it: the host
+        #: callbacks bound to its thread (a pending one holds its idle timer).
+        self.turn_handlers = responder.bindings
 
     @property
     def closed_error(self) -> AppServerClosed | None:
@@ -264,8 +264,8 @@ class Turns:
             phase=CodexTurnPhase.RUNNING,
         )
         for n in seen:
-            handle._absorb(n)
-        await handle._abandon()
+            handle.absorb(n)
+        await handle.abandon()
 
     async def _watch_turn_start(
         self,

@@ -211,7 +211,7 @@ async def run_codex_turn(
                     if completed is not None:
                         raise TurnAlreadyCompleted(completed)
                 with sensitive(params.prompt), live.serving(session_file):
-                    ctx, turn = await _prepare(
+                    ctx, turn = await prepare_turn(
                         params,
                         session_file=session_file,
                         app_server=app_server,
@@ -239,7 +239,7 @@ def _engine_handle(engine: object | None) -> EngineHandle | None:
     return handle
 
 
-async def _prepare(
+async def prepare_turn(
     params: TurnParams,
     *,
     session_file: str,
