@@ -169,7 +169,7 @@ from codex_turn.harness.engine import (
     IngestParams,
     IngestResult,
 )
-from codex_turn.harness.session import _budget, clear_session_cache
+from codex_turn.harness.session import budget, clear_session_cache
 from codex_turn.projection.items import ConversionCache
 
 SAVING_THRESHOLD = 0.05
@@ -516,7 +516,7 @@ def _no_stripped_cache(config: MechanismConfig) -> list[AbstractContextManager[A
                 with shared._lock:
                     dropped = shared._entries.pop(session_file, None)
                 if dropped is not None:
-                    _budget.release((id(shared), session_file))
+                    budget.release((id(shared), session_file))
             return shared.read(session_file)
 
     return [*_frame(config), mock.patch.object(turn_context, "stripped_histories", Cold())]

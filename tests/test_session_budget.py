@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import (
-    _budget,
+    budget,
     build_session_context,
     clear_session_cache,
     iter_session_messages,
@@ -180,7 +180,7 @@ def test_the_ceiling_is_respected_beyond_one_entry(tmp_path: Path) -> None:
         size = path.stat().st_size
         largest = max(
             largest,
-            _budget.ENTRY_OVERHEAD + _budget.READ_BYTES_PER_BYTE * size,
+            budget.ENTRY_OVERHEAD + budget.READ_BYTES_PER_BYTE * size,
         )
         assert session_cache_usage() <= limit + largest
     assert session_cache_limit() == limit
@@ -189,12 +189,12 @@ def test_the_ceiling_is_respected_beyond_one_entry(tmp_path: Path) -> None:
 
 
 def test_the_ceiling_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_budget.ENV_LIMIT, "12345")
+    monkeypatch.setenv(budget.ENV_LIMIT, "12345")
     set_session_cache_limit(None)
     assert session_cache_limit() == 12345
-    monkeypatch.setenv(_budget.ENV_LIMIT, "nonsense")
+    monkeypatch.setenv(budget.ENV_LIMIT, "nonsense")
     set_session_cache_limit(None)
-    assert session_cache_limit() == _budget.DEFAULT_LIMIT
+    assert session_cache_limit() == budget.DEFAULT_LIMIT
     with pytest.raises(ValueError, match=">= 0"):
         set_session_cache_limit(-1)
 

@@ -12,7 +12,7 @@ twice and copied each read). An engine is handed a copy of its own
 (:class:`~codex_turn.harness.runtime_context.RuntimeContextFree`).
 
 Memory: each entry is charged to the byte ledger shared with the read cache
-(``codex_turn.harness.session._budget``, one ceiling for both, least recently used out): a
+(``codex_turn.harness.session.budget``, one ceiling for both, least recently used out): a
 frozen copy retains ~1 byte per transcript byte behind it (its containers are new; the
 strings are shared with the read cache). ``capacity`` additionally bounds the count.
 """
@@ -30,7 +30,7 @@ from codex_turn.harness.runtime_context import (
     RuntimeContextFree,
     strip_runtime_context_messages,
 )
-from codex_turn.harness.session import MessageHistory, _budget, load_session_context
+from codex_turn.harness.session import MessageHistory, budget, load_session_context
 
 __all__ = ["StrippedHistories"]
 
@@ -77,13 +77,13 @@ class StrippedHistories:
             while len(self._entries) > self._capacity:
                 dropped.append(self._entries.popitem(last=False)[0])
         for name in dropped:
-            _budget.release((id(self), name))
+            budget.release((id(self), name))
         nbytes = (
-            _budget.ENTRY_OVERHEAD
-            + _budget.FROZEN_BYTES_PER_BYTE * history.source_bytes
+            budget.ENTRY_OVERHEAD
+            + budget.FROZEN_BYTES_PER_BYTE * history.source_bytes
             + 8 * len(stripped)
         )
-        _budget.charge((id(self), session_file), nbytes, _evictor(self, session_file, stripped))
+        budget.charge((id(self), session_file), nbytes, _evictor(self, session_file, stripped))
         return stripped  # shared, read-only: no copy per read
 
     def _evict(self, session_file: str, stripped: FrozenHistory) -> object | None:
@@ -100,7 +100,7 @@ class StrippedHistories:
 
 def _evictor(
     owner: StrippedHistories, session_file: str, stripped: FrozenHistory
-) -> _budget.Evictor:
+) -> budget.Evictor:
     ref = weakref.ref(owner)  # the ledger must not keep a dropped cache alive
 
     def evict() -> object | None:

@@ -15,7 +15,7 @@ One private module per concern; this package re-exports the public names of each
   :func:`session_write_lock`.
 * ``_lease.py``: the whole-turn lease (the lock file held for a turn, renewed by a thread),
   which the in-process turn gates take.
-* ``_budget.py``: the byte ceiling shared by the read cache and the stripped histories
+* ``budget.py``: the byte ceiling shared by the read cache and the stripped histories
   (:func:`set_session_cache_limit`), least recently used out.
 * ``_cache.py``: the per-transcript incremental read cache and the readers on it
   (:func:`load_session_context`, :func:`load_session_messages`, :func:`read_session`).
@@ -29,7 +29,7 @@ One private module per concern; this package re-exports the public names of each
   append per turn under the write lock) and :func:`reset_session`.
 
 The dependency order is ``_format`` <- ``_lockfile`` <- ``_lock`` <- ``_lease`` and
-``_format``, ``_budget`` <- ``_cache`` <- ``_stream``, ``_writable`` (which also takes the
+``_format``, ``budget`` <- ``_cache`` <- ``_stream``, ``_writable`` (which also takes the
 write lock) <- ``_mirror``; nothing imports upwards. Each module's ``__all__`` is what this
 package re-exports; its other names without an underscore are the package's own vocabulary,
 used by the sibling modules (and by nothing outside the harness), and no private name is
@@ -43,11 +43,6 @@ never be awaited from the event loop thread.
 
 from __future__ import annotations
 
-from codex_turn.harness.session._budget import (
-    session_cache_limit,
-    session_cache_usage,
-    set_session_cache_limit,
-)
 from codex_turn.harness.session._cache import (
     SessionTranscript,
     clear_session_cache,
@@ -80,6 +75,11 @@ from codex_turn.harness.session._mirror import (
 )
 from codex_turn.harness.session._stream import iter_session_messages
 from codex_turn.harness.session._writable import ensure_transcript_writable
+from codex_turn.harness.session.budget import (
+    session_cache_limit,
+    session_cache_usage,
+    set_session_cache_limit,
+)
 
 __all__ = [
     "CURRENT_SESSION_VERSION",

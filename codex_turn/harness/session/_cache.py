@@ -23,7 +23,7 @@ an error at once, never a read that blocks. Everything is synchronous file I/O: 
 caller runs it in a worker thread. Messages returned by the readers are shared with the
 cache: treat them as read-only (``copy.deepcopy`` before mutating).
 
-Memory is bounded by bytes, not by a count of files (``_budget.py``): every refresh charges
+Memory is bounded by bytes, not by a count of files (``budget.py``): every refresh charges
 the state ~4 bytes per committed file byte to the ledger shared with the stripped
 histories, and the least recently used states are evicted (dropped from the cache whole,
 their next read is a fresh parse) until the total is under the ceiling (256 MiB by default,
@@ -44,7 +44,7 @@ import attrs
 from codex_turn._json import AgentMessage
 from codex_turn._log import format_error, get_logger
 from codex_turn.harness._fs import open_regular, pread_exact, session_path
-from codex_turn.harness.session import _budget
+from codex_turn.harness.session import budget
 from codex_turn.harness.session._format import (
     BAD,
     Entry,
@@ -204,7 +204,7 @@ def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
             keys = [session_path(path)]
             _cache.pop(keys[0], None)
     for key in keys:
-        _budget.release(("read", key))
+        budget.release(("read", key))
 
 
 def state_for(key: str) -> FileState:
@@ -230,8 +230,8 @@ def _charge(state: FileState) -> None:
     with _cache_lock:
         if _cache.get(state.path) is not state:
             return  # evicted or cleared while held: an orphan, dropped with its reader
-    nbytes = _budget.ENTRY_OVERHEAD + _budget.READ_BYTES_PER_BYTE * state.committed
-    _budget.charge(("read", state.path), nbytes, lambda: _evict(state))
+    nbytes = budget.ENTRY_OVERHEAD + budget.READ_BYTES_PER_BYTE * state.committed
+    budget.charge(("read", state.path), nbytes, lambda: _evict(state))
 
 
 def _evict(state: FileState) -> object | None:
