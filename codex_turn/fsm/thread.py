@@ -63,9 +63,10 @@ there is one built for this turn's tools, engine and workspace; a new base (star
 and bound) otherwise. A base holds nothing a turn could lose, so replacing it costs only the
 warm prompt cache.
 
-Whether a fork is *continued* is a fifth (:data:`FORK_RULES`). After a turn that completed
-in a fork, the fork is kept (idle, loaded, in this app-server process) with a record of what
-it holds in the engine's terms: the ids of the items injected into it and of its turn's own
+Whether a fork is *continued* is a third (:data:`FORK_RULES`), and whether it is *kept*
+after its turn a fourth (:data:`KEEP_RULES`: only when an exact record can be made). After
+a turn that completed in a fork, the fork is kept (idle, loaded, in this app-server
+process) with a record of what it holds in the engine's terms: the ids of the items injected into it and of its turn's own
 messages, converted as the engine will hand them back. The next turn of the session
 continues that fork, injecting only the items that follow what it holds, when its own items
 *begin with* that record (the engine's assembly only grew: every earlier item reaches the
@@ -75,7 +76,7 @@ earlier message, the cap cut elsewhere, an interrupted turn, a restarted app-ser
 the base afresh, as every turn did before. The model of a continued fork sees its earlier
 turns in Codex's native form (as a resumed thread shows them), and nothing twice.
 
-And in which *form* context goes to Codex is the fourth (:data:`FORM_RULES`), asked when
+And in which *form* context goes to Codex is the fifth (:data:`FORM_RULES`), asked when
 projecting (and for a transcript fork): Responses items (``thread/inject_items``, the
 structured form) when the engine projects per turn, the app-server can inject, the turn keeps
 its tools, the runner did not ask for the text frame, and the messages convert
