@@ -64,17 +64,18 @@ and bound) otherwise. A base holds nothing a turn could lose, so replacing it co
 warm prompt cache.
 
 Whether a fork is *continued* is a third (:data:`FORK_RULES`), and whether it is *kept*
-after its turn a fourth (:data:`KEEP_RULES`: only when an exact record can be made). After
-a turn that completed in a fork, the fork is kept (idle, loaded, in this app-server
-process) with a record of what it holds in the engine's terms: the ids of the items injected into it and of its turn's own
-messages, converted as the engine will hand them back. The next turn of the session
-continues that fork, injecting only the items that follow what it holds, when its own items
-*begin with* that record (the engine's assembly only grew: every earlier item reaches the
-model once, in place), the fork was made with this turn's settings and instructions, and
-Codex has not compacted it. Anything else (the engine summarised, dropped or rewrote an
-earlier message, the cap cut elsewhere, an interrupted turn, a restarted app-server) forks
-the base afresh, as every turn did before. The model of a continued fork sees its earlier
-turns in Codex's native form (as a resumed thread shows them), and nothing twice.
+after its turn a fourth (:data:`KEEP_RULES`: only when an exact record can be made). After a
+turn that completed in a fork, the fork is kept (idle, loaded, in this app-server process)
+with a record of what it holds in the engine's terms: the ids of the items injected into it
+and of its turn's own messages, converted as the engine will hand them back. The next turn
+of the session continues that fork, injecting only the items that follow what it holds, when
+its own items *begin with* that record (the engine's assembly only grew: every earlier item
+reaches the model once, in place), the fork was made with this turn's settings and
+instructions, and Codex has not compacted it. Anything else (the engine summarised, dropped
+or rewrote an earlier message, the cap cut elsewhere, an interrupted turn, a restarted app-
+server) forks the base afresh, as every turn did before. The model of a continued fork sees
+its earlier turns in Codex's native form (as a resumed thread shows them), and nothing
+twice.
 
 And in which *form* context goes to Codex is the fifth (:data:`FORM_RULES`), asked when
 projecting (and for a transcript fork): Responses items (``thread/inject_items``, the
