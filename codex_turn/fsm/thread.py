@@ -72,9 +72,9 @@ of the session continues that fork, injecting only the items that follow what it
 its own items *begin with* that record (the engine's assembly only grew: every earlier item
 reaches the model once, in place), the fork was made with this turn's settings and
 instructions, and Codex has not compacted it. Anything else (the engine summarised, dropped
-or rewrote an earlier message, the cap cut elsewhere, an interrupted turn, a restarted app-
-server) forks the base afresh, as every turn did before. The model of a continued fork sees
-its earlier turns in Codex's native form (as a resumed thread shows them), and nothing
+or rewrote an earlier message, the cap cut elsewhere, an interrupted turn, a restarted
+app-server) forks the base afresh, as every turn did before. The model of a continued fork
+sees its earlier turns in Codex's native form (as a resumed thread shows them), and nothing
 twice.
 
 And in which *form* context goes to Codex is the fifth (:data:`FORM_RULES`), asked when
