@@ -204,11 +204,12 @@ def serve_model() -> None:
 
 
 class ModelProcess:
-    """The offline model in a child process (``bench_floor.py --serve-model``)."""
+    """The offline model in a child process (``SCRIPT --serve-model``, this script unless
+    another benchmark names its own, whose model answers more commands)."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: Path | None = None) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve-model"],
+            [sys.executable, str(script or Path(__file__).resolve()), "--serve-model"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -222,11 +223,15 @@ class ModelProcess:
         assert self._proc.stdout is not None
         return self._proc.stdout
 
-    def stats(self) -> dict[str, int]:
+    def ask(self, command: str) -> Any:
+        """Send one command line; its one JSON line back."""
         assert self._proc.stdin is not None
-        self._proc.stdin.write("stats\n")
+        self._proc.stdin.write(command + "\n")
         self._proc.stdin.flush()
-        result: dict[str, int] = json.loads(self._out.readline())
+        return json.loads(self._out.readline())
+
+    def stats(self) -> dict[str, int]:
+        result: dict[str, int] = self.ask("stats")
         return result
 
     def close(self) -> None:

@@ -113,7 +113,6 @@ import logging
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -122,7 +121,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from unittest import mock
 
 import anyio
@@ -140,6 +139,7 @@ from bench_floor import (
     Config,
     DurableFloorConfig,
     FloorConfig,
+    ModelProcess,
     PassThroughEngine,
     Sample,
     Session,
@@ -208,6 +208,9 @@ class Mechanism:
 def label(messages: int) -> str:
     return f"{messages // 1000}k" if messages >= 1000 and messages % 1000 == 0 else str(messages)
 
+
+#: This script: its ``--serve-model`` answers ``delay`` and ``requests`` besides ``stats``.
+SCRIPT = Path(__file__).resolve()
 
 #: key, title, kind of session, history ("small", "large" or none), switch turned off.
 MECHANISM_TABLE: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
@@ -332,41 +335,6 @@ def serve_model() -> None:
         stop.set()
 
 
-class ModelProcess:
-    """The offline model in a child process (``bench_mechanisms.py --serve-model``)."""
-
-    def __init__(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve-model"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        info = json.loads(self._out.readline())
-        self.base_url: str = info["base_url"]
-        self.proxy_env: dict[str, str] = info["proxy_env"]
-
-    @property
-    def _out(self) -> IO[str]:
-        assert self._proc.stdout is not None
-        return self._proc.stdout
-
-    def ask(self, command: str) -> Any:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(command + "\n")
-        self._proc.stdin.flush()
-        return json.loads(self._out.readline())
-
-    def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
 # --- engines and sessions -----------------------------------------------------------------------
 
 
@@ -480,8 +448,6 @@ def _no_memo(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
         return None
 
     return [*_plan(config), mock.patch.object(stages, "session_conversion", no_cache)]
-
-
 
 
 def _eager_frame(config: MechanismConfig) -> list[AbstractContextManager[Any]]:
@@ -911,7 +877,7 @@ async def main(args: argparse.Namespace) -> None:
     bench_floor.INSTRUCTIONS = instructions(args.instructions_kb)
     rows = [m for m in mechanisms(*args.sizes) if m.key in args.only]
     variants = list(dict.fromkeys(v for m in rows for v in (m.on, m.off)))
-    model = ModelProcess()
+    model = ModelProcess(SCRIPT)  # its model answers delay and requests too
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="bench-mechanisms-", dir=args.tmp) as tmp:
