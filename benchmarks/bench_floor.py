@@ -1323,6 +1323,12 @@ async def main(args: argparse.Namespace) -> None:
             stats = model.stats()
     finally:
         model.close()
+    print_run_end(started, stats)
+
+
+def print_run_end(started: float, stats: dict[str, int]) -> None:
+    """The lines every run ends with: turns off their assumed path, the time, the model's
+    request count and the attempts to reach the internet (always 0)."""
     if ANOMALIES.counts:
         print("\nturns off the assumed path:")
         for what, count in sorted(ANOMALIES.counts.items()):

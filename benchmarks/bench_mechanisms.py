@@ -144,6 +144,7 @@ from bench_floor import (
     Sample,
     Session,
     _timed,
+    print_run_end,
     write_session,
 )
 
@@ -907,14 +908,7 @@ async def main(args: argparse.Namespace) -> None:
         model.close()
     print()
     report(phases, rows, max(args.delays), idle_rss)
-    if ANOMALIES.counts:
-        print("\nturns off the assumed path:")
-        for what, count in sorted(ANOMALIES.counts.items()):
-            print(f"  {count:4d}  {what}")
-    print(
-        f"\ntotal {time.perf_counter() - started:.1f} s; model requests {stats['requests']}; "
-        f"proxy CONNECT attempts (internet): {stats['proxy_attempts']}"
-    )
+    print_run_end(started, stats)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
