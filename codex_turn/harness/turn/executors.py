@@ -3,7 +3,7 @@
 Theory. The thread decision (:data:`codex_turn.fsm.thread.THREAD_RULES`) says *what* this
 turn's thread is; :func:`codex_turn.fsm.thread.plan_thread` adds *how*, from the facts
 gathered here once the prompt hooks have finalised the thread settings
-(:class:`PlanFacts`: what this app-server process holds of the base and of the fork kept
+(:class:`TurnPlanFacts`: what this app-server process holds of the base and of the fork kept
 after the session's last turn). The starting_thread stage then looks the executor up in
 :data:`EXECUTORS` by the plan's action and awaits it. An executor does the I/O the plan
 names and returns the past-tense trigger that says what happened; it never chooses.
@@ -71,7 +71,7 @@ from codex_turn.harness.turn.structured import (
     take_kept_fork,
 )
 
-__all__ = ["EXECUTORS", "Executor", "PlanFacts", "start_thread", "thread_settings"]
+__all__ = ["EXECUTORS", "Executor", "TurnPlanFacts", "start_thread", "thread_settings"]
 
 T = TurnTrigger
 
@@ -98,7 +98,7 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
 # --- the facts of the plan --------------------------------------------------------------------
 
 
-class PlanFacts:
+class TurnPlanFacts:
     """The facts :func:`~codex_turn.fsm.thread.plan_thread` reads (what this process holds of
     the base and of the fork kept for it), for ``settings``."""
 
@@ -154,7 +154,7 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     """The starting_thread stage: plan how to obtain the thread, then carry the plan out."""
     assert ctx.plan is not None
     settings = thread_settings(ctx)
-    plan = plan_thread(ctx.plan.decision, PlanFacts(ctx, settings))
+    plan = plan_thread(ctx.plan.decision, TurnPlanFacts(ctx, settings))
     return await EXECUTORS[plan.action](ctx, plan, settings)
 
 
