@@ -408,3 +408,52 @@ async def test_a_kept_fork_codex_no_longer_knows_is_forked_afresh_in_the_same_tu
     last = offline_model.turn_requests()[-1]
     assert last.user_messages.count("LOST_1") == 1
     assert last.user_messages.count("LOST_2") == 1
+
+
+async def test_a_kept_fork_codex_answers_unknown_to_an_injection_is_forked_afresh(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex answers that the kept fork is unknown when the next turn injects what follows
+    (the client still held it as loaded, unlike the unload above): the fork table, told no
+    fork is kept, forks the base afresh with the whole context, and the log says so."""
+    from codex_turn.harness.appserver import ThreadNotFound
+
+    anchor: list[int] = []
+
+    def assemble(p: Any) -> AssembleResult:
+        messages = list(p.messages)
+        if p.prompt == "LOST_3_ASK" or anchor:
+            if not anchor:
+                anchor.append(len(messages))
+            messages.insert(anchor[0], {"role": "user", "content": "ENGINE_NOTE", "timestamp": 1})
+        return AssembleResult(messages=messages, estimated_tokens=0)
+
+    engine = RecordingEngine(responses={"assemble": assemble})
+    results = []
+    real_inject = appserver.inject_items
+    gone: set[str] = set()
+
+    async def inject(thread_id: str, items: Any) -> None:
+        if thread_id in gone:
+            raise ThreadNotFound(-32600, f"thread not found: {thread_id}")
+        await real_inject(thread_id, items)
+
+    monkeypatch.setattr(appserver, "inject_items", inject)
+    with capture_logs() as logs:
+        for k in range(1, 4):
+            if k == 3:
+                gone.add(results[1].thread_id)  # the fork kept after turn 2
+            result = await run_codex_turn(
+                params(prompt=f"LOST_{k}_ASK"), app_server=appserver, engine=engine
+            )
+            assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
+            results.append(result)
+    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork"]
+    assert results[2].thread_id != results[1].thread_id
+    last = offline_model.turn_requests()[-1]
+    assert last.user_messages.count("ENGINE_NOTE") == 1
+    asks = [t for t in last.user_messages if t.startswith("LOST_")]
+    assert asks == ["LOST_1_ASK", "LOST_2_ASK", "LOST_3_ASK"]

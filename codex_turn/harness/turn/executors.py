@@ -27,6 +27,7 @@ import attrs
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
 from codex_turn.fsm.thread import (
+    FORK_RULES,
     BaseAction,
     BaseFacts,
     Choice,
@@ -34,6 +35,7 @@ from codex_turn.fsm.thread import (
     ForkFacts,
     ThreadAction,
     ThreadPlan,
+    decide,
     plan_thread,
 )
 from codex_turn.fsm.turn import THREAD_TRIGGERS
@@ -118,6 +120,8 @@ class TurnPlanFacts:
         )
 
     def fork(self, base: Choice[BaseAction]) -> ForkFacts:
+        """What the port keeps for the base, looked at without taking it (``kept_fork``: a
+        port that cannot look has no fork to continue, and forks afresh)."""
         ctx, bound, port = self._ctx, self._ctx.binding, self._ctx.app_server
         if base.action is BaseAction.NEW or bound is None or not supports_structured(port):
             return ForkFacts()  # a new base has no fork kept for it
@@ -335,9 +339,18 @@ BASES: Final[
 ] = {BaseAction.BOUND: _bound_base, BaseAction.NEW: _new_base}
 
 
+@attrs.frozen
+class Forked:
+    """The fork the turn runs in, how many items went into it, and the fork table's reason."""
+
+    thread: ThreadResult
+    injected: int
+    reason: str
+
+
 async def _fresh_fork(
-    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: ThreadSettings
-) -> tuple[ThreadResult, int] | TurnTrigger:
+    ctx: TurnContext, how: Choice[ForkAction], base_id: str, settings: ThreadSettings
+) -> Forked | TurnTrigger:
     """Fork ``base_id`` afresh and inject the whole context and the turn's instructions
     (a fork kept for it is released: it holds what this turn must not see)."""
     port = ctx.app_server
@@ -354,17 +367,17 @@ async def _fresh_fork(
     prepared = await prepare_fork(port, base_id, context, neutral)
     if isinstance(prepared, ForkFailed):
         return fork_refused(ctx, prepared)
-    return prepared.thread, prepared.injected
+    return Forked(prepared.thread, prepared.injected, how.reason)
 
 
 async def _continued_fork(
-    ctx: TurnContext, plan: ThreadPlan, base_id: str, settings: ThreadSettings
-) -> tuple[ThreadResult, int] | TurnTrigger:
+    ctx: TurnContext, how: Choice[ForkAction], base_id: str, settings: ThreadSettings
+) -> Forked | TurnTrigger:
     """Inject what follows the kept fork's content (the turn's instructions are in it
     already: the fork table continues only a fork made with the same ones) and bind this
     turn's tool handlers to it. A fork Codex no longer knows (its process was replaced
-    meanwhile) is an answer about the fork, not the base: the base is forked afresh, as the
-    fork table says of a session with no fork kept."""
+    meanwhile) is an answer about the fork, not the base: the fork table, told that no fork
+    is kept, forks the base afresh."""
     port = ctx.app_server
     assert supports_structured(port)
     kept = take_kept_fork(port, base_id)
@@ -377,7 +390,8 @@ async def _continued_fork(
             await port.inject_items(kept.fork_thread_id, tail)
     except ThreadNotFound:
         release_fork(port, kept.fork_thread_id)
-        return await _fresh_fork(ctx, plan, base_id, settings)
+        lost = decide(FORK_RULES, ForkFacts())
+        return await FORKS[lost.action](ctx, lost, base_id, settings)
     except AppServerError as error:
         release_fork(port, kept.fork_thread_id)
         return fork_refused(ctx, fork_failure("inject", error, kept.fork_thread_id))
@@ -386,7 +400,7 @@ async def _continued_fork(
         raise
     if ctx.tools:
         ctx.app_server.bind_tools(kept.fork_thread_id, ctx.tools)
-    return loaded.result, len(tail)
+    return Forked(loaded.result, len(tail), how.reason)
 
 
 #: How each fork decision obtains the fork.
@@ -394,8 +408,8 @@ FORKS: Final[
     Mapping[
         ForkAction,
         Callable[
-            [TurnContext, ThreadPlan, str, ThreadSettings],
-            Awaitable[tuple[ThreadResult, int] | TurnTrigger],
+            [TurnContext, Choice[ForkAction], str, ThreadSettings],
+            Awaitable[Forked | TurnTrigger],
         ],
     ]
 ] = {ForkAction.NEW: _fresh_fork, ForkAction.CONTINUE: _continued_fork}
@@ -413,10 +427,10 @@ async def fork(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> 
     base_id = await BASES[base.action](ctx, settings)
     if isinstance(base_id, TurnTrigger):
         return base_id
-    forked = await FORKS[how.action](ctx, plan, base_id, settings)
+    forked = await FORKS[how.action](ctx, how, base_id, settings)
     if isinstance(forked, TurnTrigger):
         return forked
-    result, injected = forked
+    result = forked.thread
     projected = ctx.projected
     record = KeptFork(
         base_thread_id=base_id,
@@ -432,8 +446,8 @@ async def fork(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> 
         "codex app-server thread forked",
         reason=plan.decision.reason,
         base=base.reason,
-        fork=how.reason,
-        items=injected,
+        fork=forked.reason,
+        items=forked.injected,
         source="transcript" if plan.decision.transcript else "assembly",
     )
     return T.THREAD_FORKED

@@ -419,7 +419,12 @@ def settle_fork(ctx: TurnContext, ran: CodexTurnResult | None) -> None:
     facts = SettleFacts(ctx, ran)
     settled = decide(KEEP_RULES, facts)
     if settled.action is KeepAction.RELEASE:
-        ctx.log.debug("codex fork released", reason=settled.reason)
+        own = facts.own if facts.completed else None  # converted once the turn completed
+        ctx.log.debug(
+            "codex fork released",
+            reason=settled.reason,
+            conversion=own.reason.value if isinstance(own, Unconvertible) else None,
+        )
         release_fork(port, record.fork_thread_id)
         return
     own = facts.own

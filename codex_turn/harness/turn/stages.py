@@ -306,6 +306,10 @@ async def reproject(ctx: TurnContext) -> TurnTrigger:
     if ctx.assembled is None or stand_in:
         ctx.projected = None  # the transcript's stand-in is chosen anew for the new decision
     try:
+        if ctx.projected is not None and ctx.projected.items is not None:
+            # Codex refused the fork: its items can go nowhere now, the fresh thread gets
+            # the text frame, and whether there is context is the frame's to say.
+            ctx.projected = frame_projection(ctx)
         decision = decide_thread(ctx)
         _frame_if_sent(ctx, decision)
     except Exception as error:
