@@ -162,6 +162,14 @@ async def start_thread(ctx: TurnContext) -> TurnTrigger:
     return await EXECUTORS[plan.action](ctx, plan, settings)
 
 
+def start_failed(ctx: TurnContext, error: AppServerError) -> TurnTrigger:
+    """Codex could not start a thread: nothing reached it, the turn fails (the binding, if
+    any, is as it was)."""
+    ctx.log.warning("codex app-server thread start failed", error=format_error(error))
+    ctx.start_error = format_error(error)
+    return T.THREAD_START_FAILED
+
+
 def resume_refused(ctx: TurnContext, error: AppServerError) -> TurnTrigger:
     """A live Codex answered that it cannot resume the thread (no such thread, or a rollout
     it cannot read): asking again gets the same answer, so the binding is worthless and the
@@ -226,9 +234,7 @@ async def _fresh_thread(
     try:
         result = await ctx.app_server.start_thread(settings)
     except AppServerError as error:
-        ctx.log.warning("codex app-server thread start failed", error=format_error(error))
-        ctx.start_error = format_error(error)
-        return T.THREAD_START_FAILED
+        return start_failed(ctx, error)
     if retired is not None:
         # The old thread runs no more turns: release what the client keeps for it.
         ctx.app_server.forget_thread(retired)
@@ -306,9 +312,7 @@ async def _new_base(ctx: TurnContext, settings: ThreadSettings) -> str | TurnTri
         neutral = attrs.evolve(settings, developer_instructions=None)
         started = await ctx.app_server.start_thread(neutral)
     except AppServerError as error:
-        ctx.log.warning("codex app-server thread start failed", error=format_error(error))
-        ctx.start_error = format_error(error)
-        return T.THREAD_START_FAILED
+        return start_failed(ctx, error)
     try:
         # A rollout, so that this process and any later one can fork it.
         await anchor_base(port, started.thread_id)

@@ -153,6 +153,8 @@ class ConversionFacts:
         self.per_turn = per_turn
         self.can_inject = supports_structured(ctx.app_server)
         self.tools_dropped = tools_dropped(ctx)
+        #: The items to inject, once the table read ``fits`` and they fit (else ``None``).
+        self.items: ConvertedItems | None = None
 
     @functools.cached_property
     def _converted(self) -> ConvertedItems | None:
@@ -171,16 +173,6 @@ class ConversionFacts:
             return None
         return converted
 
-    @functools.cached_property
-    def _cut(self) -> ConvertedItems | None:
-        converted = self._converted
-        assert converted is not None  # the table reads fits only after convertible
-        cut = newest_items(converted, items_cap(self._ctx))
-        if not cut.items:
-            self._unavailable("exceeds_cap")
-            return None
-        return cut
-
     def _unavailable(self, reason: str, **fields: Any) -> None:
         self._ctx.log.warning(
             "codex structured projection unavailable; using the text frame",
@@ -198,14 +190,16 @@ class ConversionFacts:
         converted = self._converted
         return converted is not None and bool(converted.items)
 
-    @property
+    @functools.cached_property
     def fits(self) -> bool:
-        return self._cut is not None
-
-    @property
-    def items(self) -> ConvertedItems | None:
-        """The items to inject, once the table chose them (else ``None``)."""
-        return self.__dict__.get("_cut")
+        converted = self._converted
+        assert converted is not None  # the table reads fits only after convertible
+        cut = newest_items(converted, items_cap(self._ctx))
+        if not cut.items:
+            self._unavailable("exceeds_cap")
+            return False
+        self.items = cut
+        return True
 
 
 def as_items(
