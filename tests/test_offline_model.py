@@ -232,6 +232,31 @@ def test_an_empty_reply_has_no_output_item(offline_model: OfflineModel) -> None:
     assert "ECHO: second" in post(offline_model, BODY)[1]
 
 
+def test_a_failed_stream_and_usage_overrides(offline_model: OfflineModel) -> None:
+    """``Reply.context_length_exceeded()``: created, then ``response.failed`` with the
+    Responses API's code (HTTP 200, no output item); ``usage`` can set ``total_tokens`` or
+    report no usage at all."""
+    offline_model.script(
+        Reply.context_length_exceeded(),
+        Reply.echo(usage={"input": 50, "cached": 20, "output": 5, "total": 7}),
+        Reply.echo(usage={}),
+    )
+    status, sse = post(offline_model, BODY)
+    evs = events(sse)
+    assert status == 200
+    assert [e["type"] for e in evs] == ["response.created", "response.failed"]
+    error = evs[-1]["response"]["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("Your input exceeds the context window of this model.")
+    usage = events(post(offline_model, BODY)[1])[-1]["response"]["usage"]
+    assert usage["input_tokens"] == 50
+    assert usage["input_tokens_details"] == {"cached_tokens": 20}
+    assert usage["total_tokens"] == 7
+    completed = events(post(offline_model, BODY)[1])[-1]
+    assert completed["type"] == "response.completed"
+    assert "usage" not in completed["response"]
+
+
 def test_the_images_api_is_served_scripted_then_by_default(offline_model: OfflineModel) -> None:
     """What Codex's ``image_gen.imagegen`` tool calls: ``/images/generations`` and
     ``/images/edits``, answered in order from ``script_images``, then with OFFLINE_PNG."""

@@ -67,7 +67,9 @@ __all__ = [
     "running_model",
 ]
 
-ReplyKind = Literal["echo", "text", "computed", "reasoning", "function_call", "http_error", "empty"]
+ReplyKind = Literal[
+    "echo", "text", "computed", "reasoning", "function_call", "http_error", "failed", "empty"
+]
 RequestKind = Literal["turn", "compaction"]
 
 #: A valid 1x1 PNG (one red pixel): what the Images endpoint answers when nothing is scripted.
@@ -77,6 +79,11 @@ OFFLINE_PNG: bytes = base64.b64decode(
 _IMAGE_PATHS = ("/images/generations", "/images/edits")
 
 DEFAULT_USAGE: Mapping[str, int] = {"input": 100, "cached": 0, "output": 10}
+#: The Responses API's error code and message for a prompt longer than the model's window.
+_CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+_CONTEXT_LENGTH_MESSAGE = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
 _POLL_S = 0.02  # granularity of stalls: how fast a client disconnect is noticed
 
 
@@ -86,7 +93,12 @@ class Reply:
 
     ``delay`` stalls the stream *after* ``response.created`` (headers and the first event are
     already sent, like a slow model); the stall ends early when Codex closes the connection.
-    ``usage`` overrides the token counts reported in ``response.completed``.
+    ``usage`` overrides the token counts reported in ``response.completed``: ``input`` (the
+    whole prompt, cached part included), ``cached``, ``output``, ``reasoning`` and ``total``
+    (``input + output`` when absent); an empty mapping reports no ``usage`` at all. Codex 0.163
+    needs ``input_tokens``, ``output_tokens`` and ``total_tokens`` in a ``usage`` it gets (it
+    fails the stream without one of them) and sends no ``thread/tokenUsage/updated`` for a
+    response without ``usage``.
     """
 
     kind: ReplyKind
@@ -97,6 +109,7 @@ class Reply:
     call_id: str = ""
     namespace: str | None = None
     status: int = 200
+    error_code: str = ""
     delay: float = 0.0
     usage: Mapping[str, int] | None = None
     partial_text: str = ""
@@ -164,6 +177,19 @@ class Reply:
     def http_error(cls, status: int, body: str, *, delay: float = 0.0) -> Reply:
         """A plain HTTP error. Codex passes a 400 body through as the turn's error message."""
         return cls("http_error", text=body, status=status, delay=delay)
+
+    @classmethod
+    def failed(cls, code: str, message: str, *, delay: float = 0.0) -> Reply:
+        """A stream that fails mid-way, as the Responses API reports a refused request:
+        ``response.created``, then ``response.failed`` whose ``response.error`` is
+        ``{"code": code, "message": message}`` (HTTP 200; no output item)."""
+        return cls("failed", text=message, error_code=code, delay=delay)
+
+    @classmethod
+    def context_length_exceeded(cls, *, delay: float = 0.0) -> Reply:
+        """The Responses API's answer to a prompt longer than the model's context window:
+        ``response.failed`` with code ``context_length_exceeded``."""
+        return cls.failed(_CONTEXT_LENGTH_EXCEEDED, _CONTEXT_LENGTH_MESSAGE, delay=delay)
 
     @classmethod
     def empty(cls, *, delay: float = 0.0, usage: Mapping[str, int] | None = None) -> Reply:
@@ -547,7 +573,9 @@ def _sse(event: Mapping[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def _usage(values: Mapping[str, int]) -> dict[str, Any]:
+def _usage(values: Mapping[str, int]) -> dict[str, Any] | None:
+    if not values:
+        return None  # Reply's docstring: an empty mapping reports no usage
     inp = int(values.get("input", 100))
     out = int(values.get("output", 10))
     return {
@@ -555,7 +583,7 @@ def _usage(values: Mapping[str, int]) -> dict[str, Any]:
         "input_tokens_details": {"cached_tokens": int(values.get("cached", 0))},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": int(values.get("reasoning", 0))},
-        "total_tokens": inp + out,
+        "total_tokens": int(values.get("total", inp + out)),
     }
 
 
@@ -585,6 +613,11 @@ def _reply_events(
         )
     if reply.delay > 0:
         yield "stall", {}
+    if reply.kind == "failed":
+        error = {"code": reply.error_code, "message": reply.text, "type": "invalid_request_error"}
+        failed = {"id": f"resp-{n}", "status": "failed", "error": error}
+        yield "event", {"type": "response.failed", "response": failed}
+        return
     index = 0
     if reply.kind == "reasoning":
         rs_id = f"rs-{n}"
@@ -688,11 +721,11 @@ def _reply_events(
                 },
             },
         )
+    response: dict[str, Any] = {"id": f"resp-{n}"}
     usage = _usage(reply.usage if reply.usage is not None else model.default_usage)
-    yield (
-        "event",
-        {"type": "response.completed", "response": {"id": f"resp-{n}", "usage": usage}},
-    )
+    if usage is not None:
+        response["usage"] = usage
+    yield "event", {"type": "response.completed", "response": response}
 
 
 def _make_handler(model: OfflineModel) -> type[BaseHTTPRequestHandler]:
