@@ -108,6 +108,23 @@ def test_failed_turn_carries_prompt_error() -> None:
     assert [m["role"] for m in result.messages_snapshot] == ["user"]
 
 
+def test_context_window_overflow_is_typed_and_reported_as_a_full_window() -> None:
+    # Recorded from the real binary: the model's stream ended with ``response.failed``, code
+    # ``context_length_exceeded`` (OfflineModel's Reply.context_length_exceeded()).
+    result = project("failed_context_window")
+    assert result.outcome is CodexTurnStatus.FAILED
+    assert result.error_info == "contextWindowExceeded"
+    assert result.context_window_exceeded
+    assert result.prompt_error is not None
+    assert "context window" in result.prompt_error
+    # Codex reports the window as full: last.totalTokens == the window, every count zero.
+    assert result.usage == Usage()
+    assert result.context_window == 258400
+    # Any other failure is not an overflow (a 400 is "other", whatever its body says).
+    assert not project("failed_http_400").context_window_exceeded
+    assert not project("simple").context_window_exceeded
+
+
 def test_interrupted_turn_closes_dangling_partial_message() -> None:
     result = project("interrupted_partial")
     assert result.outcome is CodexTurnStatus.INTERRUPTED

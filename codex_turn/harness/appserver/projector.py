@@ -38,6 +38,8 @@ import attrs
 
 from codex_turn.harness.usage import Usage
 
+from .types import CONTEXT_WINDOW_EXCEEDED
+
 __all__ = [
     "CodexTurnResult",
     "CodexTurnStatus",
@@ -163,6 +165,15 @@ class CodexTurnResult:
     @property
     def aborted(self) -> bool:
         return self.outcome in (CodexTurnStatus.INTERRUPTED, CodexTurnStatus.TIMED_OUT)
+
+    @property
+    def context_window_exceeded(self) -> bool:
+        """The turn failed because its prompt did not fit the model's context window
+        (:data:`~.types.CONTEXT_WINDOW_EXCEEDED`). Codex then also reports the window as full
+        (``tokenUsage.last.totalTokens == modelContextWindow``, every other count 0: so
+        :attr:`usage` is all zeros), and compacts the thread before its next turn (with the
+        default auto-compaction limit)."""
+        return bool(self.error_info == CONTEXT_WINDOW_EXCEEDED)
 
     @property
     def mirror_keys(self) -> list[str]:

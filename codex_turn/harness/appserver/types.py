@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 __all__ = [
+    "CONTEXT_WINDOW_EXCEEDED",
     "ApprovalsReviewer",
     "AskForApproval",
     "ClientInfo",
@@ -243,8 +244,20 @@ class TurnStartParams:
     client_user_message_id: str | None = None
 
 
+CONTEXT_WINDOW_EXCEEDED: Final = "contextWindowExceeded"
+"""``codexErrorInfo`` of a turn whose prompt does not fit the model's context window: Codex
+0.163 reports it (on ``error`` and ``turn/completed``; not retried, whatever the provider's
+retries) when the Responses stream ends with ``response.failed`` whose ``response.error.code``
+is ``context_length_exceeded``. An HTTP 400 carrying that code is ``"other"``, like any 400.
+Checked against the real binary by tests/test_appserver_overflow_probe.py."""
+
+
 @attrs.frozen(kw_only=True)
 class TurnError:
+    """A failed turn's ``error``. ``codex_error_info`` is a string (``"other"``,
+    :data:`CONTEXT_WINDOW_EXCEEDED`, ...) or a one-key object
+    (``{"responseStreamDisconnected": {"httpStatusCode": null}}``)."""
+
     message: str
     codex_error_info: Any = None
     additional_details: str | None = None
