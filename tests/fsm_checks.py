@@ -84,12 +84,21 @@ def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES)
     """Every state x trigger x guard facts x recorded outcome x "a resume was already
     refused" against the oracle."""
     problems: list[str] = []
-    refusals = ((False, False), (True, False), (False, True), (True, True))
-    for state, flags, outcome, (resume_failed, fork_failed), trigger in itertools.product(
+    refusals = (
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (True, True, False),
+        (False, False, True),
+    )
+    for state, flags, outcome, refused, trigger in itertools.product(
         states, TURN_FLAG_COMBOS, TURN_OUTCOMES, refusals, TURN_TRIGGERS
     ):
+        resume_failed, fork_failed, overflowed = refused
         if (resume_failed or fork_failed) and state != "STARTING_THREAD":
             continue  # the facts are read by the starting_thread edges only
+        if overflowed and state not in ("RUNNING_TURN", "STARTING_THREAD", "REPROJECTING"):
+            continue  # ... and this one by the running_turn edges and the retry's
         model = model_cls.begin(
             turn_facts(flags),
             state=TurnState[state],
@@ -97,12 +106,14 @@ def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES)
         )
         model.resume_failed = resume_failed
         model.fork_failed = fork_failed
+        model.overflowed = overflowed
         expected = turn_oracle(
             state,
             trigger,
             outcome=outcome,
             resume_failed=resume_failed,
             fork_failed=fork_failed,
+            overflowed=overflowed,
             **flags,
         )
         if model.allows(trigger) != (expected is not None):
@@ -111,7 +122,7 @@ def exhaustive_turn_check(model_cls: Any, states: tuple[str, ...] = TURN_STATES)
         dest, error = _fire_one(model, trigger)
         label = (
             f"{state} --{trigger}--> ? with {flags} outcome={outcome}"
-            f" rf={resume_failed} ff={fork_failed}"
+            f" rf={resume_failed} ff={fork_failed} of={overflowed}"
         )
         if error:
             problems.append(f"{label}: {error}")
@@ -158,6 +169,30 @@ TERMINAL_OUTCOMES = {
 }
 
 
+# How the retry of an overflowed turn ends before Codex (the turn ran once: it is mirrored).
+RETRY_ENDINGS = {"thread_start_failed": "context_overflow", "cancelled": "aborted"}
+
+
+# What an overflow's retry may do that the first attempt already covers in every combination:
+# left out of the retry's enumeration (the exhaustive per-state check still covers them).
+_COVERED_BEFORE_A_RETRY = frozenset(
+    {
+        "thread_resume_failed",
+        "fork_failed",
+        "native_compaction_started",
+        "steered",
+        # The thread table rotates after an overflow: the other thread starts are the
+        # first attempt's, and so are its ways to end short of a reply.
+        "thread_started",
+        "thread_resumed",
+        "thread_forked",
+        "turn_aborted",
+        "turn_yield_aborted",
+        "turn_timed_out",
+    }
+)
+
+
 def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, str | None]]:
     """Every legal trigger sequence from IDLE to a terminal state under ``flags``, by the
     oracle, with at most one native compaction pair; yields (triggers, final state, outcome).
@@ -171,13 +206,17 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
             return
         resume_failed = "thread_resume_failed" in path
         fork_failed = "fork_failed" in path
+        overflowed = "turn_overflowed" in path
         for trigger in TURN_TRIGGERS:
+            if overflowed and trigger in _COVERED_BEFORE_A_RETRY:
+                continue  # the same steps as before the overflow: paths would multiply
             dest = turn_oracle(
                 state,
                 trigger,
                 outcome=outcome,
                 resume_failed=resume_failed,
                 fork_failed=fork_failed,
+                overflowed=overflowed,
                 **flags,
             )
             if dest is None:
@@ -191,6 +230,10 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
                 )
                 continue
             next_outcome = TERMINAL_OUTCOMES.get(trigger, OUTCOME_BY_EXIT.get(trigger, outcome))
+            if trigger == "turn_overflowed" and overflowed:
+                next_outcome = "context_overflow"  # the retry overflowed too
+            if overflowed and trigger in RETRY_ENDINGS:
+                next_outcome = RETRY_ENDINGS[trigger]
             if trigger == "mirror_failed" and outcome == "completed":
                 next_outcome = "unsaved"  # the reply was never written
             yield from walk(dest, [*path, trigger], next_outcome, compactions)

@@ -61,6 +61,7 @@ TURN_TRIGGERS = (
     "turn_aborted",
     "turn_yield_aborted",
     "turn_timed_out",
+    "turn_overflowed",  # the context window exceeded: retried once, then a failed turn
     "mirrored",
     "mirror_failed",
     "finalized",
@@ -71,7 +72,16 @@ TURN_TRIGGERS = (
     "maintenance_dropped",
     "no_such_trigger",  # unknown triggers are illegal everywhere
 )
-TURN_OUTCOMES = (None, "completed", "failed", "aborted", "yield_aborted", "timed_out", "unsaved")
+TURN_OUTCOMES = (
+    None,
+    "completed",
+    "failed",
+    "aborted",
+    "yield_aborted",
+    "timed_out",
+    "unsaved",
+    "context_overflow",
+)
 
 # Outcome each running_turn exit establishes, and which of them forbid maintenance.
 OUTCOME_BY_EXIT = {
@@ -95,10 +105,12 @@ def turn_oracle(
     bootstraps: bool = True,
     resume_failed: bool = False,
     fork_failed: bool = False,
+    overflowed: bool = False,
 ) -> str | None:
     # ``bootstraps``: the engine has bootstrap() or maintain(); ``resume_failed``: this turn's
     # resume was already refused once (a second refusal is not a step back but illegal);
-    # ``fork_failed``: the same for a refused fork.
+    # ``fork_failed``: the same for a refused fork; ``overflowed``: this turn already overflowed
+    # the context window once (a second overflow ends the turn instead of retrying it).
     can_bootstrap = engine and session_file and bootstraps
     if (
         state
@@ -113,7 +125,9 @@ def turn_oracle(
         )
         and trigger == "cancelled"
     ):
-        return "FAILED"
+        # An overflowed turn ran once: whatever ends its retry, it is mirrored and finalized.
+        retrying = overflowed and state in ("STARTING_THREAD", "REPROJECTING")
+        return "MIRRORING" if retrying else "FAILED"
     if state == "IDLE":
         return "READING_HISTORY" if trigger == "started" else None
     if state == "READING_HISTORY":
@@ -146,12 +160,16 @@ def turn_oracle(
             return None if resume_failed else "REPROJECTING"
         if trigger == "fork_failed":
             return None if fork_failed else "REPROJECTING"
-        return "FAILED" if trigger == "thread_start_failed" else None
+        if trigger == "thread_start_failed":
+            return "MIRRORING" if overflowed else "FAILED"
+        return None
     if state == "REPROJECTING":
         return "STARTING_THREAD" if trigger == "reprojected" else None
     if state == "RUNNING_TURN":
         if trigger in ("native_compaction_started", "native_compaction_completed", "steered"):
             return INTERNAL
+        if trigger == "turn_overflowed":
+            return "MIRRORING" if overflowed else "REPROJECTING"
         return "MIRRORING" if trigger in OUTCOME_BY_EXIT else None
     if state == "MIRRORING":
         return "FINALIZING" if trigger in ("mirrored", "mirror_failed") else None
@@ -181,7 +199,7 @@ def turn_skip_reason(
         return "no_engine"
     if not maintains:
         return "no_maintain"
-    if outcome in (None, "failed", "timed_out"):
+    if outcome in (None, "failed", "timed_out", "context_overflow"):
         return "prompt_error"
     if outcome == "yield_aborted":
         return "yield_aborted"

@@ -14,7 +14,7 @@ import itertools
 from typing import Any
 
 import attrs
-from fsm_checks import TERMINAL_OUTCOMES, compaction_facts, turn_facts
+from fsm_checks import RETRY_ENDINGS, TERMINAL_OUTCOMES, compaction_facts, turn_facts
 from fsm_oracle import (
     COMPACTION_TERMINAL,
     COMPACTION_TRIGGERS,
@@ -87,6 +87,7 @@ class Shadow:
     retired: bool = False
     resume_failed: bool = False  # this run's resume was refused once (no second step back)
     fork_failed: bool = False  # this run's fork was refused once (likewise)
+    overflowed: bool = False  # this run overflowed the context window once (retried once)
 
 
 def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
@@ -112,6 +113,7 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                     outcome=shadow.outcome,
                     resume_failed=shadow.resume_failed,
                     fork_failed=shadow.fork_failed,
+                    overflowed=shadow.overflowed,
                     **shadow.flags,
                 )
                 is not None
@@ -133,6 +135,7 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                     outcome=turn.outcome,
                     resume_failed=turn.resume_failed,
                     fork_failed=turn.fork_failed,
+                    overflowed=turn.overflowed,
                     **turn.flags,
                 )
                 turn.model.fire(trigger)
@@ -140,6 +143,10 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                     turn.resume_failed = True
                 if trigger == "fork_failed":
                     turn.fork_failed = True
+                retried = trigger == "turn_overflowed" and turn.overflowed
+                retry_ended = turn.overflowed and trigger in RETRY_ENDINGS
+                if trigger == "turn_overflowed":
+                    turn.overflowed = True
                 if expected != INTERNAL:
                     turn.state = str(expected)
                 turn.outcome = TERMINAL_OUTCOMES.get(
@@ -147,6 +154,10 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                 )
                 if trigger == "mirror_failed" and turn.outcome == "completed":
                     turn.outcome = "unsaved"  # the reply was never written
+                if retried:
+                    turn.outcome = "context_overflow"  # the retry overflowed too
+                if retry_ended:
+                    turn.outcome = RETRY_ENDINGS[trigger]
                 assert turn.model.state.name == turn.state, (trigger, turn.model.trace)
 
         # New runs start at a random depth: Hypothesis keeps most generated programs short,
@@ -250,7 +261,10 @@ def make_turn_ordering_machine(model_cls: Any) -> type[RuleBasedStateMachine]:
                 assert triggers.count("thread_resume_failed") <= 1, triggers
                 assert triggers.count("fork_failed") <= 1, triggers
                 # Every step back follows a refusal: as many reprojections as refusals.
-                steps_back = [t for t in triggers if t in ("thread_resume_failed", "fork_failed")]
+                assert triggers.count("turn_overflowed") <= 2, triggers
+                steps_back = [
+                    t for t in triggers if t in ("thread_resume_failed", "fork_failed")
+                ] + [t for t in triggers if t == "turn_overflowed"][:1]
                 assert triggers.count("reprojected") <= len(steps_back), triggers
                 if "reprojected" in triggers:
                     first = min(triggers.index(t) for t in steps_back)

@@ -89,12 +89,14 @@ def static_table_check(table: dict[TurnState, tuple[Edge, ...]]) -> list[str]:
                     maintains=m,
                     background=b,
                     outcome=o,
+                    overflowed=overflowed,
                 )
                 for e in (False, True)
                 for f in (False, True)
                 for m in (False, True)
                 for b in (False, True)
                 for o in (None, "completed", "failed")
+                for overflowed in (False, True)
             }
             target = "<internal>" if edge.dest is None else edge.dest.name
             if target not in dests:

@@ -10,8 +10,11 @@ import attrs
 import pytest
 
 from codex_turn.fsm import THREAD_RULES, ThreadAction, ThreadFacts, decide
+from codex_turn.fsm.thread import ContextSource, decide_thread
 
-FIELDS = [f.name for f in attrs.fields(ThreadFacts)]
+#: The continuity table's facts: the thread table never reads them (checked below).
+CONTINUITY = ("has_history", "stale")
+FIELDS = [f.name for f in attrs.fields(ThreadFacts) if f.name not in CONTINUITY]
 
 
 def _possible(f: ThreadFacts) -> bool:
@@ -20,23 +23,40 @@ def _possible(f: ThreadFacts) -> bool:
     items_ok = not f.items or (
         f.per_turn and f.has_context and f.engine_active and f.can_inject and not f.thread_bootstrap
     )
+    # A structured session: an engine projecting per turn, into forks (the harness gathers
+    # it so).
+    structured_ok = not f.structured or (
+        f.per_turn
+        and f.engine_active
+        and f.can_inject
+        and not f.tools_dropped
+        and not f.thread_bootstrap
+    )
     # A base's binding records the fork-base projection, never a thread_bootstrap epoch, and
     # a base is never resumed (so never refused a resume).
     base_ok = not f.base_bound or (f.bound and not f.epoch_match and not f.resume_failed)
-    return items_ok and base_ok
+    return items_ok and structured_ok and base_ok
 
 
-ALL_FACTS = [
-    facts
-    for bits in itertools.product((False, True), repeat=len(FIELDS))
-    if _possible(facts := ThreadFacts(**dict(zip(FIELDS, bits, strict=True))))
-]
+def _all_facts() -> list[ThreadFacts]:
+    return [
+        facts
+        for bits in itertools.product((False, True), repeat=len(FIELDS))
+        if _possible(facts := ThreadFacts(**dict(zip(FIELDS, bits, strict=True))))
+    ]
+
+
+ALL_FACTS = _all_facts()
 
 
 def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     """Hand-written from the issues: where the decision must land, and whether it projects."""
-    if f.items and not (f.tools_dropped or f.fork_failed):
+    if f.overflowed and not f.tools_dropped:
+        return ThreadAction.ROTATE, True  # retried once on a fresh thread with the conversation
+    if f.items and not (f.tools_dropped or f.fork_failed or f.overflowed):
         return ThreadAction.FORK, True  # items go into a fork of the base
+    if f.structured and not (f.has_context or f.fork_failed or f.overflowed):
+        return ThreadAction.FORK, True  # one base (one cache key) from the first turn on
     if not f.bound:
         return ThreadAction.START, True
     if f.resume_failed:  # the bound thread is gone: a fresh one, with the context
@@ -46,11 +66,16 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     if f.base_bound and not f.has_context:
         # A base never runs a turn and holds no conversation: the transcript is the context,
         # in a fork when one can be made, else on a fresh thread that becomes the session's.
-        if f.engine_active and f.can_inject and not f.fork_failed:
+        if f.engine_active and f.can_inject and not (f.fork_failed or f.overflowed):
             return ThreadAction.FORK, True
         return ThreadAction.ROTATE, True
     if f.base_bound and f.fork_failed:  # Codex refused the fork: a fresh thread, text frame
         return ThreadAction.ROTATE, True
+    if f.coverage_lost and not f.engine_active:
+        # What the thread lacks cannot be told: a fresh thread with the transcript.
+        return ThreadAction.ROTATE, True
+    if f.oversized and not (f.base_bound or f.thread_bootstrap):
+        return ThreadAction.ROTATE, True  # bootstrap threads are kept (OpenClaw)
     if not f.tools_match:
         # With an engine but nothing to project, keep the conversation for this turn.
         if f.engine_active and not f.has_context:
@@ -70,20 +95,52 @@ def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     return ThreadAction.RESUME, True
 
 
-@pytest.mark.parametrize(
-    "facts", ALL_FACTS, ids=lambda f: "".join("01"[v] for v in attrs.astuple(f))
-)
-def test_every_fact_combination_matches_the_oracle(facts: ThreadFacts) -> None:
-    decision = decide(THREAD_RULES, facts)
-    assert (decision.action, decision.project) == oracle(facts)
-    assert decision.reason
-    # The transcript stands in for the engine's context exactly when a base is bound, no
-    # context exists and the turn is not a transient one.
-    base_without_context = facts.base_bound and not facts.has_context
-    stand_in = base_without_context and decision.action in (ThreadAction.FORK, ThreadAction.ROTATE)
-    assert decision.transcript == (
-        stand_in and not (facts.items and decision.action is ThreadAction.FORK)
-    )
+def test_every_fact_combination_matches_the_oracle() -> None:
+    wrong = [
+        (facts, decision)
+        for facts in ALL_FACTS
+        if (decision := decide(THREAD_RULES, facts)) is not None
+        and ((decision.action, decision.project) != oracle(facts) or not decision.reason)
+    ]
+    assert len(ALL_FACTS) > 30_000  # every combination a turn can have
+    assert wrong == []
+
+
+def test_the_thread_table_never_reads_the_continuity_facts() -> None:
+    for rule in THREAD_RULES:
+        assert not (set(rule.when) | set(rule.unless)) & set(CONTINUITY), rule
+
+
+_FRESH = (ThreadAction.START, ThreadAction.ROTATE, ThreadAction.TRANSIENT, ThreadAction.FORK)
+
+
+@pytest.mark.parametrize("has_history", [False, True])
+@pytest.mark.parametrize("stale", [False, True])
+def test_no_thread_runs_without_the_conversation_and_none_gets_it_twice(
+    has_history: bool, stale: bool
+) -> None:
+    """What goes with the prompt (the continuity table), for every thread decision: a fresh
+    thread of a session with history always carries the conversation (the engine's context,
+    else the transcript); a resumed thread gets only what it lacks, and only when it lacks
+    something; nothing is read from the transcript when the engine's context goes."""
+    for base in ALL_FACTS[::7]:  # a spread of the thread facts, every row reached
+        facts = attrs.evolve(base, has_history=has_history, stale=stale)
+        decision = decide_thread(facts)
+        row = decide(THREAD_RULES, facts)
+        assert decision.action is row.action
+        assert decision.context is not None
+        source = decision.context.action
+        engine_context = row.project and facts.has_context
+        if engine_context:
+            assert source is ContextSource.ENGINE, facts
+        elif not has_history:
+            assert source is ContextSource.NONE, facts
+        elif row.action in _FRESH:
+            assert source is ContextSource.TRANSCRIPT, facts
+        else:
+            assert source is (ContextSource.UNCOVERED if stale else ContextSource.NONE), facts
+        # The transcript's stand-in is sent (the projected prompt), whatever the row said.
+        assert decision.project == (row.project or decision.from_transcript)
 
 
 def test_projected_context_is_never_sent_into_a_resumed_thread_that_already_has_it() -> None:
@@ -129,9 +186,15 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
             if facts.base_bound:
                 # The conversation lives in the transcript, not in the base: the transcript
                 # goes with the turn, in a fork or on a fresh thread.
-                assert decision.transcript, facts
+                with_history = decide_thread(attrs.evolve(facts, has_history=True))
+                assert with_history.from_transcript, facts
                 assert decision.action in (ThreadAction.FORK, ThreadAction.ROTATE), facts
-            else:
+            elif not (
+                facts.overflowed
+                or facts.structured
+                or facts.coverage_lost
+                or (facts.oversized and not facts.thread_bootstrap)
+            ):
                 assert decision.action is ThreadAction.RESUME, facts
         if decision.action is ThreadAction.RESUME and not decision.rebind:
             assert not facts.has_context
@@ -157,7 +220,7 @@ def test_a_fork_base_is_never_resumed_and_items_never_reach_a_thread_that_keeps_
             if realistic:
                 assert decision.action is not ThreadAction.RESUME, facts
         if facts.items and decision.action is not ThreadAction.FORK:
-            assert facts.tools_dropped or facts.fork_failed, facts
+            assert facts.tools_dropped or facts.fork_failed or facts.overflowed, facts
 
 
 def test_base_table_keeps_the_bound_base_only_when_it_fits() -> None:

@@ -237,6 +237,9 @@ _RUN_END_ORACLE = {
     ("timed_out", True): "turn_timed_out",
     ("interrupted", False): "turn_aborted",
     ("interrupted", True): "turn_yield_aborted",
+    # A failed turn Codex typed as the context window exceeded (retried once).
+    ("overflowed", False): "turn_overflowed",
+    ("overflowed", True): "turn_overflowed",
 }
 
 
@@ -259,6 +262,7 @@ def test_codex_status_mapping_matches_the_oracle_and_is_legal() -> None:
                 maintains=True,
                 background=False,
                 outcome=None,
+                overflowed=True,  # a first overflow steps back to a retry, the second ends
             )
             == "MIRRORING"
         )

@@ -479,6 +479,7 @@ def check_trace_is_legal(ex: Example, result: TurnResult) -> None:
     # And step by step against the hand-written oracle.
     outcome: str | None = None
     resume_failed = False
+    overflowed = False
     for entry in trace:
         dest = turn_oracle(
             entry.state,
@@ -490,8 +491,10 @@ def check_trace_is_legal(ex: Example, result: TurnResult) -> None:
             bootstraps=ex.bootstraps,
             outcome=outcome,
             resume_failed=resume_failed,
+            overflowed=overflowed,
         )
         resume_failed = resume_failed or entry.trigger == "thread_resume_failed"
+        overflowed = overflowed or entry.trigger == "turn_overflowed"
         expected = entry.state if dest == INTERNAL else dest
         assert expected == entry.dest, f"oracle disagrees on {entry}"
         if entry.trigger in RUN_EXITS:

@@ -96,6 +96,7 @@ import attrs
 
 __all__ = [
     "BASE_RULES",
+    "CONTINUITY_RULES",
     "FORK_RULES",
     "FORM_RULES",
     "KEEP_RULES",
@@ -103,6 +104,9 @@ __all__ = [
     "BaseAction",
     "BaseFacts",
     "Choice",
+    "ContextSource",
+    "ContinuityFacts",
+    "ContinuitySource",
     "ForkAction",
     "ForkFacts",
     "FormFacts",
@@ -116,6 +120,7 @@ __all__ = [
     "ThreadFacts",
     "ThreadPlan",
     "decide",
+    "decide_thread",
     "plan_thread",
 ]
 
@@ -190,6 +195,28 @@ class ThreadFacts:
     base_bound: bool = False  # the bound thread is a fork base (it never runs a turn)
     fork_failed: bool = False  # Codex refused this turn's fork or its items
     can_inject: bool = False  # the app-server can fork and inject
+    #: The engine projects per turn and its context would go as items (the structured
+    #: form's conditions but the conversion): the session's turns run in forks of one base.
+    structured: bool = False
+    #: The binding's record of what its thread holds contradicts the transcript.
+    coverage_lost: bool = False
+    #: The bound thread's native history fills more than its configured share of the
+    #: model's context window (Codex's reported usage).
+    oversized: bool = False
+    #: Codex reported this turn's context window exceeded (the turn is retried once).
+    overflowed: bool = False
+    # Read by the continuity table (CONTINUITY_RULES), after the thread decision.
+    has_history: bool = False  # the transcript holds messages before this turn
+    stale: bool = False  # ... some of which the bound thread's native history lacks
+
+
+class ContextSource(enum.Enum):
+    """What of the conversation goes with the turn's prompt (:data:`CONTINUITY_RULES`)."""
+
+    NONE = "none"  # the thread holds the conversation, or there is none
+    ENGINE = "engine"  # the engine's projected assembly
+    TRANSCRIPT = "transcript"  # the transcript, bounded, newest kept: a fresh thread's
+    UNCOVERED = "uncovered"  # what the transcript holds beyond the bound thread's coverage
 
 
 @attrs.frozen
@@ -200,9 +227,19 @@ class ThreadDecision:
     #: The binding takes this turn's engine record and tools fingerprint (else the bound
     #: thread keeps its own, so the change still takes effect on the next turn with context).
     rebind: bool = True
-    #: The turn carries the recent transcript as its context (the engine gave none and the
-    #: bound thread, a fork base, holds no conversation).
-    transcript: bool = False
+    #: What goes with the prompt: the continuity table's answer (:func:`decide_thread`);
+    #: ``None`` on a row of the table, before it was asked.
+    context: Choice[ContextSource] | None = None
+
+    @property
+    def from_transcript(self) -> bool:
+        """The turn's context is read from the transcript (no engine context stands for it)."""
+        return self.context is not None and self.context.action in _FROM_TRANSCRIPT
+
+
+_FROM_TRANSCRIPT: frozenset[ContextSource] = frozenset(
+    {ContextSource.TRANSCRIPT, ContextSource.UNCOVERED}
+)
 
 
 def _thread(
@@ -213,20 +250,29 @@ def _thread(
     when: tuple[str, ...] = (),
     unless: tuple[str, ...] = (),
     rebind: bool = True,
-    transcript: bool = False,
 ) -> Rule[ThreadDecision]:
-    return Rule(ThreadDecision(action, project, reason, rebind, transcript), when, unless)
+    return Rule(ThreadDecision(action, project, reason, rebind), when, unless)
 
 
 T = ThreadAction
 
 THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
     _thread(
+        T.ROTATE, True, "context-window-exceeded", when=("overflowed",), unless=("tools_dropped",)
+    ),
+    _thread(
         T.FORK,
         True,
         "per-turn-projection-items",
         when=("items",),
-        unless=("tools_dropped", "fork_failed"),
+        unless=("tools_dropped", "fork_failed", "overflowed"),
+    ),
+    _thread(
+        T.FORK,
+        True,
+        "structured-session-without-context",
+        when=("structured",),
+        unless=("has_context", "tools_dropped", "fork_failed", "overflowed"),
     ),
     _thread(T.START, True, "missing-thread-binding", unless=("bound",)),
     _thread(T.ROTATE, True, "resume-failed", when=("resume_failed",)),
@@ -236,8 +282,7 @@ THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
         True,
         "fork-base-without-context",
         when=("base_bound", "engine_active", "can_inject"),
-        unless=("has_context", "fork_failed"),
-        transcript=True,
+        unless=("has_context", "fork_failed", "overflowed"),
     ),
     _thread(
         T.ROTATE,
@@ -245,7 +290,20 @@ THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
         "fork-base-unusable-without-context",
         when=("base_bound",),
         unless=("has_context",),
-        transcript=True,
+    ),
+    _thread(
+        T.ROTATE,
+        True,
+        "transcript-coverage-lost",
+        when=("coverage_lost",),
+        unless=("engine_active",),
+    ),
+    _thread(
+        T.ROTATE,
+        True,
+        "native-thread-oversized",
+        when=("oversized",),
+        unless=("base_bound", "thread_bootstrap"),
     ),
     _thread(T.ROTATE, True, "fork-base-refused", when=("base_bound", "fork_failed")),
     _thread(
@@ -283,6 +341,87 @@ THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
     _thread(T.ROTATE, True, "per-turn-projection-fresh-thread", when=("per_turn", "has_context")),
     _thread(T.RESUME, True, "compatible-thread-binding"),
 )
+
+
+# --------------------------------------------------------------------------------------------
+# What of the conversation goes with the prompt
+
+
+@attrs.frozen
+class ContinuityFacts:
+    """What the continuity table reads: the thread decision's kind of thread, and the
+    transcript's state against it."""
+
+    fresh: bool = (
+        False  # the thread holds none of the conversation (start, rotate, transient, fork)
+    )
+    engine_context: bool = False  # the decision sends the engine's projected context
+    has_history: bool = False  # the transcript holds messages before this turn
+    stale: bool = False  # the bound thread's native history lacks some of them
+
+
+C = ContextSource
+
+#: A session never silently restarts empty: a fresh thread without the engine's context
+#: carries the transcript (bounded, newest kept), a resumed thread what it lacks of it.
+CONTINUITY_RULES: tuple[Rule[Choice[ContextSource]], ...] = (
+    Rule(Choice(C.ENGINE, "engine-context"), when=("engine_context",)),
+    Rule(Choice(C.NONE, "no-earlier-conversation"), unless=("has_history",)),
+    Rule(Choice(C.TRANSCRIPT, "fresh-thread-carries-transcript"), when=("fresh",)),
+    Rule(Choice(C.UNCOVERED, "binding-behind-transcript"), when=("stale",)),
+    Rule(Choice(C.NONE, "thread-holds-conversation")),
+)
+
+_FRESH: frozenset[ThreadAction] = frozenset(
+    {ThreadAction.START, ThreadAction.ROTATE, ThreadAction.TRANSIENT, ThreadAction.FORK}
+)
+
+
+class ContinuitySource(Protocol):
+    """The thread facts the continuity table reads besides the decision."""
+
+    @property
+    def has_context(self) -> bool: ...
+
+    @property
+    def has_history(self) -> bool: ...
+
+    @property
+    def stale(self) -> bool: ...
+
+
+def decide_thread(facts: ContinuitySource) -> ThreadDecision:
+    """The thread table's decision for ``facts`` (a :class:`ThreadFacts`-shaped object), with
+    the continuity table's answer for it: what goes with the prompt. A turn whose context is
+    read from the transcript sends the projected prompt, whatever the row said."""
+    decision = decide(THREAD_RULES, facts)
+    continuity = decide(
+        CONTINUITY_RULES,
+        _ContinuityView(decision, facts),
+    )
+    project = decision.project or continuity.action in _FROM_TRANSCRIPT
+    return attrs.evolve(decision, project=project, context=continuity)
+
+
+class _ContinuityView:
+    """The :class:`ContinuityFacts` of a decision, read from the thread facts on demand (a
+    costly one, such as whether there is context, only when a row asks)."""
+
+    def __init__(self, decision: ThreadDecision, facts: ContinuitySource) -> None:
+        self._decision, self._facts = decision, facts
+        self.fresh = decision.action in _FRESH
+
+    @property
+    def engine_context(self) -> bool:
+        return self._decision.project and self._facts.has_context
+
+    @property
+    def has_history(self) -> bool:
+        return self._facts.has_history
+
+    @property
+    def stale(self) -> bool:
+        return self._facts.stale
 
 
 # --------------------------------------------------------------------------------------------

@@ -147,6 +147,8 @@ class TurnTrigger(enum.StrEnum):
     TURN_ABORTED = "turn_aborted"
     TURN_YIELD_ABORTED = "turn_yield_aborted"
     TURN_TIMED_OUT = "turn_timed_out"
+    #: Codex reported the model's context window exceeded (it never retries that itself).
+    TURN_OVERFLOWED = "turn_overflowed"
     MIRRORED = "mirrored"
     MIRROR_FAILED = "mirror_failed"
     FINALIZED = "finalized"
@@ -172,10 +174,13 @@ class TurnOutcome(enum.Enum):
     UNSAVED = "unsaved"
     #: The transcript cannot take this turn (checked before anything reached Codex).
     TRANSCRIPT_UNWRITABLE = "transcript_unwritable"
+    #: The model's context window was exceeded again on the fresh thread the turn was
+    #: retried on (the prompt is in the transcript; the model never answered it).
+    CONTEXT_OVERFLOW = "context_overflow"
 
     @property
     def prompt_error(self) -> bool:
-        return self in (TurnOutcome.FAILED, TurnOutcome.TIMED_OUT)
+        return self in (TurnOutcome.FAILED, TurnOutcome.TIMED_OUT, TurnOutcome.CONTEXT_OVERFLOW)
 
     @property
     def aborted(self) -> bool:
@@ -200,12 +205,14 @@ class SkipReason(enum.Enum):
 
 class RunEnd(enum.Enum):
     """How the Codex turn itself ended, as the app-server reported it (the harness's words for
-    Codex's turn status; the values equal the client's ``CodexTurnStatus`` values)."""
+    Codex's turn status; the first four values equal the client's ``CodexTurnStatus`` values,
+    the last is a failed turn whose error Codex typed as the context window exceeded)."""
 
     COMPLETED = "completed"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     TIMED_OUT = "timed_out"
+    OVERFLOWED = "overflowed"
 
 
 #: The running_turn exit for each way the Codex turn can end, and whether the model asked to
@@ -220,6 +227,8 @@ RUN_END_TRIGGERS: dict[tuple[RunEnd, bool], TurnTrigger] = {
     (RunEnd.TIMED_OUT, True): TurnTrigger.TURN_TIMED_OUT,
     (RunEnd.INTERRUPTED, False): TurnTrigger.TURN_ABORTED,
     (RunEnd.INTERRUPTED, True): TurnTrigger.TURN_YIELD_ABORTED,
+    (RunEnd.OVERFLOWED, False): TurnTrigger.TURN_OVERFLOWED,
+    (RunEnd.OVERFLOWED, True): TurnTrigger.TURN_OVERFLOWED,
 }
 
 
@@ -284,6 +293,14 @@ OUTCOME_OF_TRIGGER: dict[str, TurnOutcome] = {
     TurnTrigger.THREAD_START_FAILED: TurnOutcome.THREAD_START_FAILED,
     TurnTrigger.CANCELLED: TurnOutcome.CANCELLED,
     TurnTrigger.TRANSCRIPT_UNWRITABLE: TurnOutcome.TRANSCRIPT_UNWRITABLE,
+}
+
+
+#: The outcome of a pre-Codex ending of an overflowed turn's retry (the turn ran once: it
+#: is mirrored and finalized like any turn that ran, and the engine is told it failed).
+OUTCOME_AFTER_OVERFLOW: dict[str, TurnOutcome] = {
+    TurnTrigger.THREAD_START_FAILED: TurnOutcome.CONTEXT_OVERFLOW,
+    TurnTrigger.CANCELLED: TurnOutcome.ABORTED,
 }
 
 
@@ -385,6 +402,11 @@ T = TurnTrigger
 
 
 _CANCEL = Edge(T.CANCELLED, S.FAILED)
+# Once the turn ran (an overflow retry is on its way), every ending mirrors and finalizes it.
+_CANCEL_RETRY = (
+    Edge(T.CANCELLED, S.MIRRORING, when=("overflowed",)),
+    Edge(T.CANCELLED, S.FAILED, unless=("overflowed",)),
+)
 
 TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
     # State: idle
@@ -432,13 +454,15 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.THREAD_FORKED, S.RUNNING_TURN),
         Edge(T.THREAD_RESUME_FAILED, S.REPROJECTING, when=("may_retry_resume",)),
         Edge(T.FORK_FAILED, S.REPROJECTING, when=("may_retry_fork",)),
-        Edge(T.THREAD_START_FAILED, S.FAILED),
-        _CANCEL,
+        Edge(T.THREAD_START_FAILED, S.MIRRORING, when=("overflowed",)),
+        Edge(T.THREAD_START_FAILED, S.FAILED, unless=("overflowed",)),
+        *_CANCEL_RETRY,
     ),
-    # State: reprojecting (the fresh thread gets the projected context, not the raw prompt)
+    # State: reprojecting (the fresh thread gets the projected context, not the raw prompt;
+    # after an overflow, the conversation it carries)
     S.REPROJECTING: (
         Edge(T.REPROJECTED, S.STARTING_THREAD),
-        _CANCEL,
+        *_CANCEL_RETRY,
     ),
     # State: running_turn (native compactions are internal; five ways out, all to mirroring)
     S.RUNNING_TURN: (
@@ -449,6 +473,10 @@ TURN_TABLE: dict[TurnState, tuple[Edge, ...]] = {
         Edge(T.TURN_ABORTED, S.MIRRORING),
         Edge(T.TURN_YIELD_ABORTED, S.MIRRORING),
         Edge(T.TURN_TIMED_OUT, S.MIRRORING),
+        # An overflow is retried once, on a fresh thread that carries the conversation (the
+        # thread table rotates); a second one fails the turn like a prompt error.
+        Edge(T.TURN_OVERFLOWED, S.REPROJECTING, when=("may_retry_overflow",)),
+        Edge(T.TURN_OVERFLOWED, S.MIRRORING, unless=("may_retry_overflow",)),
         # Messages that arrived meanwhile, delivered to the running turn (``turn/steer``).
         Edge(T.STEERED, None),
     ),
@@ -524,6 +552,8 @@ class TurnModel(Model):
     resume_failed: bool = attrs.field(init=False, default=False)
     #: Codex refused this turn's fork or its items (the text frame follows).
     fork_failed: bool = attrs.field(init=False, default=False)
+    #: Codex reported this turn's context window exceeded (the turn was retried).
+    overflowed: bool = attrs.field(init=False, default=False)
 
     @classmethod
     def begin(
@@ -556,6 +586,10 @@ class TurnModel(Model):
     @property
     def may_retry_fork(self) -> bool:
         return not self.fork_failed
+
+    @property
+    def may_retry_overflow(self) -> bool:
+        return not self.overflowed
 
     def _skip_reason(self, *, finalize_failed: bool) -> SkipReason | None:
         outcome = self.outcome
@@ -590,10 +624,17 @@ class TurnModel(Model):
             self.resume_failed = True
         elif trigger == TurnTrigger.FORK_FAILED:
             self.fork_failed = True
+        elif trigger == TurnTrigger.TURN_OVERFLOWED:
+            if self.overflowed:  # the retry overflowed too: the turn ends with it
+                self.outcome = TurnOutcome.CONTEXT_OVERFLOW
+            self.overflowed = True
         elif trigger == TurnTrigger.MIRROR_FAILED and self.outcome is TurnOutcome.COMPLETED:
             self.outcome = TurnOutcome.UNSAVED
         elif trigger in OUTCOME_OF_TRIGGER:
             self.outcome = OUTCOME_OF_TRIGGER[trigger]
+            if self.overflowed and self.state_name == "MIRRORING":
+                # The retry of an overflowed turn never ran: the turn ends as what happened.
+                self.outcome = OUTCOME_AFTER_OVERFLOW.get(trigger, self.outcome)
         elif trigger == TurnTrigger.NATIVE_COMPACTION_COMPLETED:
             self.native_compactions += 1
         elif trigger == TurnTrigger.STEERED:

@@ -79,6 +79,7 @@ __all__ = [
     "MAX_THREAD_ID_CHARS",
     "BindingError",
     "ContextEngineBinding",
+    "HistoryCoverage",
     "ProjectionBinding",
     "ProjectionMode",
     "ThreadBinding",
@@ -157,6 +158,18 @@ class ThreadDecisionRecord:
 
 
 @attrs.frozen(kw_only=True)
+class HistoryCoverage:
+    """How much of the transcript the bound thread's native history holds: the first
+    ``messages`` messages of the (stripped) history, the last of them with the digest
+    ``last_digest`` (``None`` when ``messages`` is 0), plus what the thread itself answered
+    after them (its mirror's keys name it). See :mod:`codex_turn.harness.turn.continuity`.
+    An addition to OpenClaw's fields (its ``historyCoveredThrough`` in our terms)."""
+
+    messages: int = attrs.field(validator=attrs.validators.ge(0))
+    last_digest: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ThreadBinding:
     """One sidecar: the thread that continues ``session_file`` and what it was built with.
 
@@ -182,6 +195,9 @@ class ThreadBinding:
     dynamic_tools_fingerprint: str | None = None
     context_engine: ContextEngineBinding | None = None
     thread_decision: ThreadDecisionRecord | None = None
+    #: Unset: not recorded (a binding written before the field existed), read as covering
+    #: the whole transcript, as such a binding always did.
+    history_covered_through: HistoryCoverage | None = None
     session_id: str | None = None
     transcript_id: str | None = None
     created_at: str = attrs.Factory(_now_iso)
@@ -224,7 +240,13 @@ def _register(cls: type[Any]) -> None:
     )
 
 
-for _cls in (ProjectionBinding, ContextEngineBinding, ThreadDecisionRecord, ThreadBinding):
+for _cls in (
+    ProjectionBinding,
+    ContextEngineBinding,
+    ThreadDecisionRecord,
+    HistoryCoverage,
+    ThreadBinding,
+):
     _register(_cls)
 
 
@@ -293,6 +315,17 @@ def _clean_projection(value: Any) -> dict[str, Any] | None:
         value,
         {"schemaVersion": _is_schema_1, "mode": _is_str, "epoch": _is_str, "fingerprint": _is_str},
     )
+
+
+def _clean_coverage(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    count, digest = value.get("messages"), value.get("lastDigest")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return None
+    if (count == 0) != (digest is None) or (digest is not None and not _is_str(digest)):
+        return None
+    return {"messages": count, **({"lastDigest": digest} if digest is not None else {})}
 
 
 def _clean_context_engine(value: Any) -> dict[str, Any] | None:
@@ -534,6 +567,12 @@ def read_binding(
         and _is_str(decision.get("reason"))
     ):
         cleaned["threadDecision"] = {"action": decision["action"], "reason": decision["reason"]}
+    coverage = _clean_coverage(raw.get("historyCoveredThrough"))
+    if coverage is not None:
+        cleaned["historyCoveredThrough"] = coverage
+    elif "historyCoveredThrough" in raw:
+        # Another writer's shape, or a damaged one: unknown coverage reads as unset.
+        _log.warning("codex app-server binding has an invalid historyCoveredThrough", path=path)
     for key in ("sessionId", "transcriptId"):
         if key in raw:
             cleaned[key] = raw[key]  # checked by _foreign

@@ -39,6 +39,7 @@ from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
     BINDING_SCHEMA_VERSION,
     ContextEngineBinding,
+    HistoryCoverage,
     ProjectionBinding,
     ThreadBinding,
     ThreadDecisionRecord,
@@ -53,10 +54,12 @@ from codex_turn.harness.hooks import (
     compose_prompt,
     join_sections,
 )
+from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
 from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
+from codex_turn.harness.turn.continuity import Coverage, coverage_of
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
     InvalidTurnParams,
@@ -102,10 +105,18 @@ YIELD_TOOL: Final = "sessions_yield"
 
 @attrs.frozen
 class HistoryRead:
-    """The mirrored history (stripped of hidden runtime context) and the thread binding."""
+    """The mirrored history (stripped of hidden runtime context), the thread binding, and
+    what of that history the bound thread lacks (:mod:`codex_turn.harness.turn.continuity`)."""
 
     messages: list[AgentMessage]
     binding: ThreadBinding | None
+    coverage: Coverage = attrs.Factory(Coverage)
+
+    @classmethod
+    def of(
+        cls, messages: list[AgentMessage], binding: ThreadBinding | None, prompt_key: str | None
+    ) -> HistoryRead:
+        return cls(messages, binding, coverage_of(messages, binding, prompt_key=prompt_key))
 
 
 @attrs.frozen
@@ -152,6 +163,9 @@ class ThreadReady:
     binding: ThreadBinding | None
     #: A thread_bootstrap projection to record once Codex accepted this turn's input.
     pending_projection: ProjectionBinding | None = None
+    #: How much of the transcript the thread holds once Codex accepted this turn's input
+    #: (what the turn carries of it included), to record then.
+    pending_coverage: HistoryCoverage | None = None
     #: The turn runs in a fork of the session's base: what it holds before the turn (kept
     #: for the next turn, with the turn's own items, once the turn ends; see forms.settle_fork).
     fork: KeptFork | None = None
@@ -210,6 +224,9 @@ class TurnRecord(Protocol):
     @property
     def fork_failed(self) -> bool: ...
 
+    @property
+    def overflowed(self) -> bool: ...
+
 
 @attrs.define(eq=False)
 class TurnContext:
@@ -254,6 +271,9 @@ class TurnContext:
     #: The idempotency identity of this run's prompt in the transcript: run-unique, known
     #: before Codex names the turn (the prompt is made durable before turn/start).
     prompt_identity: str = attrs.Factory(lambda: f"run-{uuid.uuid4().hex}:prompt")
+    #: The key the prompt was made durable under, once it was: a turn retried on another
+    #: thread (after an overflow) mirrors it under the same key, never a second time.
+    durable_prompt_key: str | None = None
     #: The caller's cancellation, re-raised once the turn is delivered; and the deadline the
     #: cleanup stages share once the caller is gone.
     cancellation: BaseException | None = None
@@ -286,6 +306,20 @@ class TurnContext:
     @property
     def binding(self) -> ThreadBinding | None:
         return self.history.binding if self.history is not None else None
+
+    @property
+    def coverage(self) -> Coverage:
+        return self.history.coverage if self.history is not None else Coverage()
+
+    @property
+    def known_prompt_key(self) -> str | None:
+        """This turn's prompt key when it is thread-independent (the host's turn id: an
+        earlier attempt of the turn may have made the prompt durable already), else ``None``
+        (a run-unique key, which no transcript can hold before this run writes it)."""
+        if not self.prompt_identity.startswith("turn-"):
+            return self.durable_prompt_key
+        # = idempotency.stable_prompt_key(the host's key)
+        return f"{STABLE_PROMPT_SCOPE}:{self.prompt_identity}"
 
     @property
     def pre_prompt_count(self) -> int:
@@ -450,9 +484,11 @@ async def save_binding(
     previous: ThreadBinding | None,
     engine_record: ContextEngineBinding | None,
     tools_fingerprint: str | None,
+    coverage: HistoryCoverage | None,
 ) -> ThreadBinding | None:
     """Write the binding for ``result``'s thread (skipped when nothing changed); the binding
-    now in force, or ``previous`` when the write failed."""
+    now in force, or ``previous`` when the write failed. ``coverage``: how much of the
+    transcript the thread holds (:mod:`codex_turn.harness.turn.continuity`)."""
     params = ctx.params
     decision = ctx.plan.decision if ctx.plan is not None else None
     bound = ctx.binding
@@ -476,6 +512,7 @@ async def save_binding(
         else ThreadDecisionRecord(action=decision.action.value, reason=decision.reason)
         if decision is not None
         else None,
+        "history_covered_through": coverage,
     }
     if previous is not None:
         fields["created_at"] = previous.created_at

@@ -48,7 +48,12 @@ from codex_turn.harness.appserver import (
     ThreadResult,
     ThreadSettings,
 )
-from codex_turn.harness.binding import ProjectionBinding, ThreadBinding, clear_binding
+from codex_turn.harness.binding import (
+    HistoryCoverage,
+    ProjectionBinding,
+    ThreadBinding,
+    clear_binding,
+)
 from codex_turn.harness.turn.context import (
     ThreadReady,
     TurnContext,
@@ -56,6 +61,7 @@ from codex_turn.harness.turn.context import (
     engine_binding,
     save_binding,
 )
+from codex_turn.harness.turn.continuity import covered_through
 from codex_turn.harness.turn.forms import (
     TurnThreadFacts,
     item_key,
@@ -209,11 +215,23 @@ async def resume(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -
         record = engine_binding(ctx, kept.projection if kept is not None else None)
         tools = ctx.tools_fingerprint
     binding = await save_binding(
-        ctx, result, previous=bound, engine_record=record, tools_fingerprint=tools
+        ctx,
+        result,
+        previous=bound,
+        engine_record=record,
+        tools_fingerprint=tools,
+        coverage=bound.history_covered_through,
     )
-    ctx.thread = ThreadReady(result=result, binding=binding)
+    # The thread holds the transcript once Codex accepted this turn, when the turn carries
+    # what it lacked (or it lacked nothing and the record is due to move forward).
+    pending = covered_through(ctx.messages) if ctx.coverage.advance else None
+    ctx.thread = ThreadReady(result=result, binding=binding, pending_coverage=pending)
     ctx.log = ctx.log.bind(thread_id=result.thread_id)
-    ctx.log.info("codex app-server thread resumed", reason=decision.reason)
+    ctx.log.info(
+        "codex app-server thread resumed",
+        reason=decision.reason,
+        uncovered=len(ctx.coverage.uncovered),
+    )
     return T.THREAD_RESUMED
 
 
@@ -240,6 +258,7 @@ async def _fresh_thread(
         ctx.app_server.forget_thread(retired)
     binding: ThreadBinding | None = None
     pending: ProjectionBinding | None = None
+    coverage: HistoryCoverage | None = None
     if bind:
         # A bootstrap epoch is recorded only once Codex accepted the turn that carries its
         # context (run_turn): recorded earlier, a failed turn/start would make the next turn
@@ -253,8 +272,17 @@ async def _fresh_thread(
             previous=None,
             engine_record=engine_binding(ctx, None),
             tools_fingerprint=ctx.tools_fingerprint,
+            # It holds nothing until Codex accepted the turn that carries the conversation:
+            # a turn/start that fails leaves a thread the next turn catches up in full.
+            coverage=_NOTHING_COVERED,
         )
-    ctx.thread = ThreadReady(result=result, binding=binding, pending_projection=pending)
+        if binding is not None and ctx.history is not None:
+            # The session's thread is now this one (an overflow retry rotates it).
+            ctx.history = attrs.evolve(ctx.history, binding=binding)
+        coverage = covered_through(ctx.messages)
+    ctx.thread = ThreadReady(
+        result=result, binding=binding, pending_projection=pending, pending_coverage=coverage
+    )
     ctx.log = ctx.log.bind(thread_id=result.thread_id)
     trigger = THREAD_TRIGGERS[decision.action]
     ctx.log.info(
@@ -294,6 +322,7 @@ async def _clear_binding_quietly(ctx: TurnContext) -> None:
 # --- fork ---------------------------------------------------------------------------------------
 
 _FORK_BASE: Final = ProjectionBinding(mode="fork_base", epoch="fork-base")
+_NOTHING_COVERED: Final = HistoryCoverage(messages=0)
 
 
 async def _bound_base(ctx: TurnContext, settings: ThreadSettings) -> str | TurnTrigger:
@@ -327,6 +356,7 @@ async def _new_base(ctx: TurnContext, settings: ThreadSettings) -> str | TurnTri
         previous=None,
         engine_record=engine_binding(ctx, _FORK_BASE),
         tools_fingerprint=ctx.tools_fingerprint,
+        coverage=None,  # a base holds no conversation: every turn's fork is given it
     )
     if bound is not None and bound.thread_id != started.thread_id:
         port.forget_thread(bound.thread_id)  # it runs no more turns
@@ -452,7 +482,7 @@ async def fork(ctx: TurnContext, plan: ThreadPlan, settings: ThreadSettings) -> 
         base=base.reason,
         fork=forked.reason,
         items=forked.injected,
-        source="transcript" if plan.decision.transcript else "assembly",
+        source="transcript" if plan.decision.from_transcript else "assembly",
     )
     return T.THREAD_FORKED
 

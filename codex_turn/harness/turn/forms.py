@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
+from codex_turn.fsm import thread as thread_tables
 from codex_turn.fsm.thread import (
     FORM_RULES,
     KEEP_RULES,
-    THREAD_RULES,
     Choice,
+    ContextSource,
     KeepAction,
     ProjectionForm,
     ThreadAction,
@@ -45,6 +47,7 @@ from codex_turn.harness.turn.context import (
     engine_binding,
     has_projected_context,
 )
+from codex_turn.harness.turn.continuity import without_prompt
 from codex_turn.harness.turn.structured import (
     drop_kept_fork,
     keep_fork,
@@ -260,6 +263,19 @@ class TurnThreadFacts:
         self.engine_active = ctx.engine is not None
         self.base_bound = binding is not None and binding.fork_base
         self.can_inject = supports_structured(ctx.app_server)
+        self.structured = (
+            self.per_turn
+            and self.can_inject
+            and ctx.params.projection_format != "text"
+            and not self.tools_dropped
+        )
+        coverage = ctx.coverage
+        self.coverage_lost = coverage.lost
+        self.stale = coverage.stale
+        self.overflowed = ctx.turn.overflowed
+        self.oversized = False
+        prompt_key = ctx.known_prompt_key
+        self.has_history = any(m.get("idempotencyKey") != prompt_key for m in ctx.messages)
 
     @functools.cached_property
     def has_context(self) -> bool:
@@ -276,9 +292,9 @@ class TurnThreadFacts:
 
 
 def decide_thread(ctx: TurnContext) -> ThreadDecision:
-    """The thread table's decision for this turn (it may render the frame: see
-    :class:`TurnThreadFacts`; a render that fails raises)."""
-    return decide(THREAD_RULES, TurnThreadFacts(ctx))
+    """The thread table's decision for this turn, with what of the conversation goes with it
+    (it may render the frame: see :class:`TurnThreadFacts`; a render that fails raises)."""
+    return thread_tables.decide_thread(TurnThreadFacts(ctx))
 
 
 # --- the frame --------------------------------------------------------------------------------
@@ -320,10 +336,21 @@ def render_frame(
 # --- the transcript as context ----------------------------------------------------------------
 
 
-def recent_transcript(ctx: TurnContext) -> list[AgentMessage]:
-    """The newest transcript messages worth converting: about twice the cap in JSON (the
-    conversion cuts to the cap), starting at a message that is not a tool result."""
-    messages, budget = ctx.messages, 2 * items_cap(ctx)
+def transcript_messages(ctx: TurnContext, source: ContextSource) -> list[AgentMessage]:
+    """What of the transcript goes with the prompt: the newest messages (a fresh thread's), or
+    those the bound thread lacks; this turn's own prompt never (it is the turn's input)."""
+    if source is ContextSource.UNCOVERED:
+        return newest_worth_converting(ctx, ctx.coverage.uncovered)
+    return newest_worth_converting(ctx, without_prompt(ctx.messages, ctx.known_prompt_key))
+
+
+def newest_worth_converting(
+    ctx: TurnContext, messages: Sequence[AgentMessage]
+) -> list[AgentMessage]:
+    """The newest of ``messages`` worth converting: about twice the cap in JSON (the
+    conversion and the frame cut to the cap), starting at a message that is not a tool
+    result."""
+    budget = 2 * items_cap(ctx)
     start, used = len(messages), 0
     while start > 0 and used <= budget:
         start -= 1
@@ -334,11 +361,12 @@ def recent_transcript(ctx: TurnContext) -> list[AgentMessage]:
 
 
 def transcript_context(ctx: TurnContext, decision: ThreadDecision) -> Projected:
-    """The recent transcript as this turn's context, the stand-in for an engine context on a
-    session whose bound thread (a fork base) holds no conversation: items for a fork when
-    the form table allows, else the text frame of it (raises what the projector raised)."""
+    """What of the transcript ``decision`` carries (:func:`transcript_messages`), standing
+    in for an engine context no thread holds: items for a fork when the form table allows,
+    else the text frame of it (raises what the projector raised)."""
     addition = ctx.assembled.result.system_prompt_addition if ctx.assembled is not None else None
-    recent = recent_transcript(ctx)
+    assert decision.context is not None
+    recent = transcript_messages(ctx, decision.context.action)
     if decision.action is ThreadAction.FORK:  # only a fork can take items
         _, items = as_items(ctx, recent, per_turn=True, source="transcript")
         if items is not None:

@@ -62,7 +62,7 @@ from codex_turn.harness.appserver import (
     Notification,
     TurnHandlePort,
 )
-from codex_turn.harness.binding import ThreadBinding, read_binding
+from codex_turn.harness.binding import ContextEngineBinding, ThreadBinding, read_binding
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
@@ -70,7 +70,6 @@ from codex_turn.harness.hooks import (
     PromptBuildResult,
     run_before_prompt_build,
 )
-from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
 from codex_turn.harness.lifecycle import (
     ASSEMBLE_FAILED_WARNING,
     assemble_context_engine,
@@ -97,6 +96,7 @@ from codex_turn.harness.turn.context import (
     Mirrored,
     Projected,
     Stage,
+    ThreadReady,
     TurnContext,
     engine_binding,
     engine_call,
@@ -149,34 +149,30 @@ async def begin(ctx: TurnContext) -> TurnTrigger:
 
 
 async def read_history(ctx: TurnContext) -> TurnTrigger:
-    """Check that the transcript can take this turn, then read the history and the binding."""
-    hooks = ctx.hooks
-    # Only an engine and hooks read the mirrored history; plain Codex never needs it.
-    wanted = ctx.engine is not None or bool(
-        hooks.before_prompt_build or hooks.before_compaction or hooks.after_compaction
-    )
+    """Check that the transcript can take this turn, then read the history and the binding,
+    and what of the history the bound thread lacks. Plain Codex reads the history too: a
+    thread Codex lost, or a binding the transcript outgrew, is caught up from it
+    (:mod:`codex_turn.harness.turn.continuity`)."""
     params = ctx.params
 
     # One worker-thread hop for the check and both reads (read_binding never raises).
-    def read_all() -> tuple[list[AgentMessage] | None, ThreadBinding | None]:
+    def read_all() -> tuple[HistoryRead, bool]:
         ensure_transcript_writable(
             ctx.session_file, session_id=params.session_id, cwd=os.fspath(params.workspace_dir)
         )
         binding = read_binding(ctx.session_file, session_id=params.session_id)
-        # A fork base holds no conversation: the transcript may have to stand in for it.
-        needed = wanted or (binding is not None and binding.fork_base)
-        return (read_history_sync(ctx) if needed else []), binding
+        history = read_history_sync(ctx)
+        return HistoryRead.of(history or [], binding, ctx.known_prompt_key), history is None
 
     try:
-        history, binding = await run_in_worker(read_all)
+        ctx.history, failed = await run_in_worker(read_all)
     except SessionError as error:
         # Nothing has reached Codex: refuse now rather than run a turn nobody can keep.
         ctx.log.warning("codex turn refused: transcript unwritable", error=format_error(error))
         ctx.refusal = error
         ctx.start_error = format_error(error)
         return T.TRANSCRIPT_UNWRITABLE
-    ctx.history = HistoryRead(messages=history or [], binding=binding)
-    return T.HISTORY_READ_FAILED if history is None else T.HISTORY_READ
+    return T.HISTORY_READ_FAILED if failed else T.HISTORY_READ
 
 
 async def bootstrap(ctx: TurnContext) -> TurnTrigger:
@@ -202,7 +198,7 @@ async def bootstrap(ctx: TurnContext) -> TurnTrigger:
     # the previous history if the re-read fails.
     reread = await run_in_worker(read_history_sync, ctx)
     if reread is not None:
-        ctx.history = attrs.evolve(ctx.history, messages=reread)
+        ctx.history = HistoryRead.of(reread, ctx.history.binding, ctx.known_prompt_key)
     ctx.log.info(
         "codex context engine bootstrap " + ("failed" if failed else "completed"),
         status=status,
@@ -281,7 +277,7 @@ def _frame_if_sent(ctx: TurnContext, decision: ThreadDecision) -> None:
     """Render the frame ``decision`` sends, unless it is rendered already or the context
     goes as items (raises what the projector raised)."""
     projected = ctx.projected
-    if not decision.project or decision.transcript or projected is None or projected.framed:
+    if not decision.project or decision.from_transcript or projected is None or projected.framed:
         return
     if projected.items is None or decision.action is not ThreadAction.FORK:
         ctx.projected = frame_projection(ctx)
@@ -298,11 +294,12 @@ async def build_prompt(ctx: TurnContext) -> TurnTrigger:
 
 
 async def reproject(ctx: TurnContext) -> TurnTrigger:
-    """Codex refused the resume, or the fork: the thread table decides again with that fact
-    (it rotates), and the fresh thread (no native history) gets the projected context as the
-    text frame; the hooks run again on the prompt now sent. A frame that fails to render
+    """Codex refused the resume or the fork, or the turn overflowed the model's context
+    window: the thread table decides again with that fact (it rotates), and the fresh thread
+    (no native history) gets the projected context, or the conversation from the transcript,
+    as the text frame; the hooks run again on the prompt now sent. A frame that fails to render
     here leaves the raw prompt, as a failed projection does."""
-    stand_in = ctx.plan is not None and ctx.plan.decision.transcript
+    stand_in = ctx.plan is not None and ctx.plan.decision.from_transcript
     if ctx.assembled is None or stand_in:
         ctx.projected = None  # the transcript's stand-in is chosen anew for the new decision
     try:
@@ -325,7 +322,7 @@ async def reproject(ctx: TurnContext) -> TurnTrigger:
 async def _prepare_prompt(ctx: TurnContext, decision: ThreadDecision) -> PromptBuildResult:
     """The transcript's stand-in when ``decision`` asks for it (a fork base holds no
     conversation), then before_prompt_build on the prompt and instructions it asks for."""
-    if decision.transcript:
+    if decision.from_transcript:
         try:
             ctx.projected = transcript_context(ctx, decision)
         except Exception as error:
@@ -380,17 +377,10 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         ) as handle:
             handle_box.append(handle)
             ctx.switch.live_handle = handle
-            if thread.pending_projection is not None:
-                # Codex accepted the input that carries the epoch's context: record it.
-                record = engine_binding(ctx, thread.pending_projection)
-                binding = await save_binding(
-                    ctx,
-                    thread.result,
-                    previous=thread.binding,
-                    engine_record=record,
-                    tools_fingerprint=ctx.tools_fingerprint,
-                )
-                ctx.thread = thread = attrs.evolve(thread, binding=binding, pending_projection=None)
+            if thread.binding is not None and (
+                thread.pending_projection is not None or thread.pending_coverage is not None
+            ):
+                ctx.thread = thread = await _record_accepted(ctx, thread, thread.binding)
 
             async def on_event(note: Notification) -> None:
                 await on_codex_event(ctx, note)
@@ -401,6 +391,8 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
                     on_event=on_event, idle_timeout=params.idle_timeout, timeout=params.turn_timeout
                 )
             end = RunEnd(codex.outcome.value)
+            if end is RunEnd.FAILED and codex.context_window_exceeded:
+                end = RunEnd.OVERFLOWED  # the turn table retries it once on a fresh thread
             if end is RunEnd.COMPLETED:
                 completed = codex
     except cancelled as error:
@@ -435,15 +427,40 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
 
+async def _record_accepted(
+    ctx: TurnContext, thread: ThreadReady, previous: ThreadBinding
+) -> ThreadReady:
+    """Codex accepted the input that carries the epoch's context, or the conversation the
+    thread lacked: record it in the binding (one write, skipped when nothing changed)."""
+    projection = thread.pending_projection
+    record: ContextEngineBinding | None = previous.context_engine
+    tools: str | None = previous.dynamic_tools_fingerprint
+    if projection is not None:
+        record, tools = engine_binding(ctx, projection), ctx.tools_fingerprint
+    coverage = thread.pending_coverage or previous.history_covered_through
+    binding = await save_binding(
+        ctx,
+        thread.result,
+        previous=previous,
+        engine_record=record,
+        tools_fingerprint=tools,
+        coverage=coverage,
+    )
+    return attrs.evolve(thread, binding=binding, pending_projection=None, pending_coverage=None)
+
+
 def _mirror_prompt(ctx: TurnContext, thread_id: str) -> OSError | None:
     """Append the prompt, then fsync it (the worker's one hop). A failed write raises (the
     turn fails); a failed fsync is returned, for the turn to say and go on with (the bytes
     are the kernel's: only an OS crash could lose them, and the mirror fsyncs them again)."""
     prompt = partial_result(ctx, [], CodexTurnStatus.INTERRUPTED, None).messages_snapshot[0]
+    scope = f"codex-app-server:{thread_id}"
+    if ctx.durable_prompt_key is None and ctx.known_prompt_key is None:
+        ctx.durable_prompt_key = f"{scope}:{ctx.prompt_identity}"  # as mirror_prompt keys it
     written = mirror_prompt(
         ctx.session_file,
         _with_prompt_key(ctx, [prompt])[0],
-        scope=f"codex-app-server:{thread_id}",
+        scope=scope,
         identity=ctx.prompt_identity,
         session_id=ctx.params.session_id,
         cwd=os.fspath(ctx.params.workspace_dir),
@@ -459,9 +476,9 @@ def _mirror_prompt(ctx: TurnContext, thread_id: str) -> OSError | None:
 def _with_prompt_key(ctx: TurnContext, messages: list[AgentMessage]) -> list[AgentMessage]:
     """``messages`` (the prompt first) with a thread-independent key on the prompt when its
     identity is the host's turn id; unchanged (thread-scoped) for a run-unique identity."""
-    if not messages or not ctx.prompt_identity.startswith("turn-"):
+    key = ctx.known_prompt_key
+    if not messages or key is None:
         return messages
-    key = f"{STABLE_PROMPT_SCOPE}:{ctx.prompt_identity}"  # = stable_prompt_key(the host's key)
     return [{**messages[0], "idempotencyKey": key}, *messages[1:]]
 
 
