@@ -523,17 +523,18 @@ async def _store_report(session_file: str, repair: bool) -> dict[str, Any]:
 
 def _lock_report(session_file: str) -> dict[str, Any]:
     from codex_turn.harness._fs import pid_alive, session_path
+    from codex_turn.harness.session._lockfile import read_lock
 
     lock = session_path(session_file) + ".lock"
     try:
-        raw = Path(lock).read_bytes()
+        raw = read_lock(lock)  # as a turn reads it: a FIFO is refused at once, never waited on
     except FileNotFoundError:
         return {"check": "session lock", "ok": True, "detail": "free", "path": lock}
     except OSError as error:
         return {"check": "session lock", "ok": False, "detail": f"{lock}: {error.strerror}"}
     try:
         pid = int(json.loads(raw).get("pid"))
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
         detail = f"{lock}: unreadable (being written?)"
         return {"check": "session lock", "ok": None, "detail": detail}
     if pid_alive(pid):
