@@ -432,6 +432,10 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         store = anyio.run(_store_report, session_file, args.repair)
         checks.append(store)
         checks.append(_lock_report(session_file))
+        from codex_turn.engines._doctor import private_file_findings
+
+        loose = private_file_findings(session_file)
+        check("private files", not loose, "; ".join(map(str, loose)) or "owner-only")
         from codex_turn.harness.binding import binding_path, read_binding
 
         binding = read_binding(session_file) if exists else None
