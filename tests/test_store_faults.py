@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import pytest
 from support.engine_sqlite_workload import SMALL, turn
 from support.fake_appserver import FakeAppServer
@@ -171,14 +172,43 @@ async def test_a_file_that_is_not_this_engines_is_refused_unchanged(
     assert open_descriptors(store) == []
 
 
-async def test_a_refusal_inside_the_first_write_keeps_nothing_open(
+KILLED_WRITER = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=10")  # spill to the file, so a journal is needed
+conn.execute("BEGIN")
+conn.execute("CREATE TABLE scratch(a)")
+for _ in range(2000):
+    conn.execute("INSERT INTO scratch VALUES (?)", ("x" * 200,))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_hot_journal_is_rolled_back_by_sqlite_then_judged(tmp_path: Path) -> None:
+    # A writer died mid-transaction in an empty database: a read-only connection cannot roll
+    # its journal back ("attempt to write a readonly database"); the writable open does, as
+    # any SQLite reader would, and then judges what is left (here: nothing, a new store).
+    store = tmp_path / "context.sqlite"
+    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(store)], check=False, timeout=60)
+    assert (tmp_path / "context.sqlite-journal").exists()
+
+    async def use() -> None:
+        engine = SqliteContextEngine(store, settings=SMALL)
+        await seed(engine)
+        await assemble(engine)
+        engine.close()
+
+    anyio.run(use)
+
+
+async def test_a_refusal_by_the_writable_open_keeps_nothing_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The file passed the read-only check, then another program made it its own: the check
-    # inside the first write transaction refuses it, and closes what it opened.
+    # The file passed the read-only check, then another program made it its own: the
+    # writable open checks again, refuses it, and closes what it opened.
     store = tmp_path / "context.sqlite"
     foreign_tables(store)
-    monkeypatch.setattr(_schema, "_accept_file", lambda path: None, raising=False)
+    monkeypatch.setattr(_schema, "_accept_file", lambda *args: None, raising=False)
     engine = SqliteContextEngine(store, settings=SMALL)
     with pytest.raises(StoreError, match="not this engine's") as refused:
         await assemble(engine)
@@ -218,8 +248,6 @@ def test_inspect_opens_the_store_read_only_and_changes_nothing(tmp_path: Path) -
         engine = SqliteContextEngine(store)
         await seed(engine, "s")
         engine.close()
-
-    import anyio
 
     anyio.run(older_store)
     before = files_in(tmp_path)

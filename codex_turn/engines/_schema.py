@@ -33,11 +33,14 @@ left (``IntegrityError``, ``ProgrammingError`` ...) is a bug of the engine and p
 read-only connection (``mode=ro``): its ``user_version`` and tables decide whether it is this
 engine's store (or an older one it migrates). A file that is not is refused exactly as it
 was (no switch to WAL, no journal beside it); only an accepted one is opened for writing,
-switched to WAL and migrated, and the check is repeated inside that first write transaction
-(another process may have changed the file in between). A missing store is created empty and
-owner-only (:func:`~codex_turn.harness._fs.create_exclusive`) before SQLite opens it: SQLite
-gives the ``-wal`` and ``-shm`` the database file's mode, so all three stay private whatever
-the umask; missing directories are made owner-only too. A refused or failed open closes every
+checked again before its first change, switched to WAL and migrated, and checked once more
+inside that first write transaction (another process may have changed the file in between).
+A hot journal (a writer died mid-transaction) is the one thing a read-only connection cannot
+read past: the writable connection rolls it back, as any SQLite reader would, then judges.
+A missing store is created empty and owner-only
+(:func:`~codex_turn.harness._fs.create_exclusive`) before SQLite opens it: SQLite gives the
+``-wal`` and ``-shm`` the database file's mode, so all three stay private whatever the umask;
+missing directories are made owner-only too. A refused or failed open closes every
 connection it made: nothing of a refused store stays open in the process.
 
 *A private copy, for previews.* A :class:`Pool` made with ``copy=True`` reads the file once
@@ -258,11 +261,13 @@ def _check_schema(conn: sqlite3.Connection) -> int:
     return version
 
 
-def _read_only(path: str, *, immutable: bool = False) -> sqlite3.Connection:
+def _read_only(path: str, busy_timeout_s: float, *, immutable: bool = False) -> sqlite3.Connection:
     """A read-only connection to the file at ``path`` (``immutable``: without locks or a
     look at a ``-wal``, so SQLite creates nothing beside the file)."""
     uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
-    return sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    return sqlite3.connect(
+        uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+    )
 
 
 def _regular_file(path: str) -> bool:
@@ -277,16 +282,21 @@ def _regular_file(path: str) -> bool:
     return True
 
 
-def _accept_file(path: str) -> None:
+def _accept_file(path: str, busy_timeout_s: float) -> None:
     """Make the store file ready to be opened for writing, changing nothing that is refused:
     a missing one is created empty and owner-only (its directories too); an existing one is
     checked read-only first (see the module docstring)."""
     make_private_dirs(os.path.dirname(os.path.abspath(path)))
     if not _regular_file(path) and create_exclusive(path, b""):
         return  # an empty file is an empty database; SQLite's sidecars get its mode
-    conn = _read_only(path)
+    conn = _read_only(path, busy_timeout_s)
     try:
         _check_schema(conn)
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
+            raise
+        # A hot journal (a writer died mid-transaction): only a writable connection rolls it
+        # back, as any SQLite reader would; the writable open checks before it switches.
     finally:
         conn.close()
 
@@ -296,7 +306,7 @@ def _file_identity(path: str) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _private_copy(path: str) -> sqlite3.Connection:
+def _private_copy(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     """An in-memory copy of the store at ``path``, read without changing anything there (see
     the module docstring); :class:`StoreError` when it is missing or not this engine's."""
     if not _regular_file(path):
@@ -305,7 +315,7 @@ def _private_copy(path: str) -> sqlite3.Connection:
     if not os.path.exists(log):  # no connection has it open: read it as it is
         before = _file_identity(path)
         try:
-            copy = _copy(path, immutable=True)
+            copy = _copy(path, busy_timeout_s, immutable=True)
         except (sqlite3.DatabaseError, StoreError):
             if _file_identity(path) == before and not os.path.exists(log):
                 raise  # a consistent read: the answer stands
@@ -314,13 +324,13 @@ def _private_copy(path: str) -> sqlite3.Connection:
             if _file_identity(path) == before and not os.path.exists(log):
                 return copy
             copy.close()  # a writer came and went while it was read
-    return _copy(path, immutable=False)  # the ordinary way, under SQLite's locks
+    return _copy(path, busy_timeout_s, immutable=False)  # the ordinary way, under SQLite's locks
 
 
-def _copy(path: str, *, immutable: bool) -> sqlite3.Connection:
+def _copy(path: str, busy_timeout_s: float, *, immutable: bool) -> sqlite3.Connection:
     copy = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
     try:
-        source = _read_only(path, immutable=immutable)
+        source = _read_only(path, busy_timeout_s, immutable=immutable)
         try:
             _check_schema(source)
             source.backup(copy)
@@ -390,11 +400,11 @@ class Pool:
         self._copy_lock = threading.RLock()
         try:
             if copy:
-                self._copy = _private_copy(path)
+                self._copy = _private_copy(path, busy_timeout_s)
                 self._configure(self._copy)
                 self._migrate(self._copy, wal=False)
             else:
-                _accept_file(path)
+                _accept_file(path, busy_timeout_s)
                 with self.connection() as conn:
                     self._migrate(conn, wal=True)
         except BaseException:
@@ -425,6 +435,7 @@ class Pool:
         """Create or migrate the schema of a store :func:`_accept_file` accepted (``wal``:
         switching it to WAL first), checking it again inside the transaction."""
         if wal:
+            _check_schema(conn)  # before the first change (the read-only check may not have run)
             # auto_vacuum only takes effect on a database without tables: a new store. It
             # lets retention hand freed pages back to the file system (incremental_vacuum).
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
