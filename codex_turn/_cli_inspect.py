@@ -7,9 +7,10 @@ Codex: the engine sees the messages a turn would hand it, the thread table
 (:func:`codex_turn.fsm.thread.decide_thread`, through the build_prompt stage) decides, and the
 projection is the one Codex would receive. Two differences from a turn: the transcript's
 writability check is skipped (it may repair a torn header) and no hook runs. The engine does
-bootstrap and assemble, as the next turn would (its store may catch up with the transcript;
-the contract makes that idempotent); the reference engine's store is used only when it
-exists, never created (``--engine sqlite`` without one inspects with no engine, and says so).
+bootstrap and assemble, as the next turn would; the reference engine's store is used only
+when it exists, never created (``--engine sqlite`` without one inspects with no engine, and
+says so), and read-only: the engine catches up with the transcript in a private in-memory
+copy of the store, which is dropped at the end.
 Doctor checks the login as a turn does: ``account/read`` on a started app-server of the
 user's configuration (:func:`codex_turn.harness.appserver.account.check_login`).
 
@@ -68,13 +69,18 @@ def inspect_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int
 
 def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None, str | None]:
     """The engine an inspection uses, and a note when the one asked for is not used. The
-    reference engine's store is used only when it exists: inspect never creates one."""
+    reference engine's store is used only when it exists, and read-only: the engine works on
+    a private copy of it (:meth:`SqliteContextEngine.copy_of`), so inspect never creates nor
+    changes a store."""
     from codex_turn.engines import SqliteContextEngine
 
-    if spec == "sqlite":
+    if spec in (None, "sqlite"):
         store = SqliteContextEngine.store_next_to(session_file)
-        if not os.path.exists(store):
+        if os.path.exists(store):
+            return SqliteContextEngine.copy_of(store), None
+        if spec == "sqlite":
             return None, f"no engine store at {store} (inspect creates none; a turn does)"
+        return None, None
     return engine_for_command(spec, session_file, create=False), None
 
 
@@ -426,6 +432,10 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         store = anyio.run(_store_report, session_file, args.repair)
         checks.append(store)
         checks.append(_lock_report(session_file))
+        from codex_turn.engines._doctor import private_file_findings
+
+        loose = private_file_findings(session_file)
+        check("private files", not loose, "; ".join(map(str, loose)) or "owner-only")
         from codex_turn.harness.binding import binding_path, read_binding
 
         binding = read_binding(session_file) if exists else None
@@ -523,17 +533,18 @@ async def _store_report(session_file: str, repair: bool) -> dict[str, Any]:
 
 def _lock_report(session_file: str) -> dict[str, Any]:
     from codex_turn.harness._fs import pid_alive, session_path
+    from codex_turn.harness.session._lockfile import read_lock
 
     lock = session_path(session_file) + ".lock"
     try:
-        raw = Path(lock).read_bytes()
+        raw = read_lock(lock)  # as a turn reads it: a FIFO is refused at once, never waited on
     except FileNotFoundError:
         return {"check": "session lock", "ok": True, "detail": "free", "path": lock}
     except OSError as error:
         return {"check": "session lock", "ok": False, "detail": f"{lock}: {error.strerror}"}
     try:
         pid = int(json.loads(raw).get("pid"))
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
         detail = f"{lock}: unreadable (being written?)"
         return {"check": "session lock", "ok": None, "detail": detail}
     if pid_alive(pid):

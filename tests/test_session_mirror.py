@@ -459,6 +459,69 @@ def test_stale_locks_are_broken(tmp_path: Path) -> None:
         sleeper.wait()
 
 
+#: Pids no process can have: beyond ``pid_t`` (``os.kill`` raised OverflowError), negative.
+IMPOSSIBLE_PIDS = [10**30, 2**63, 2**31, -5]
+
+
+@pytest.mark.parametrize("pid", IMPOSSIBLE_PIDS)
+def test_a_lock_naming_an_impossible_pid_is_stale(tmp_path: Path, pid: int) -> None:
+    path = tmp_path / "s.jsonl"
+    lock = _lock_file(path)
+    lock.write_text(json.dumps({"pid": pid, "createdAt": format_mod.utc_now_iso()}))
+    with capture_logs() as logs:
+        _mirror(path, "t", 0, lock_timeout=2.0)  # before: OverflowError, every turn
+    assert not lock.exists()
+    broken = [log for log in logs if log["event"] == "session lock was stale; removed"]
+    assert [log["reason"] for log in broken] == ["dead pid"]
+
+
+def test_leftovers_naming_an_impossible_pid_are_swept(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    huge = str(10**30)
+    aside = tmp_path / f"s.jsonl.lock.stale.{huge}.abcdef12"  # a breaker's, "dead"
+    temp = tmp_path / f"s.jsonl.{huge}.abcdef12.tmp"  # a create_exclusive's, "dead"
+    not_ours = tmp_path / "s.jsonl.lock.stale.\u00b2\u00b3.abcdef12"  # digits, but not ASCII
+    for leftover in (aside, temp, not_ours):
+        leftover.write_text("{}")
+    _mirror(path, "t", 0)  # before: OverflowError (ValueError for the superscript digits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s.jsonl", not_ours.name])
+
+
+def _doctor(session: Path) -> dict[str, Any]:
+    """``codex-turn doctor SESSION --offline --json``'s session lock check; it must answer
+    at once (``timeout``: a doctor that waits on the lock fails the test)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "codex_turn", "doctor", str(session), "--offline", "--json"],
+        cwd=session.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr  # before: 70 (an OverflowError)
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    lock: dict[str, Any] = checks["session lock"]
+    return lock
+
+
+def test_doctor_judges_the_lock_file_as_a_turn_does(tmp_path: Path) -> None:
+    session = tmp_path / "s.jsonl"
+    _mirror(session, "t", 0)
+    lock = _lock_file(session)
+    os.mkfifo(lock)  # a turn refuses it at once; doctor hung on it, forever
+    refused = _doctor(session)
+    assert refused["ok"] is False
+    assert "a FIFO, not a regular file" in refused["detail"]
+    with pytest.raises(session_mod.TranscriptUnwritable, match="a FIFO, not a regular file"):
+        _mirror(session, "t", 1, lock_timeout=0.2)  # what a turn says
+    lock.unlink()
+    for pid in ("1e30", "Infinity", str(10**30)):
+        lock.write_text(f'{{"pid": {pid}, "createdAt": "2026-01-01T00:00:00.000Z"}}')
+        judged = _doctor(session)
+        assert judged["ok"] is not False, (pid, judged)
+        assert "stale" in judged["detail"] or "unreadable" in judged["detail"], (pid, judged)
+
+
 def test_a_live_holder_times_out_with_a_typed_error(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lock = _lock_file(path)

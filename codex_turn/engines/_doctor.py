@@ -33,6 +33,12 @@ rows are gone cannot be restored (the report names them). Items keep their ordin
 they still ascend; an insertion that does not fit the gap shifts what follows (the epoch then
 changes, as it must: the summary layer did).
 
+*Private files*: :func:`private_file_findings` names the files the library keeps owner-only
+for a session (the store beside it and SQLite's sidecars, the thread binding, the lock file)
+that group or others may read: what an earlier version or a hand made wider (the library
+creates them ``0600`` whatever the umask, and changes no existing file's mode). ``codex-turn
+doctor`` prints them.
+
 *Retention* is explicit and never touches an active conversation: :func:`archive` ends a
 session's conversation (the next call for the key starts a new one), :func:`prune` deletes
 archived conversations (all archived before a time, then the oldest while the file is over a
@@ -50,9 +56,18 @@ from typing import Any, Final, NamedTuple
 import attrs
 
 from codex_turn.engines._plan import compute_epoch
-from codex_turn.engines._schema import Pool
+from codex_turn.engines._schema import STORE_FILE, STORE_SIDECARS, Pool
+from codex_turn.harness._fs import PermissionFinding, loose_permissions, session_path
+from codex_turn.harness.binding import binding_path
 
-__all__ = ["DoctorReport", "RetentionReport", "archive", "doctor", "prune"]
+__all__ = [
+    "DoctorReport",
+    "RetentionReport",
+    "archive",
+    "doctor",
+    "private_file_findings",
+    "prune",
+]
 
 # Statements are constants: nothing is ever formatted into SQL text.
 _UPDATE_COUNTER: Final = {
@@ -443,3 +458,21 @@ def prune(pool: Pool, max_bytes: int | None, archived_before: float | None) -> R
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         over_ceiling = max_bytes is not None and _used_bytes(conn) > max_bytes
     return RetentionReport(deleted, before, _file_bytes(pool.path), over_ceiling)
+
+
+def private_file_findings(
+    session_file: str | os.PathLike[str], store: str | os.PathLike[str] | None = None
+) -> tuple[PermissionFinding, ...]:
+    """The files kept owner-only for ``session_file`` that group or others may use: the
+    store (default: the one beside the session) and its ``-wal``/``-shm``, the thread
+    binding sidecar, the lock file. Missing files are not findings; nothing is changed."""
+    directory = os.path.dirname(os.path.abspath(os.fspath(session_file)))
+    database = os.fspath(store) if store is not None else os.path.join(directory, STORE_FILE)
+    return loose_permissions(
+        [
+            database,
+            *(database + suffix for suffix in STORE_SIDECARS),
+            binding_path(session_file),
+            session_path(session_file) + ".lock",
+        ]
+    )

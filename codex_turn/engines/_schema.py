@@ -20,6 +20,37 @@ unhealthy", which is what ``info.owns_compaction`` reports. A store that cannot 
 remembered as such: every later use raises :class:`StoreError` at once, until ``doctor``
 (an operator's act) tries again. Lock contention while opening is not remembered.
 
+*A broken store is the world's fault.* :class:`StoreError` is an
+:class:`~codex_turn.harness.engine.EngineUnavailable`: the harness falls back, and a strict
+run does not blame the engine. Every database error is mapped once, in
+:meth:`StoreAccess.run` and :meth:`StoreAccess.open`: a store that cannot be opened, is
+corrupt (``DatabaseError``: a malformed page, not a database) or fails at the file system
+(``OperationalError``: I/O, a full disk, read-only) raises :class:`StoreError`; lock
+contention stays an ``OperationalError`` (operational too, and never remembered); what is
+left (``IntegrityError``, ``ProgrammingError`` ...) is a bug of the engine and propagates.
+
+*Nothing is changed before it is accepted.* An existing file is first read through a
+read-only connection (``mode=ro``): its ``user_version`` and tables decide whether it is this
+engine's store (or an older one it migrates). A file that is not is refused exactly as it
+was (no switch to WAL, no journal beside it); only an accepted one is opened for writing,
+checked again before its first change, switched to WAL and migrated, and checked once more
+inside that first write transaction (another process may have changed the file in between).
+A hot journal (a writer died mid-transaction) is the one thing a read-only connection cannot
+read past: the writable connection rolls it back, as any SQLite reader would, then judges.
+A missing store is created empty and owner-only
+(:func:`~codex_turn.harness._fs.create_exclusive`) before SQLite opens it: SQLite gives the
+``-wal`` and ``-shm`` the database file's mode, so all three stay private whatever the umask;
+missing directories are made owner-only too. A refused or failed open closes every
+connection it made: nothing of a refused store stays open in the process.
+
+*A private copy, for previews.* A :class:`Pool` made with ``copy=True`` reads the file once
+into an in-memory database and works on that alone: the file is opened read-only and never
+changed (``codex-turn inspect`` previews a turn this way: the copy catches up with the
+transcript, the store does not). When no ``-wal`` exists (no connection has the store open)
+the file is read ``immutable``, so that SQLite creates no ``-wal``/``-shm`` beside it either;
+the copy is kept only if the file did not change while it was read, else it is read again
+through an ordinary read-only connection.
+
 *Connections are pooled, not shared.* A :class:`Pool` hands each worker thread a connection
 of its own for the duration of one operation (``check_same_thread=False``, so a connection
 may move between pool threads, but never serves two at once). There is no process-wide lock
@@ -63,19 +94,36 @@ import contextlib
 import functools
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Final, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from codex_turn._log import format_error, get_logger
+from codex_turn.harness._fs import create_exclusive, file_kind, make_private_dirs
+from codex_turn.harness.engine.contract import EngineUnavailable
 
-__all__ = ["SCHEMA_VERSION", "Pool", "StoreAccess", "StoreError", "read_tx", "write_tx"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "STORE_FILE",
+    "STORE_SIDECARS",
+    "Pool",
+    "StoreAccess",
+    "StoreError",
+    "read_tx",
+    "write_tx",
+]
 
 SCHEMA_VERSION: Final = 2
+#: The store's file name in a directory (``SqliteContextEngine.next_to``: next to the session).
+STORE_FILE: Final = "context.sqlite"
+#: The files SQLite keeps beside the store while it is open (WAL mode).
+STORE_SIDECARS: Final = ("-wal", "-shm")
 
 _log = get_logger("codex_turn.engines.sqlite")
 T = TypeVar("T")
@@ -180,13 +228,118 @@ _MIGRATE_1: Final = (
 _BUSY_WORDS: Final = ("locked", "busy")
 
 
-class StoreError(Exception):
-    """The store cannot be used: a newer schema, or a file that is not this engine's."""
+class StoreError(EngineUnavailable):
+    """The store cannot be used: it cannot be opened or created, it has a newer schema or
+    another program's tables, it is corrupt, or the file system fails it. Operational (an
+    :class:`~codex_turn.harness.engine.EngineUnavailable`), never a contract violation."""
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
     text = str(error).lower()
     return any(word in text for word in _BUSY_WORDS)
+
+
+def _is_store_fault(error: sqlite3.DatabaseError) -> bool:
+    """A fault of the file, not of the engine's code: corrupt or not a database (a plain
+    ``DatabaseError``), or the file system failing (an ``OperationalError`` that is not lock
+    contention)."""
+    if isinstance(error, sqlite3.OperationalError):
+        return not _is_busy(error)
+    return type(error) is sqlite3.DatabaseError
+
+
+def _check_schema(conn: sqlite3.Connection) -> int:
+    """The store's schema version; :class:`StoreError` when the file is not this engine's
+    (a newer version, or tables of another program). Reads only."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"store schema {version} is newer than this engine's ({SCHEMA_VERSION})")
+    if version == 0:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
+        if tables[0]:
+            raise StoreError("the file holds tables that are not this engine's")
+    return version
+
+
+def _read_only(path: str, busy_timeout_s: float, *, immutable: bool = False) -> sqlite3.Connection:
+    """A read-only connection to the file at ``path`` (``immutable``: without locks or a
+    look at a ``-wal``, so SQLite creates nothing beside the file)."""
+    uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+    return sqlite3.connect(
+        uri, uri=True, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+    )
+
+
+def _regular_file(path: str) -> bool:
+    """Whether ``path`` is a regular file (``False``: nothing is there); :class:`StoreError`
+    for a directory, a FIFO, a device ... (never opened: SQLite would block or misread)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path} is {file_kind(mode)}, not a store")
+    return True
+
+
+def _accept_file(path: str, busy_timeout_s: float) -> None:
+    """Make the store file ready to be opened for writing, changing nothing that is refused:
+    a missing one is created empty and owner-only (its directories too); an existing one is
+    checked read-only first (see the module docstring)."""
+    make_private_dirs(os.path.dirname(os.path.abspath(path)))
+    if not _regular_file(path) and create_exclusive(path, b""):
+        return  # an empty file is an empty database; SQLite's sidecars get its mode
+    conn = _read_only(path, busy_timeout_s)
+    try:
+        _check_schema(conn)
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
+            raise
+        # A hot journal (a writer died mid-transaction): only a writable connection rolls it
+        # back, as any SQLite reader would; the writable open checks before it switches.
+    finally:
+        conn.close()
+
+
+def _file_identity(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _private_copy(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    """An in-memory copy of the store at ``path``, read without changing anything there (see
+    the module docstring); :class:`StoreError` when it is missing or not this engine's."""
+    if not _regular_file(path):
+        raise StoreError(f"no store at {path}")
+    log = path + "-wal"
+    if not os.path.exists(log):  # no connection has it open: read it as it is
+        before = _file_identity(path)
+        try:
+            copy = _copy(path, busy_timeout_s, immutable=True)
+        except (sqlite3.DatabaseError, StoreError):
+            if _file_identity(path) == before and not os.path.exists(log):
+                raise  # a consistent read: the answer stands
+            copy = None  # read while a writer changed it
+        if copy is not None:
+            if _file_identity(path) == before and not os.path.exists(log):
+                return copy
+            copy.close()  # a writer came and went while it was read
+    return _copy(path, busy_timeout_s, immutable=False)  # the ordinary way, under SQLite's locks
+
+
+def _copy(path: str, busy_timeout_s: float, *, immutable: bool) -> sqlite3.Connection:
+    copy = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    try:
+        source = _read_only(path, busy_timeout_s, immutable=immutable)
+        try:
+            _check_schema(source)
+            source.backup(copy)
+        finally:
+            source.close()
+    except BaseException:
+        copy.close()
+        raise
+    return copy
 
 
 def _begin(conn: sqlite3.Connection, statement: str, busy_timeout_s: float) -> None:
@@ -233,18 +386,30 @@ def read_tx(conn: sqlite3.Connection, busy_timeout_s: float) -> Iterator[sqlite3
 
 
 class Pool:
-    """Connections to one database file; see the module docstring."""
+    """Connections to one database file (or one connection to a private copy of it,
+    ``copy``); see the module docstring."""
 
-    def __init__(self, path: str, *, busy_timeout_s: float) -> None:
+    def __init__(self, path: str, *, busy_timeout_s: float, copy: bool = False) -> None:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._free: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        with self.connection() as conn:
-            self._migrate(conn)
+        #: The private copy's one connection (``copy``), used by one thread at a time.
+        self._copy: sqlite3.Connection | None = None
+        self._copy_lock = threading.RLock()
+        try:
+            if copy:
+                self._copy = _private_copy(path, busy_timeout_s)
+                self._configure(self._copy)
+                self._migrate(self._copy, wal=False)
+            else:
+                _accept_file(path, busy_timeout_s)
+                with self.connection() as conn:
+                    self._migrate(conn, wal=True)
+        except BaseException:
+            self.close()  # a refused store keeps no connection open
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -253,6 +418,10 @@ class Pool:
             isolation_level=None,
             check_same_thread=False,
         )
+        self._configure(conn)
+        return conn
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -261,12 +430,28 @@ class Pool:
         except BaseException:
             conn.close()
             raise
-        return conn
 
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        # auto_vacuum only takes effect on a database without tables: a new store. It lets
-        # retention hand freed pages back to the file system (incremental_vacuum).
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    def _migrate(self, conn: sqlite3.Connection, *, wal: bool) -> None:
+        """Create or migrate the schema of a store :func:`_accept_file` accepted (``wal``:
+        switching it to WAL first), checking it again inside the transaction."""
+        if wal:
+            _check_schema(conn)  # before the first change (the read-only check may not have run)
+            # auto_vacuum only takes effect on a database without tables: a new store. It
+            # lets retention hand freed pages back to the file system (incremental_vacuum).
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            self._use_wal(conn)
+        with write_tx(conn, self.busy_timeout_s):
+            version = _check_schema(conn)
+            if version == 0:
+                for statement in _TABLES:
+                    conn.execute(statement)
+            elif version == 1:
+                for statement in _MIGRATE_1:
+                    conn.execute(statement)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
         deadline = time.monotonic() + self.busy_timeout_s
         while True:
             try:
@@ -278,29 +463,16 @@ class Pool:
                 time.sleep(0.01)
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreError(f"cannot use WAL journal mode (got {mode!r})")
-        with write_tx(conn, self.busy_timeout_s):
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"store schema {version} is newer than this engine's ({SCHEMA_VERSION})"
-                )
-            if version == 0:
-                tables = conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE type='table'"
-                ).fetchone()[0]
-                if tables:
-                    raise StoreError("the file holds tables that are not this engine's")
-                for statement in _TABLES:
-                    conn.execute(statement)
-            elif version == 1:
-                for statement in _MIGRATE_1:
-                    conn.execute(statement)
-            if version != SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
         """A connection for this thread's operation; returned to the pool afterwards."""
+        if self._copy is not None:
+            with self._copy_lock:  # the copy's one connection serves one thread at a time
+                if self._closed:
+                    raise StoreError("the store is closed")
+                yield self._copy
+            return
         with self._lock:
             if self._closed:
                 raise StoreError("the store is closed")
@@ -340,15 +512,20 @@ class Pool:
             free, self._free = self._free, []
         for conn in free:
             conn.close()
+        if self._copy is not None:
+            with self._copy_lock:  # after the operation in progress, if any
+                self._copy.close()
 
 
 class StoreAccess:
     """The pool (opened lazily) and its health, shared by the engine and its compactor (no
     reference back to the engine, so a dropped engine is freed at once, without the GC)."""
 
-    def __init__(self, path: str, busy_timeout_s: float) -> None:
+    def __init__(self, path: str, busy_timeout_s: float, *, copy: bool = False) -> None:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
+        #: Work on a private in-memory copy of the file (see the module docstring).
+        self.copy = copy
         self.error: str | None = None
         self.pool: Pool | None = None
         #: The open failed for a reason other than contention: remembered (see the header).
@@ -367,7 +544,7 @@ class StoreAccess:
             if self.open_failed and not retry:
                 raise StoreError(f"the context store is unavailable: {self.error}")
             try:
-                self.pool = Pool(self.path, busy_timeout_s=self.busy_timeout_s)
+                self.pool = Pool(self.path, busy_timeout_s=self.busy_timeout_s, copy=self.copy)
             except (sqlite3.Error, StoreError, OSError) as error:
                 if isinstance(error, sqlite3.OperationalError) and _is_busy(error):
                     raise  # contention, not a broken store: the next use tries again
@@ -404,17 +581,17 @@ class StoreAccess:
             pool.close()
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run blocking store work in a worker thread; a database error marks the store
-        unhealthy (lock contention does not)."""
+        """Run blocking store work in a worker thread. A database error marks the store
+        unhealthy (lock contention does not); a fault of the file raises :class:`StoreError`
+        (see the module docstring)."""
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-        except sqlite3.OperationalError as error:
-            text = str(error).lower()
-            if "locked" not in text and "busy" not in text:
-                self.mark_unhealthy(error)
-            raise
         except sqlite3.DatabaseError as error:
+            if isinstance(error, sqlite3.OperationalError) and _is_busy(error):
+                raise
             self.mark_unhealthy(error)
+            if _is_store_fault(error):
+                raise StoreError(f"the context store failed: {format_error(error)}") from error
             raise
 
     def mark_unhealthy(self, error: BaseException) -> None:

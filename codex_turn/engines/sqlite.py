@@ -94,7 +94,7 @@ from codex_turn.engines._plan import (
     repair_pairs,
     select,
 )
-from codex_turn.engines._schema import StoreAccess
+from codex_turn.engines._schema import STORE_FILE, StoreAccess
 from codex_turn.engines.settings import EngineSettings
 from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
@@ -128,7 +128,6 @@ __all__ = ["ENGINE_ID", "SqliteContextEngine"]
 ENGINE_ID: Final = "codex-turn.sqlite"
 ENGINE_VERSION: Final = "1"
 _TRUNCATION_ID: Final = "truncate/1"
-_DEFAULT_FILE: Final = "context.sqlite"
 
 _log = get_logger(__name__)
 
@@ -201,7 +200,7 @@ class SqliteContextEngine:
     ) -> None:
         target = os.fspath(path)
         if os.path.isdir(target):
-            target = os.path.join(target, _DEFAULT_FILE)
+            target = os.path.join(target, STORE_FILE)
         self.path = target
         self.settings = settings or EngineSettings()
         self._estimate = token_estimator
@@ -232,11 +231,23 @@ class SqliteContextEngine:
         transcript's directory, shared by every session there (the embedded default)."""
         return cls(cls.store_next_to(session_file), **kwargs)
 
+    @classmethod
+    def copy_of(cls, path: str | os.PathLike[str], **kwargs: Any) -> SqliteContextEngine:
+        """The engine on a private in-memory copy of the store at ``path``, for previews
+        (``codex-turn inspect``): the file is opened read-only and never changed (when no
+        process has it open, nothing is created beside it either); what this engine writes
+        stays in the copy and is gone at :meth:`close`. A missing store is not created: the
+        first call raises :class:`~codex_turn.engines.StoreError`, as for a store that is not
+        this engine's. The copy holds the whole store in memory."""
+        engine = cls(path, **kwargs)
+        engine._access.copy = True  # nothing is opened before the first call
+        return engine
+
     @staticmethod
     def store_next_to(session_file: str | os.PathLike[str]) -> str:
         """Where :meth:`next_to` keeps the store for ``session_file`` (it may not exist yet)."""
         directory = os.path.dirname(os.path.abspath(os.fspath(session_file)))
-        return os.path.join(directory, _DEFAULT_FILE)
+        return os.path.join(directory, STORE_FILE)
 
     # -- info and health -----------------------------------------------------------------
 

@@ -21,6 +21,15 @@ The rules that live here so that no caller re-derives them:
   the sibling for files that must be created complete and never replaced (the transcript, a
   lock file, a fresh Codex home's config): the same temp file, then ``link``. Nothing else
   in the package renames a file over another.
+* **What the library creates is owner-only, whatever the umask.** Files are created with
+  :data:`PRIVATE_FILE_MODE` (``0600``: :func:`atomic_write`, :func:`create_exclusive`, the
+  lock file) and directories with :data:`PRIVATE_DIR_MODE` (``0700``,
+  :func:`make_private_dirs`); a mode given to ``open``/``mkdir`` is only narrowed by the
+  umask, never widened, so no ``chmod`` is needed. SQLite gives a database's ``-wal`` and
+  ``-shm`` the mode of the database file, so a store created here (empty, by
+  :func:`create_exclusive`) keeps them private too. A file or directory that is wider
+  already (an earlier version made it, or someone changed it) is not changed behind the
+  owner's back: :func:`loose_permissions` reports it, and ``codex-turn doctor`` prints that.
 * **Appends are not here.** Appending to a transcript is one ``O_APPEND`` write owned by the
   mirror; only :func:`write_all` (a full ``write`` loop) is shared, and its reading sibling
   :func:`pread_exact` (a full ``pread`` loop).
@@ -29,6 +38,10 @@ The rules that live here so that no caller re-derives them:
   worker thread, which no cancellation could reach) and refused with
   :class:`NotRegularFileError` unless ``fstat`` says it is a regular file (a directory, a
   FIFO, a socket or a device is never read or written).
+* **A pid read from a file is only a claim.** :func:`pid_from_text` accepts ASCII digits
+  alone, and :func:`pid_alive` answers ``False`` for a number no process can have (zero,
+  negative, beyond the platform's ``pid_t``): a lock file or a leftover naming one is
+  stale, never an ``OverflowError``.
 * **File I/O leaves the event loop in one hop.** :func:`run_in_worker` runs a synchronous
   function in one of anyio's worker threads (``anyio.to_thread.run_sync``, in a copy of the
   caller's context: :func:`pinned_session_path` follows the hop) and waits for it,
@@ -51,33 +64,45 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import attrs
 from anyio.lowlevel import RunVar
 
 from codex_turn._env import int_from_env
 
 __all__ = [
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
     "NotRegularFileError",
+    "PermissionFinding",
     "atomic_write",
     "atomic_write_lock",
     "create_exclusive",
     "file_kind",
     "fsync_directory",
     "is_write_temp",
+    "loose_permissions",
+    "make_private_dirs",
     "open_regular",
     "pid_alive",
+    "pid_from_text",
     "pinned_session_path",
     "pread_exact",
     "run_in_worker",
     "session_path",
     "write_all",
 ]
+
+#: The mode of every file the library creates (the umask can only narrow it).
+PRIVATE_FILE_MODE: Final = 0o600
+#: The mode of every directory the library creates.
+PRIVATE_DIR_MODE: Final = 0o700
 
 _TEMP_SUFFIX = ".tmp"
 _PREAD_CHUNK: Final = 16 << 20  # bytes per pread: a huge transcript is read in a few calls
@@ -184,8 +209,77 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def make_private_dirs(directory: str | os.PathLike[str]) -> None:
+    """``os.makedirs(directory, exist_ok=True)``, every directory it creates owner-only
+    (``makedirs`` gives its ``mode`` to the last one only). Existing ones are left as they
+    are. Raises :class:`OSError` (:class:`FileExistsError` when a file is in the way)."""
+    path = os.path.abspath(os.fspath(directory))
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for name in reversed(missing):
+        try:
+            os.mkdir(name, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if not os.path.isdir(name):  # made meanwhile by another writer: fine; a file: not
+                raise
+
+
+@attrs.frozen
+class PermissionFinding:
+    """A file or directory the library keeps owner-only that others may use (doctor's
+    finding; see the module header). ``mode`` is what it has, ``expected`` what the library
+    gives it."""
+
+    path: str
+    mode: int
+    expected: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path} is {self.mode:04o}, wider than {self.expected:04o} "
+            f"(chmod {self.expected:o} it)"
+        )
+
+
+def loose_permissions(paths: Iterable[str]) -> tuple[PermissionFinding, ...]:
+    """The ones of ``paths`` that group or others may read, write or enter (a file wider
+    than :data:`PRIVATE_FILE_MODE`, a directory wider than :data:`PRIVATE_DIR_MODE`).
+    Missing paths, symbolic links (their own mode means nothing) and anything else are
+    skipped; nothing is opened or changed."""
+    found: list[PermissionFinding] = []
+    for path in paths:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if stat.S_ISREG(mode):
+            expected = PRIVATE_FILE_MODE
+        elif stat.S_ISDIR(mode):
+            expected = PRIVATE_DIR_MODE
+        else:
+            continue
+        if stat.S_IMODE(mode) & ~expected & 0o777:
+            found.append(PermissionFinding(path, stat.S_IMODE(mode), expected))
+    return tuple(found)
+
+
+def pid_from_text(text: str) -> int | None:
+    """The pid a file name spells (ASCII digits only, as the library writes them), or
+    ``None``. Whether such a process can exist is :func:`pid_alive`'s business."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (one owned by another user counts as alive)."""
+    """Whether a process with ``pid`` exists (one owned by another user counts as alive).
+
+    A pid no process can have (zero, negative, beyond ``pid_t``) is not alive."""
     if pid <= 0:
         return False
     try:
@@ -194,7 +288,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    except OSError:
+    except (OSError, OverflowError):
         return False
     return True
 
@@ -259,9 +353,9 @@ def _temp_pid(candidate: str, name: str) -> int | None:
     if not candidate.startswith(name + "."):
         return None
     parts = candidate[len(name) + 1 :].split(".")
-    if len(parts) != 3 or parts[2] != _TEMP_SUFFIX[1:] or not parts[0].isdigit():
+    if len(parts) != 3 or parts[2] != _TEMP_SUFFIX[1:]:
         return None
-    return int(parts[0])
+    return pid_from_text(parts[0])
 
 
 def is_write_temp(candidate: str, name: str) -> bool:
@@ -286,20 +380,24 @@ def _remove_orphaned_temps(path: str) -> None:
 
 
 def atomic_write(
-    path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600, durable: bool = True
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    mode: int = PRIVATE_FILE_MODE,
+    durable: bool = True,
 ) -> None:
     """Replace ``path`` with ``data`` atomically and durably (see the module header).
 
     ``durable=False`` skips both fsyncs, for a file whose meaning ends with its writer (a
     lock file's renewal: a crash ends the lease anyway, and an fsync under the lock would
     stall the writes waiting for it); readers still see the old bytes or the new.
-    Creates the directory if needed. Raises :class:`OSError`; the previous file is then
-    unchanged and no temp file is left behind.
+    Creates the directory if needed (:func:`make_private_dirs`). Raises :class:`OSError`;
+    the previous file is then unchanged and no temp file is left behind.
     """
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
     with atomic_write_lock(target):
-        os.makedirs(directory, exist_ok=True)
+        make_private_dirs(directory)
         _remove_orphaned_temps(target)
         temp = _write_temp(target, data, mode, durable=durable)
         try:
@@ -312,7 +410,7 @@ def atomic_write(
             fsync_directory(directory)
 
 
-def create_exclusive(path: str, data: bytes, *, mode: int = 0o600) -> bool:
+def create_exclusive(path: str, data: bytes, *, mode: int = PRIVATE_FILE_MODE) -> bool:
     """Create ``path`` holding ``data`` iff it does not exist, never observable half-written.
 
     The bytes go to a temp file that is fsynced and then hard-linked to ``path``; ``link``

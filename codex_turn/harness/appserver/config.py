@@ -69,7 +69,14 @@ from typing import Any, Final, get_args
 import attrs
 import tomli_w
 
-from codex_turn.harness._fs import atomic_write, create_exclusive, is_write_temp
+from codex_turn.harness._fs import (
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write,
+    create_exclusive,
+    is_write_temp,
+    make_private_dirs,
+)
 
 from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
 from .errors import CodexBinaryMissing, CodexHomeNotPrivate, InvalidAppServerConfig
@@ -95,8 +102,6 @@ CONFIG_NOTE = "# Rewritten at every start of codex-turn: edits here are lost."
 #: The temp files of earlier versions' config writes (``harness._fs`` names them now): an
 #: interrupted one may still lie in a home, and does not make it a user's.
 _LEGACY_TEMP_PREFIX = ".config.toml.codex-turn-"
-PRIVATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
 PRIVATE_UMASK = 0o077
 
 
@@ -493,10 +498,10 @@ class AppServerConfig:
         Raises ``OSError``, and ``TypeError``/``ValueError`` for a value TOML cannot hold
         (before anything is written)."""
         if not self.write_config:
-            self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+            make_private_dirs(self.codex_home)
             return None
         text = self.config_text()
-        self.codex_home.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        make_private_dirs(self.codex_home)
         ours = self.claim_home()
         self.restrict_home()
         path = self.codex_home / CONFIG_FILE

@@ -46,7 +46,7 @@ from typing import Final
 import attrs
 
 from codex_turn._log import format_error, get_logger
-from codex_turn.harness._fs import atomic_write, session_path
+from codex_turn.harness._fs import atomic_write, make_private_dirs, session_path
 from codex_turn.harness.session._lock import PathLock, SessionLease, path_lock
 from codex_turn.harness.session._lockfile import (
     LOCK_STALE_SECONDS,
@@ -97,7 +97,7 @@ def try_acquire_lease(
     directory = os.path.dirname(absolute)
     if create_directory and not os.path.isdir(directory):  # one stat when it exists
         try:
-            os.makedirs(directory, exist_ok=True)
+            make_private_dirs(directory)
         except OSError as error:
             return error
     target = session_path(absolute)

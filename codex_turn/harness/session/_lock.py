@@ -36,7 +36,7 @@ from typing import Final
 
 import attrs
 
-from codex_turn.harness._fs import session_path
+from codex_turn.harness._fs import make_private_dirs, session_path
 from codex_turn.harness.session._lockfile import (
     LOCK_STALE_SECONDS,
     SessionLockTimeout,
@@ -117,7 +117,7 @@ def session_write_lock(
     try:
         took_file = False
         if not lock.holds_file():
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            make_private_dirs(os.path.dirname(target))
             if not lock.swept:
                 lock.swept = True
                 sweep_stale_asides(target + ".lock")

@@ -11,14 +11,15 @@ stale ones. Which holder of this process owns it (a write, a whole-turn lease) i
 :mod:`~codex_turn.harness.session._lock`'s business.
 
 A lock file is *stale*, and is broken, when its pid is dead or recycled (``/proc`` start
-time), when it names this process (an orphan of an earlier holder: the file is only judged
-while this process does not hold it), when ``createdAt`` is invalid, or when it is older than
-:data:`LOCK_STALE_SECONDS` (another host's lease: its ``ttlMs``). Pid checks apply only to a
-holder on this host (no ``host`` field, as OpenClaw writes it, means this host). Breaking
-renames the file aside first and puts it back if it changed meanwhile, so a fresh lock that
-replaced a stale one is never removed. A breaker killed between its rename and its unlink
-leaves ``<name>.lock.stale.<pid>.<hex>`` behind: the first acquisition of a path in a
-process, and every acquisition that broke a stale lock, sweep those whose pid is dead (or is
+time) or names no process that can exist (negative, beyond ``pid_t``), when it names this
+process (an orphan of an earlier holder: the file is only judged while this process does not
+hold it), when ``createdAt`` is invalid, or when it is older than :data:`LOCK_STALE_SECONDS`
+(another host's lease: its ``ttlMs``). Pid checks apply only to a holder on this host (no
+``host`` field, as OpenClaw writes it, means this host). Breaking renames the file aside
+first and puts it back if it changed meanwhile, so a fresh lock that replaced a stale one is
+never removed. A breaker killed between its rename and its unlink leaves
+``<name>.lock.stale.<pid>.<hex>`` behind: the first acquisition of a path in a process, and
+every acquisition that broke a stale lock, sweep those whose pid is dead or impossible (or is
 this process: it holds the path's lock, so none of its own is in use)
 (:func:`sweep_stale_asides`). Every wait is bounded and ends in :class:`SessionLockTimeout`.
 
@@ -47,7 +48,13 @@ from contextlib import suppress
 from typing import Any, Final
 
 from codex_turn._log import get_logger
-from codex_turn.harness._fs import NotRegularFileError, open_regular, pid_alive
+from codex_turn.harness._fs import (
+    PRIVATE_FILE_MODE,
+    NotRegularFileError,
+    open_regular,
+    pid_alive,
+    pid_from_text,
+)
 from codex_turn.harness.session._format import SessionError, iso_to_ms, utc_now_iso
 
 __all__ = ["LOCK_STALE_SECONDS", "SessionLockTimeout"]
@@ -196,11 +203,11 @@ def sweep_stale_asides(lock_path: str) -> None:
     for candidate in candidates:
         prefix = next(p for p in prefixes if candidate.startswith(p))
         pid_text, dot, token = candidate[len(prefix) :].partition(".")
-        if not (dot and pid_text.isdigit() and len(token) == 8):
+        pid = pid_from_text(pid_text)
+        if not (dot and pid is not None and len(token) == 8):
             continue
         if not all(c in string.hexdigits for c in token):
             continue
-        pid = int(pid_text)
         if pid == os.getpid() or not pid_alive(pid):
             with suppress(OSError):
                 os.unlink(os.path.join(directory, candidate))
@@ -255,7 +262,7 @@ def _try_create_lock(lock_path: str, ttl: float | None = None) -> bytes | None:
     data = lock_payload(ttl)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(lock_path, flags, 0o600)
+        fd = os.open(lock_path, flags, PRIVATE_FILE_MODE)
     except FileExistsError:
         return None
     try:
