@@ -189,6 +189,16 @@ async def test_a_hung_owning_engine_compaction_is_bounded(tmp_path: Any) -> None
 # --- 11: bad params are refused with one typed error -----------------------------------------
 
 
+def _deep_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+DEEP_SCHEMA = _deep_schema(5000)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -209,6 +219,32 @@ async def test_a_hung_owning_engine_compaction_is_bounded(tmp_path: Any) -> None
         ("yield_tool", "yes"),
         ("approval_policy", "always"),
         ("base_developer_instructions", "bad \udfff"),
+        # Every text field is checked as the prompt is (a lone surrogate broke every engine
+        # call, the binding and the queue); paths the OS cannot take; absurd integers.
+        ("session_id", "s-\ud800"),
+        ("session_key", "agent:main:\udc00"),
+        ("sandbox_session_key", "\ud800"),
+        ("model", "gpt-\ud800"),
+        ("citations_mode", "\udbff"),
+        ("extra_developer_instructions", "\ud800"),
+        ("auth_profile_id", 5),
+        ("auth_profile_id", "profile-\ud800"),
+        ("service_tier", "\ud800"),
+        ("reasoning_effort", "lo\ud800w"),
+        ("images", ("data:image/png;base64,\ud800",)),
+        ("images", None),
+        ("images", 5),
+        ("session_file", "/tmp/s\x00.jsonl"),
+        ("session_file", "/tmp/\ud800.jsonl"),
+        ("workspace_dir", "/tmp\x00"),
+        ("workspace_dir", b"/tmp"),
+        ("context_token_budget", 10**400),
+        ("context_token_budget", 2**63),
+        ("reserve_tokens", 10**400),
+        ("output_schema", DEEP_SCHEMA),
+        ("output_schema", {"type": "string", "description": "\ud800"}),
+        ("approval_policy", ["never"]),
+        ("sandbox", {}),
     ],
 )
 def test_bad_params_raise_invalid_turn_params(field: str, value: Any) -> None:
