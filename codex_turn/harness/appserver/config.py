@@ -69,6 +69,7 @@ from typing import Any, Final, get_args
 import attrs
 import tomli_w
 
+from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.harness._fs import atomic_write, create_exclusive, is_write_temp
 
 from .defaults import INTERRUPT_GRACE_S, LIVENESS_TIMEOUT_S
@@ -126,8 +127,16 @@ def bundled_path_dirs() -> list[Path]:
 # reported at once, each as ``Class.field: must ...``, never quoting the value: a URL can carry
 # credentials, an environment value a key. What only TOML can tell (the content of
 # ``extra_config`` and ``config_overrides``) is still checked when the config is written.
+#
+# What cannot be spawned or written is refused here too (:mod:`codex_turn._text`): a path or
+# argument the OS cannot take (NUL, an unencodable character), text with a lone surrogate
+# (config.toml and Codex take UTF-8; so does Codex's environment), an integer beyond the 64
+# bits of TOML and Codex, a number of seconds too large to be a float.
 
 Check = Callable[[Any], str | None]
+
+#: TOML's integers, and Codex's: 64-bit.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _number(value: Any) -> bool:
@@ -138,29 +147,37 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _finite(value: Any) -> bool:
+    """A number that is a finite float (an int too large for a float is not)."""
+    try:
+        return _number(value) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _positive_seconds(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value > 0:
+    if _finite(value) and value > 0:
         return None
     return "must be a positive, finite number of seconds"
 
 
 def _grace_seconds(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value >= 0:
+    if _finite(value) and value >= 0:
         return None
     return "must be a non-negative, finite number of seconds"
 
 
 def _positive_rate(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value > 0:
+    if _finite(value) and value > 0:
         return None
     return "must be a positive, finite number"
 
 
 def _at_least(minimum: int, *, optional: bool = False) -> Check:
-    what = f"must be an int >= {minimum}" + (" or None" if optional else "")
+    what = f"must be an int from {minimum} to 2**63 - 1" + (" or None" if optional else "")
 
     def check(value: Any) -> str | None:
-        if (value is None and optional) or (_integer(value) and value >= minimum):
+        if (value is None and optional) or (_integer(value) and minimum <= value <= _INT64_MAX):
             return None
         return what
 
@@ -178,12 +195,12 @@ def _flag(*, optional: bool = False) -> Check:
 
 def _text(*, optional: bool = False, blank: bool = False) -> Check:
     what = "must be a string" if blank else "must be a non-blank string"
-    what += " or None" if optional else ""
+    what += " without a lone surrogate" + (" or None" if optional else "")
 
     def check(value: Any) -> str | None:
         if value is None and optional:
             return None
-        if isinstance(value, str) and (blank or value.strip()):
+        if isinstance(value, str) and (blank or value.strip()) and not has_lone_surrogate(value):
             return None
         return what
 
@@ -199,13 +216,21 @@ def _one_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
+def _os_path(value: Any) -> bool:
+    """A non-empty ``str`` path (or path-like giving one) the OS can take."""
+    return (
+        isinstance(value, str | os.PathLike)
+        and is_os_string(value)
+        and isinstance(os.fspath(value), str)
+        and bool(os.fspath(value))
+    )
+
+
 def _path_like(*, optional: bool = False) -> Check:
-    what = "must be a non-empty path" + (" or None" if optional else "")
+    what = "must be a non-empty path without NUL" + (" or None" if optional else "")
 
     def check(value: Any) -> str | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, str | os.PathLike) and os.fspath(value):
+        if (value is None and optional) or _os_path(value):
             return None
         return what
 
@@ -222,24 +247,37 @@ def _command(value: Any) -> str | None:
     if (
         isinstance(value, tuple | list)
         and value
-        and all(isinstance(arg, str | os.PathLike) for arg in value)
-        and os.fspath(value[0])
+        and _os_path(value[0])
+        and all(isinstance(arg, str | os.PathLike) and is_os_string(arg) for arg in value)
     ):
         return None
-    return "must be None or a non-empty tuple of arguments (strings or paths)"
+    return "must be None or a non-empty tuple of arguments (strings or paths, without NUL)"
+
+
+def _env_text(text: Any) -> bool:
+    # Codex reads its environment as UTF-8: no lone surrogate, even one the OS could encode.
+    return isinstance(text, str) and is_os_string(text) and not has_lone_surrogate(text)
 
 
 def _env_name(name: Any) -> bool:
-    return isinstance(name, str) and bool(name) and "=" not in name and "\x00" not in name
+    return _env_text(name) and bool(name) and "=" not in name
 
 
 def _env(value: Any) -> str | None:
     if isinstance(value, Mapping) and all(
-        _env_name(name) and isinstance(text, str) and "\x00" not in text
-        for name, text in value.items()
+        _env_name(name) and _env_text(text) for name, text in value.items()
     ):
         return None
-    return "must map variable names (non-empty, without '=' or NUL) to strings (without NUL)"
+    return (
+        "must map variable names (non-empty, without '=') to strings, "
+        "all without NUL or a lone surrogate"
+    )
+
+
+def _env_value(value: Any) -> str | None:
+    if value is None or _env_text(value):
+        return None
+    return "must be None or a string without NUL or a lone surrogate"
 
 
 def _umask(value: Any) -> str | None:
@@ -273,7 +311,10 @@ def _http_url(value: Any) -> str | None:
 def _env_key(value: Any) -> str | None:
     if value is None or _env_name(value):
         return None
-    return "must be None or an environment variable name (non-empty, without '=' or NUL)"
+    return (
+        "must be None or an environment variable name "
+        "(non-empty, without '=', NUL or a lone surrogate)"
+    )
 
 
 def _validate(instance: Any, checks: Mapping[str, Check]) -> None:
@@ -343,8 +384,8 @@ _PROVIDER_CHECKS: Final[dict[str, Check]] = {
 
 
 def _path(value: str | os.PathLike[str]) -> Path:
-    # Anything else (None, an empty string) is left for the check to report, by name.
-    if isinstance(value, str | os.PathLike) and os.fspath(value):
+    # Anything else (None, an empty string, NUL) is left for the check to report, by name.
+    if _os_path(value):
         return Path(value)
     return value  # type: ignore[return-value]
 
@@ -427,7 +468,7 @@ class AppServerConfig:
         ``codex_home`` must be new, empty, or a home this library prepared before: a user's
         configuration there is refused, never overwritten (see :meth:`claim_home`)."""
         provider = kwargs.pop("provider", None) or ModelProviderConfig(base_url=base_url)
-        return cls(codex_home=Path(codex_home), provider=provider, **kwargs)
+        return cls(codex_home=codex_home, provider=provider, **kwargs)
 
     @classmethod
     def user(
@@ -437,7 +478,7 @@ class AppServerConfig:
         home = codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex"
         kwargs.setdefault("model", None)
         kwargs.setdefault("umask", None)  # the user's own conventions, not ours
-        return cls(codex_home=Path(home), write_config=False, **kwargs)
+        return cls(codex_home=home, write_config=False, **kwargs)
 
     # -- config.toml -------------------------------------------------------------------
 
@@ -603,7 +644,7 @@ _APPSERVER_CHECKS: Final[dict[str, Check]] = {
     "home": _path_like(optional=True),
     "env": _env,
     "inherit_env": _flag(),
-    "rust_log": _text(optional=True, blank=True),
+    "rust_log": _env_value,
     "client_name": _text(),
     "client_title": _text(),
     "client_version": _text(),
@@ -635,7 +676,6 @@ def _deep_merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
 # goes wrong: characters outside the BMP, control characters); the only structure built here
 # is the inline form that ``-c`` needs, ``[a, b]`` and ``{k = v}``, around its output.
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _SCALARS = (bool, int, float, str, datetime.date, datetime.time)
 
 
