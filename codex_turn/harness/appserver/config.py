@@ -46,9 +46,10 @@ Never start two processes at the same moment on one *fresh* CODEX_HOME: Codex in
 sqlite state database there, and concurrent first starts fail. One home per process, or a
 home that one process has already initialised, is fine.
 
-Size (~740 lines): most of it is the field-by-field validation of the two config records
-(each field checked at construction, one message per bad field); it stays beside the records
-it checks, since a validator that moved away from its field would drift from it. The TOML
+Size (~710 lines): most of it is the field-by-field validation of the two config records
+(each field checked at construction, one message per bad field; the checks other records
+share are in :mod:`codex_turn._checks`); the configs' own checks stay beside the records they
+check, since a validator that moved away from its field would drift from it. The TOML
 writing (``render_toml``, ``toml_value``, ``override_args``) is the seam to split along
 when the file grows further.
 """
@@ -57,18 +58,27 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import os
 import re
 import stat
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, get_args
 
 import attrs
 import tomli_w
 
+from codex_turn._checks import (
+    INT64_MAX,
+    Check,
+    at_least,
+    flag,
+    integer,
+    positive_rate,
+    seconds,
+    validate,
+)
 from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.harness._fs import atomic_write, create_exclusive, is_write_temp
 
@@ -123,74 +133,16 @@ def bundled_path_dirs() -> list[Path]:
 # --- validation (at construction) ------------------------------------------------------------
 #
 # Every field of both configs is checked when the config is built (``attrs.evolve`` included),
-# each by one check below that returns what the value must be, or ``None``. All bad fields are
-# reported at once, each as ``Class.field: must ...``, never quoting the value: a URL can carry
-# credentials, an environment value a key. What only TOML can tell (the content of
-# ``extra_config`` and ``config_overrides``) is still checked when the config is written.
+# each by one check (:mod:`codex_turn._checks`: the shared ones there, the configs' own below)
+# that returns what the value must be, or ``None``. All bad fields are reported at once, each
+# as ``Class.field: must ...``, never quoting the value: a URL can carry credentials, an
+# environment value a key. What only TOML can tell (the content of ``extra_config`` and
+# ``config_overrides``) is still checked when the config is written.
 #
 # What cannot be spawned or written is refused here too (:mod:`codex_turn._text`): a path or
 # argument the OS cannot take (NUL, an unencodable character), text with a lone surrogate
 # (config.toml and Codex take UTF-8; so does Codex's environment), an integer beyond the 64
 # bits of TOML and Codex, a number of seconds too large to be a float.
-
-Check = Callable[[Any], str | None]
-
-#: TOML's integers, and Codex's: 64-bit.
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _finite(value: Any) -> bool:
-    """A number that is a finite float (an int too large for a float is not)."""
-    try:
-        return _number(value) and math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _positive_seconds(value: Any) -> str | None:
-    if _finite(value) and value > 0:
-        return None
-    return "must be a positive, finite number of seconds"
-
-
-def _grace_seconds(value: Any) -> str | None:
-    if _finite(value) and value >= 0:
-        return None
-    return "must be a non-negative, finite number of seconds"
-
-
-def _positive_rate(value: Any) -> str | None:
-    if _finite(value) and value > 0:
-        return None
-    return "must be a positive, finite number"
-
-
-def _at_least(minimum: int, *, optional: bool = False) -> Check:
-    what = f"must be an int from {minimum} to 2**63 - 1" + (" or None" if optional else "")
-
-    def check(value: Any) -> str | None:
-        if (value is None and optional) or (_integer(value) and minimum <= value <= _INT64_MAX):
-            return None
-        return what
-
-    return check
-
-
-def _flag(*, optional: bool = False) -> Check:
-    what = "must be True or False" + (" (or None)" if optional else "")
-
-    def check(value: Any) -> str | None:
-        return None if isinstance(value, bool) or (value is None and optional) else what
-
-    return check
 
 
 def _text(*, optional: bool = False, blank: bool = False) -> Check:
@@ -281,7 +233,7 @@ def _env_value(value: Any) -> str | None:
 
 
 def _umask(value: Any) -> str | None:
-    if value is None or (_integer(value) and 0 <= value <= 0o777):
+    if value is None or (integer(value) and 0 <= value <= 0o777):
         return None
     return "must be None or an int from 0 to 0o777"
 
@@ -315,19 +267,6 @@ def _env_key(value: Any) -> str | None:
         "must be None or an environment variable name "
         "(non-empty, without '=', NUL or a lone surrogate)"
     )
-
-
-def _validate(instance: Any, checks: Mapping[str, Check]) -> None:
-    """Raise :class:`InvalidAppServerConfig` naming every field of ``instance`` that fails its
-    check (in field order), one message each."""
-    owner = type(instance).__name__
-    problems = [
-        f"{owner}.{field.name}: {problem}"
-        for field in attrs.fields(type(instance))
-        if (problem := checks[field.name](getattr(instance, field.name))) is not None
-    ]
-    if problems:
-        raise InvalidAppServerConfig(problems)
 
 
 #: What Codex 0.163 accepts (its generated schema; ``wire_api = "chat"`` is refused).
@@ -368,7 +307,7 @@ class ModelProviderConfig:
         return table
 
     def __attrs_post_init__(self) -> None:
-        _validate(self, _PROVIDER_CHECKS)
+        validate(self, _PROVIDER_CHECKS, InvalidAppServerConfig)
 
 
 _PROVIDER_CHECKS: Final[dict[str, Check]] = {
@@ -377,9 +316,9 @@ _PROVIDER_CHECKS: Final[dict[str, Check]] = {
     "name": _text(),
     "wire_api": _one_of(_WIRE_APIS),
     "env_key": _env_key,
-    "request_max_retries": _at_least(0),
-    "stream_max_retries": _at_least(0),
-    "stream_idle_timeout_ms": _at_least(1, optional=True),
+    "request_max_retries": at_least(0),
+    "stream_max_retries": at_least(0),
+    "stream_idle_timeout_ms": at_least(1, optional=True),
 }
 
 
@@ -454,7 +393,7 @@ class AppServerConfig:
     login_check: bool | None = None
 
     def __attrs_post_init__(self) -> None:
-        _validate(self, _APPSERVER_CHECKS)
+        validate(self, _APPSERVER_CHECKS, InvalidAppServerConfig)
 
     @classmethod
     def offline(
@@ -630,35 +569,35 @@ class AppServerConfig:
 
 _APPSERVER_CHECKS: Final[dict[str, Check]] = {
     "codex_home": _path_like(),
-    "write_config": _flag(),
+    "write_config": flag(),
     "provider": _provider,
     "model": _text(optional=True),
     "approval_policy": _one_of(_APPROVAL_POLICIES),
     "sandbox_mode": _one_of(_SANDBOX_MODES),
     "compact_prompt": _text(optional=True, blank=True),
-    "auto_compact_token_limit": _at_least(1, optional=True),
+    "auto_compact_token_limit": at_least(1, optional=True),
     "extra_config": _mapping,
     "config_overrides": _mapping,
     "codex_bin": _path_like(optional=True),
     "command": _command,
     "home": _path_like(optional=True),
     "env": _env,
-    "inherit_env": _flag(),
+    "inherit_env": flag(),
     "rust_log": _env_value,
     "client_name": _text(),
     "client_title": _text(),
     "client_version": _text(),
-    "experimental_api": _flag(),
-    "request_timeout": _positive_seconds,
-    "initialize_timeout": _positive_seconds,
-    "shutdown_timeout": _positive_seconds,
-    "stderr_lines_per_second": _positive_rate,
-    "stderr_burst": _at_least(1),
-    "log_stderr_text": _flag(),
-    "interrupt_grace": _grace_seconds,
-    "liveness_timeout": _positive_seconds,
+    "experimental_api": flag(),
+    "request_timeout": seconds(),
+    "initialize_timeout": seconds(),
+    "shutdown_timeout": seconds(),
+    "stderr_lines_per_second": positive_rate,
+    "stderr_burst": at_least(1),
+    "log_stderr_text": flag(),
+    "interrupt_grace": seconds(positive=False),
+    "liveness_timeout": seconds(),
     "umask": _umask,
-    "login_check": _flag(optional=True),
+    "login_check": flag(optional=True),
 }
 
 
@@ -676,6 +615,7 @@ def _deep_merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
 # goes wrong: characters outside the BMP, control characters); the only structure built here
 # is the inline form that ``-c`` needs, ``[a, b]`` and ``{k = v}``, around its output.
 
+_INT64_MIN, _INT64_MAX = -(2**63), INT64_MAX  # TOML's integers, and Codex's
 _SCALARS = (bool, int, float, str, datetime.date, datetime.time)
 
 
