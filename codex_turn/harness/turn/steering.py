@@ -644,11 +644,11 @@ async def steer_codex_turn(
     """
     if (problem := input_text_problem(text)) is not None:
         raise InvalidTurnParams(f"a steered message's text {problem}")
-    try:
-        chosen = SteerMode(mode) if mode is not None else None
-    except ValueError:
-        allowed = [m.value for m in SteerMode]
-        raise InvalidTurnParams(f"steering mode must be one of {allowed} (got {mode!r})") from None
+    allowed = [m.value for m in SteerMode]
+    if mode is not None and not (isinstance(mode, str) and mode in allowed):
+        got = repr(mode[:40]) if isinstance(mode, str) else type(mode).__name__
+        raise InvalidTurnParams(f"steering mode must be one of {allowed} (got {got})")
+    chosen = SteerMode(mode) if mode is not None else None
     live = _running.get(session_path(session_file))
     if live is None:
         return SteerReceipt(status=SteerStatus.NO_TURN)
