@@ -433,6 +433,24 @@ BAD_APPSERVER_VALUES: list[tuple[str, Any]] = [
     ("umask", 0o1000),
     ("umask", "077"),
     ("login_check", "auto"),
+    # Values that cannot be spawned or written: NUL where the OS takes the value, a lone
+    # surrogate in text Codex reads, integers beyond 64 bits, seconds beyond a float.
+    ("codex_home", "/tmp/codex\x00home"),
+    ("home", "/tmp/\x00"),
+    ("home", "/tmp/\ud800"),
+    ("codex_bin", "/usr/bin/codex\x00"),
+    ("command", ("codex", "app-\x00server")),
+    ("command", ("codex\x00",)),
+    ("rust_log", "info\x00"),
+    ("rust_log", "info,\ud800"),
+    ("env", {"TOKEN": "a\ud800"}),
+    ("env", {"T\udc80": "x"}),
+    ("model", "gpt-\ud800"),
+    ("compact_prompt", "summarise \udfff"),
+    ("auto_compact_token_limit", 2**70),
+    ("stderr_burst", 2**63),
+    ("request_timeout", 10**400),
+    ("interrupt_grace", 10**400),
 ]
 
 
@@ -515,6 +533,11 @@ BAD_PROVIDER_VALUES: list[tuple[str, Any]] = [
     ("stream_max_retries", False),
     ("stream_idle_timeout_ms", 0),
     ("stream_idle_timeout_ms", 1.5),
+    ("id", "offline-\ud800"),
+    ("name", "\ud800"),
+    ("env_key", "KEY\ud800"),
+    ("request_max_retries", 2**70),
+    ("stream_idle_timeout_ms", 2**63),
 ]
 
 

@@ -17,12 +17,14 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import attrs
 import pytest
 from support.engine_sqlite_workload import SMALL, Message, history, marker, texts, turn
 
 from codex_turn.engines import (
     DoctorReport,
     EngineSettings,
+    InvalidEngineSettings,
     SqliteContextEngine,
     StoreError,
     Summarizer,
@@ -34,6 +36,7 @@ from codex_turn.engines import (
 )
 from codex_turn.engines._messages import message_tokens
 from codex_turn.engines._plan import summary_text
+from codex_turn.errors import CodexTurnError
 from codex_turn.frozen import freeze
 from codex_turn.harness.engine import (
     AfterTurnParams,
@@ -110,6 +113,62 @@ def dumps(result: AssembleResult) -> str:
 
 def without_key(message: Message) -> Message:
     return {k: v for k, v in message.items() if k != "idempotencyKey"}
+
+
+# --- settings --------------------------------------------------------------------------------
+
+BAD_SETTINGS: list[tuple[str, Any]] = [
+    ("default_token_budget", 0),
+    ("default_token_budget", 10**400),
+    ("threshold", "0.75"),
+    ("threshold", float("nan")),
+    ("compaction_target", 0),
+    ("fresh_tail_count", True),
+    ("fresh_tail_max_fraction", 1.5),
+    ("leaf_chunk_tokens", 2.5),
+    ("min_leaf_chunk_tokens", None),
+    ("leaf_target_tokens", 7),
+    ("condensed_target_tokens", 2**63),
+    ("leaf_fanout", 1),
+    ("condensed_fanout", "4"),
+    ("max_depth", 0),
+    ("fallback_summary_tokens", 15),
+    ("max_passes", -1),
+    ("sweep_deadline_s", float("inf")),
+    ("summary_timeout_s", 10**400),
+    ("breaker_cooldown_s", -1),
+    ("debt_backoff_s", float("nan")),
+    ("busy_timeout_s", float("inf")),
+    ("busy_timeout_s", 1e300),
+    ("busy_timeout_s", 0),
+    ("sync_chunk", 0),
+    ("compress_over_bytes", -1),
+    ("compress_over_bytes", "512"),
+    ("max_db_bytes", 2**70),
+    ("decode_cache_messages", -1),
+    ("path_cache_sessions", 0),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_SETTINGS)
+def test_a_bad_setting_is_refused_when_the_settings_are_built(field: str, value: Any) -> None:
+    # Before: busy_timeout_s=inf was accepted and every later call raised OverflowError;
+    # a string threshold raised a raw TypeError, compress_over_bytes was never checked.
+    with pytest.raises(InvalidEngineSettings) as raised:
+        EngineSettings(**{field: value})
+    assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value, CodexTurnError)
+    assert raised.value.problems == (raised.value.problems[0],)
+    assert raised.value.problems[0].startswith(f"EngineSettings.{field}: ")
+
+
+def test_every_setting_is_checked_and_the_target_stays_below_the_threshold() -> None:
+    assert {field for field, _ in BAD_SETTINGS} == set(attrs.fields_dict(EngineSettings))
+    with pytest.raises(InvalidEngineSettings, match="compaction_target: must be below"):
+        EngineSettings(threshold=0.5, compaction_target=0.5)
+    with pytest.raises(InvalidEngineSettings, match="busy_timeout_s"):
+        attrs.evolve(EngineSettings(), busy_timeout_s=float("inf"))
+    assert EngineSettings(busy_timeout_s=2_000_000, compress_over_bytes=None).max_db_bytes is None
 
 
 # --- idempotency -------------------------------------------------------------------------

@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from support.transcripts import with_deep_entry
 
+from codex_turn._json import MAX_JSON_DEPTH, nested_deeper_than
 from codex_turn.harness.session import (
     ModelRef,
     SessionContext,
     build_session_context,
+    iter_session_messages,
     load_session_context,
     load_session_messages,
     parse_session_bytes,
@@ -511,6 +514,37 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     assert transcript.header is not None
     assert transcript.header["id"] == "s-1"
     assert _texts(load_session_context(path)) == ["u1", "a1"]
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 600, 5000])
+@pytest.mark.parametrize("session_id", sorted(EXPECTED_9_1))
+def test_an_entry_nested_too_deeply_is_quarantined_and_counted(
+    tmp_path: Path, session_id: str, depth: int
+) -> None:
+    # Before: a 600-deep line was accepted, and every later stage that walked it (the freeze
+    # of the history, the engine's encoding) raised RecursionError on every later turn.
+    fixture = _fixture(session_id)
+    path = with_deep_entry(fixture, tmp_path / "deep.jsonl", depth)
+    expected = load_session_context(fixture).messages
+    transcript = read_session(path)
+    assert transcript.malformed_lines == 1
+    assert [e["id"] for e in transcript.entries] == [e["id"] for e in read_session(fixture).entries]
+    with capture_logs() as logs:
+        assert list(load_session_context(path).messages) == list(expected)
+    assert "session transcript has malformed lines" in [log["event"] for log in logs]
+    assert parse_session_bytes(path.read_bytes()).malformed_lines == 1
+    assert [m for part in iter_session_messages(path, 50) for m in part] == list(expected)
+
+
+def test_an_entry_at_the_depth_bound_is_read(tmp_path: Path) -> None:
+    fixture = _fixture("890fb9ba-0015-47f8-944a-e428915a2933")
+    path = with_deep_entry(fixture, tmp_path / "deep.jsonl", MAX_JSON_DEPTH)
+    transcript = read_session(path)
+    assert transcript.malformed_lines == 0
+    deepest = load_session_messages(path)[-1]
+    assert deepest["content"][0]["id"] == "call_deep"
+    assert not nested_deeper_than(deepest, MAX_JSON_DEPTH - 1)
+    assert nested_deeper_than(deepest, MAX_JSON_DEPTH - 2)
 
 
 def test_crlf_bom_and_invalid_utf8_never_crash(tmp_path: Path) -> None:

@@ -280,6 +280,33 @@ def test_canonical_json_refuses_nan_everywhere() -> None:
     assert canonical_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
 
 
+def test_canonical_json_refuses_a_value_nested_too_deeply_as_a_value_error() -> None:
+    # Before: a RecursionError, which no caller maps (they map ValueError and TypeError).
+    deep: Any = 1
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        canonical_json({"x": deep})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_deeply_nested_tool_arguments_convert(policy: Any) -> None:
+    # Before: arguments as a JSON string nested past what json parses raised RecursionError
+    # out of convert_messages, which never raises on odd messages.
+    as_text = "[" * 100_000 + "]" * 100_000
+    as_value: Any = {}
+    for _ in range(5000):
+        as_value = {"a": as_value}
+    for arguments in (as_text, as_value):
+        messages = _call_then_result(arguments, "ok")
+        for cache in (None, ConversionCache()):
+            converted = ok(convert_messages(messages, payload_policy=policy, cache=cache))
+            assert [item["type"] for item in converted.items][:2] == [
+                "function_call",
+                "function_call_output",
+            ]
+
+
 def test_empty_assembly_converts_to_no_items() -> None:
     result = ok(convert_messages([]))
     assert result.items == ()

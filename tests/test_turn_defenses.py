@@ -16,6 +16,7 @@ import anyio
 import pytest
 from support.fake_appserver import FakeAppServer
 from support.recording_engine import RecordingEngine
+from support.transcripts import FIXTURES, transcript_texts, with_deep_entry
 from support.turns import turn_params
 
 from codex_turn import (
@@ -26,7 +27,9 @@ from codex_turn import (
     TurnParams,
     run_codex_turn,
 )
-from codex_turn.frozen import FrozenDict, freeze, thaw
+from codex_turn._json import MAX_JSON_DEPTH
+from codex_turn.engines import SqliteContextEngine
+from codex_turn.frozen import FrozenDict, FrozenList, freeze, thaw
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 from codex_turn.harness.session import clear_session_cache, load_session_messages
 
@@ -105,6 +108,57 @@ def test_frozen_values_refuse_every_mutation_and_copy_to_plain_values() -> None:
     assert isinstance(freeze(frozen), FrozenDict)
 
 
+def test_freezing_and_thawing_take_any_depth() -> None:
+    # Before: both recursed, and a message nested ~500 levels raised RecursionError.
+    value: Any = "leaf"
+    for level in range(5000):
+        value = {"level": level, "next": value} if level % 2 else [value, level]
+    frozen = freeze(value)
+    thawed = thaw(frozen)
+    copied = copy.deepcopy(frozen)
+    for node, kind in ((frozen, (FrozenDict, FrozenList)), (thawed, (dict, list))):
+        for _ in range(5000):
+            assert type(node) in kind
+            node = node["next"] if isinstance(node, dict) else node[0]
+        assert node == "leaf"
+    assert type(copied) is dict
+    with pytest.raises(TypeError, match="read-only"):
+        frozen["next"][0].__setitem__("level", 0)
+    thawed["next"][0]["level"] = 0  # a plain copy: the frozen value is unchanged
+    assert frozen["next"][0]["level"] == 4997
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 600, 5000])
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.jsonl")), ids=lambda p: p.name[-14:-6])
+async def test_a_deeply_nested_entry_never_breaks_a_later_turn(
+    tmp_path: Path, fixture: Path, depth: int
+) -> None:
+    # Before: a 600-deep entry made every later turn end in history_read_failed and
+    # assemble_failed (RecursionError freezing the history, then in the engine). The reader
+    # quarantines a line deeper than MAX_JSON_DEPTH; every stage takes the deepest it keeps.
+    path = with_deep_entry(fixture, tmp_path / "s.jsonl", depth)
+    engine = SqliteContextEngine.next_to(path)
+    server = FakeAppServer()
+    try:
+        for prompt in ("first turn after it", "second turn after it"):
+            result = await run_codex_turn(
+                params(str(path), prompt), app_server=server, engine=engine
+            )
+            triggers = [e.trigger for e in result.trace]
+            assert result.outcome is TurnOutcome.COMPLETED
+            assert "assembled" in triggers
+            assert not [t for t in triggers if t.endswith("_failed")], triggers
+    finally:
+        engine.close()
+        clear_session_cache(path)
+    assert transcript_texts(path)[-4:] == [
+        "first turn after it",
+        "Done.",
+        "second turn after it",
+        "Done.",
+    ]
+
+
 # --- 9: a hung owning engine's compact() is bounded ------------------------------------------
 
 
@@ -135,6 +189,16 @@ async def test_a_hung_owning_engine_compaction_is_bounded(tmp_path: Any) -> None
 # --- 11: bad params are refused with one typed error -----------------------------------------
 
 
+def _deep_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+DEEP_SCHEMA = _deep_schema(5000)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -155,6 +219,32 @@ async def test_a_hung_owning_engine_compaction_is_bounded(tmp_path: Any) -> None
         ("yield_tool", "yes"),
         ("approval_policy", "always"),
         ("base_developer_instructions", "bad \udfff"),
+        # Every text field is checked as the prompt is (a lone surrogate broke every engine
+        # call, the binding and the queue); paths the OS cannot take; absurd integers.
+        ("session_id", "s-\ud800"),
+        ("session_key", "agent:main:\udc00"),
+        ("sandbox_session_key", "\ud800"),
+        ("model", "gpt-\ud800"),
+        ("citations_mode", "\udbff"),
+        ("extra_developer_instructions", "\ud800"),
+        ("auth_profile_id", 5),
+        ("auth_profile_id", "profile-\ud800"),
+        ("service_tier", "\ud800"),
+        ("reasoning_effort", "lo\ud800w"),
+        ("images", ("data:image/png;base64,\ud800",)),
+        ("images", None),
+        ("images", 5),
+        ("session_file", "/tmp/s\x00.jsonl"),
+        ("session_file", "/tmp/\ud800.jsonl"),
+        ("workspace_dir", "/tmp\x00"),
+        ("workspace_dir", b"/tmp"),
+        ("context_token_budget", 10**400),
+        ("context_token_budget", 2**63),
+        ("reserve_tokens", 10**400),
+        ("output_schema", DEEP_SCHEMA),
+        ("output_schema", {"type": "string", "description": "\ud800"}),
+        ("approval_policy", ["never"]),
+        ("sandbox", {}),
     ],
 )
 def test_bad_params_raise_invalid_turn_params(field: str, value: Any) -> None:

@@ -28,7 +28,7 @@ from support.fake_appserver import CodexScript, FakeAppServer
 from support.transcripts import transcript_texts
 from support.turns import temporary_session_file, turn_params
 
-from codex_turn import AppServer, TurnParams, TurnResult, run_codex_turn
+from codex_turn import AppServer, InvalidTurnParams, TurnParams, TurnResult, run_codex_turn
 from codex_turn.fsm import SteerState
 from codex_turn.harness.appserver import (
     AppServerRpcError,
@@ -555,6 +555,23 @@ async def test_steering_needs_a_running_turn_and_text(tmp_path: Path) -> None:
     assert got == [SteerReceipt(status=SteerStatus.QUEUED, reason="turn_ended")]
     assert not codex_turn_running(session)
     assert await steer_codex_turn(session, "hello") == SteerReceipt(status=SteerStatus.NO_TURN)
+
+
+async def test_a_steered_message_that_could_not_be_a_prompt_is_refused_before_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    # Before: a lone surrogate was steered (Codex repaired it), answered, and reported
+    # UNANSWERED; now it is refused as the same text would be as a prompt.
+    session = tmp_path / "s.jsonl"
+    live = LiveTurn(mode="steer")
+    with live.serving(str(session)):
+        texts: list[Any] = ["bad \ud800 text", "x" * ((1 << 20) + 1), "  ", None]
+        for text in texts:
+            with anyio.fail_after(5), pytest.raises(InvalidTurnParams, match="steered message"):
+                await steer_codex_turn(session, text)
+            with pytest.raises(InvalidTurnParams, match="prompt"):
+                TurnParams(session_id="s", session_file=session, workspace_dir=".", prompt=text)
+        live._end()
 
 
 @pytest.mark.anyio

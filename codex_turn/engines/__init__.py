@@ -11,7 +11,8 @@ compaction it owns while its store is healthy::
     engine = SqliteContextEngine("sessions/context.sqlite")
     result = await run_codex_turn(params, app_server=server, engine=engine)
 
-The pieces an engine author or host may configure are public here: :class:`EngineSettings`,
+The pieces an engine author or host may configure are public here: :class:`EngineSettings`
+(refused with :class:`InvalidEngineSettings` when a field is wrong),
 the :class:`Summarizer` protocol with its request types and the deterministic
 :class:`ExtractiveSummarizer` (or :class:`CodexSummarizer`, which asks Codex through the
 app-server), the :data:`TokenEstimator` type with the default
@@ -35,7 +36,7 @@ from codex_turn.engines._doctor import DoctorReport, RetentionReport
 from codex_turn.engines._messages import TokenEstimator, estimate_tokens
 from codex_turn.engines._schema import StoreError
 from codex_turn.engines.codex_summarizer import CodexSummarizer, CodexSummaryFailed
-from codex_turn.engines.settings import EngineSettings
+from codex_turn.engines.settings import EngineSettings, InvalidEngineSettings
 from codex_turn.engines.sqlite import ENGINE_ID, SqliteContextEngine
 from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
@@ -52,6 +53,7 @@ __all__ = [
     "DoctorReport",
     "EngineSettings",
     "ExtractiveSummarizer",
+    "InvalidEngineSettings",
     "RetentionReport",
     "SqliteContextEngine",
     "StoreError",

@@ -7,62 +7,117 @@ again on the next turn), the fresh tail is 32 messages (at most half the budget,
 to the newest user message), leaf chunks are 20k tokens, summaries aim for 2.4k (leaf) and 2k
 (condensed) tokens, condensation needs 8 (depth 0) or 4 (deeper) consecutive summaries, and a
 sweep is bounded by 64 passes and 120 s.
+
+Every field is checked when the settings are built (``attrs.evolve`` included), by the table
+:data:`_CHECKS` (:mod:`codex_turn._checks`): a wrong type or value raises
+:class:`InvalidEngineSettings` naming each bad field, before a store is opened. Counts are
+ints that fit SQLite's 64 bits; seconds are finite; ``busy_timeout_s`` fits SQLite's busy
+timeout (an int of milliseconds), so a value that would make every later call raise is
+refused here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Final
+
 import attrs
-from attrs import validators as v
 
-__all__ = ["EngineSettings"]
+from codex_turn._checks import Check, at_least, finite, seconds, validate
+from codex_turn.errors import CodexTurnError
+
+__all__ = ["EngineSettings", "InvalidEngineSettings"]
+
+#: ``PRAGMA busy_timeout`` takes a 32-bit int of milliseconds.
+_BUSY_TIMEOUT_MAX_S: Final = (2**31 - 1) / 1000
 
 
-def _fraction(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not 0 < value <= 1:
-        raise ValueError(f"EngineSettings.{attribute.name} must be in (0, 1] (got {value})")
+class InvalidEngineSettings(CodexTurnError, ValueError, TypeError):
+    """An :class:`EngineSettings` field has a wrong type or value, refused when the settings
+    are built. ``problems``: one message per bad field, ``EngineSettings.field: what it must
+    be``. A ``ValueError`` and a ``TypeError`` too."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def _fraction(value: Any) -> str | None:
+    return None if finite(value) and 0 < value <= 1 else "must be a number in (0, 1]"
 
 
 @attrs.frozen(kw_only=True)
 class EngineSettings:
     #: Budget used when neither the call nor the runtime context gives one.
-    default_token_budget: int = attrs.field(default=128_000, validator=v.gt(0))
+    default_token_budget: int = 128_000
     #: Compaction debt is recorded when stored context exceeds this fraction of the budget.
-    threshold: float = attrs.field(default=0.75, validator=_fraction)
+    threshold: float = 0.75
     #: A sweep aims for this fraction of the budget (must be below ``threshold``).
-    compaction_target: float = attrs.field(default=0.5, validator=_fraction)
-    fresh_tail_count: int = attrs.field(default=32, validator=v.ge(1))
+    compaction_target: float = 0.5
+    fresh_tail_count: int = 32
     #: The fresh tail's token cap as a fraction of the budget (the newest user message is
     #: always kept in the tail, even beyond the cap, as long as it fits the budget).
-    fresh_tail_max_fraction: float = attrs.field(default=0.5, validator=_fraction)
-    leaf_chunk_tokens: int = attrs.field(default=20_000, validator=v.ge(1))
+    fresh_tail_max_fraction: float = 0.5
+    leaf_chunk_tokens: int = 20_000
     #: Raw runs smaller than this are not worth a summary (they stay raw).
-    min_leaf_chunk_tokens: int = attrs.field(default=400, validator=v.ge(1))
-    leaf_target_tokens: int = attrs.field(default=2_400, validator=v.ge(8))
-    condensed_target_tokens: int = attrs.field(default=2_000, validator=v.ge(8))
-    leaf_fanout: int = attrs.field(default=8, validator=v.ge(2))
-    condensed_fanout: int = attrs.field(default=4, validator=v.ge(2))
-    max_depth: int = attrs.field(default=4, validator=v.ge(1))
+    min_leaf_chunk_tokens: int = 400
+    leaf_target_tokens: int = 2_400
+    condensed_target_tokens: int = 2_000
+    leaf_fanout: int = 8
+    condensed_fanout: int = 4
+    max_depth: int = 4
     #: Cap of the deterministic truncation fallback, in tokens.
-    fallback_summary_tokens: int = attrs.field(default=512, validator=v.ge(16))
-    max_passes: int = attrs.field(default=64, validator=v.ge(1))
-    sweep_deadline_s: float = attrs.field(default=120.0, validator=v.gt(0))
-    summary_timeout_s: float = attrs.field(default=120.0, validator=v.gt(0))
+    fallback_summary_tokens: int = 512
+    max_passes: int = 64
+    sweep_deadline_s: float = 120.0
+    summary_timeout_s: float = 120.0
     #: How long the circuit breaker stays open after a summariser auth error.
-    breaker_cooldown_s: float = attrs.field(default=1800.0, validator=v.ge(0))
+    breaker_cooldown_s: float = 1800.0
     #: First backoff after a failed debt drain (doubles per failure, at most an hour).
-    debt_backoff_s: float = attrs.field(default=30.0, validator=v.ge(0))
-    busy_timeout_s: float = attrs.field(default=30.0, validator=v.gt(0))
+    debt_backoff_s: float = 30.0
+    busy_timeout_s: float = 30.0
     #: Messages per transaction when syncing a long path (bootstrap of a big transcript).
-    sync_chunk: int = attrs.field(default=2_000, validator=v.ge(1))
+    sync_chunk: int = 2_000
     #: Stored message JSON larger than this is zlib-compressed (``None``: never).
-    compress_over_bytes: int | None = attrs.field(default=512)
+    compress_over_bytes: int | None = 512
     #: Retention: prune archived conversations (oldest first) while the file is larger.
-    max_db_bytes: int | None = attrs.field(default=None)
+    max_db_bytes: int | None = None
     #: Decoded messages kept in memory for assembly (LRU, shared by all sessions).
-    decode_cache_messages: int = attrs.field(default=20_000, validator=v.ge(0))
+    decode_cache_messages: int = 20_000
     #: Sessions whose path identities are cached in memory (LRU).
-    path_cache_sessions: int = attrs.field(default=32, validator=v.ge(1))
+    path_cache_sessions: int = 32
 
     def __attrs_post_init__(self) -> None:
+        validate(self, _CHECKS, InvalidEngineSettings)
         if self.compaction_target >= self.threshold:
-            raise ValueError("EngineSettings.compaction_target must be below threshold")
+            raise InvalidEngineSettings(
+                ["EngineSettings.compaction_target: must be below threshold"]
+            )
+
+
+_CHECKS: Final[dict[str, Check]] = {
+    "default_token_budget": at_least(1),
+    "threshold": _fraction,
+    "compaction_target": _fraction,
+    "fresh_tail_count": at_least(1),
+    "fresh_tail_max_fraction": _fraction,
+    "leaf_chunk_tokens": at_least(1),
+    "min_leaf_chunk_tokens": at_least(1),
+    "leaf_target_tokens": at_least(8),
+    "condensed_target_tokens": at_least(8),
+    "leaf_fanout": at_least(2),
+    "condensed_fanout": at_least(2),
+    "max_depth": at_least(1),
+    "fallback_summary_tokens": at_least(16),
+    "max_passes": at_least(1),
+    "sweep_deadline_s": seconds(),
+    "summary_timeout_s": seconds(),
+    "breaker_cooldown_s": seconds(positive=False),
+    "debt_backoff_s": seconds(positive=False),
+    "busy_timeout_s": seconds(at_most=_BUSY_TIMEOUT_MAX_S),
+    "sync_chunk": at_least(1),
+    "compress_over_bytes": at_least(0, optional=True),
+    "max_db_bytes": at_least(0, optional=True),
+    "decode_cache_messages": at_least(0),
+    "path_cache_sessions": at_least(1),
+}

@@ -1,6 +1,14 @@
 """The public records of a turn: what a runner passes in (:class:`TurnParams`) and gets back
 (:class:`TurnResult`, :class:`MaintenanceReport`). No behaviour here; see
 :mod:`codex_turn.harness.turn.orchestrator` for the turn itself.
+
+Every field of :class:`TurnParams` is checked when the params are built, so that a value no
+stage can use is refused at once with :class:`InvalidTurnParams` instead of failing a stage
+(or every later turn) with another error: text fields are strings Codex can take (no lone
+surrogate, :mod:`codex_turn._text`), paths are ones the OS can take (no NUL), integers fit the
+64-bit integers of SQLite and Codex, an output schema is JSON nested at most
+:data:`~codex_turn._json.MAX_JSON_DEPTH` levels. :func:`input_text_problem` is the one check
+of a turn's input text, shared with the messages steered into a running turn.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from typing import Any, Final, Literal, NoReturn, get_args
 
 import attrs
 
+from codex_turn._json import MAX_JSON_DEPTH, nested_deeper_than
+from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
@@ -26,21 +36,47 @@ __all__ = [
     "TurnFile",
     "TurnParams",
     "TurnResult",
+    "input_text_problem",
 ]
 
 #: Codex refuses larger turn/start text; older context is cut first (OpenClaw's bound).
 TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 
+#: The largest token count a param may give: SQLite's and Codex's integers are 64-bit.
+_INT64_MAX: Final = 2**63 - 1
+
 
 def _images(value: Any) -> Any:
-    # A string stays a string, so the validation refuses it instead of iterating characters.
-    return value if isinstance(value, str) or value is None else tuple(value)
+    # A string stays a string, so the validation refuses it instead of iterating characters;
+    # so does anything that is not iterable.
+    if isinstance(value, str) or value is None:
+        return value
+    try:
+        return tuple(value)
+    except TypeError:
+        return value
 
 
 class InvalidTurnParams(CodexTurnError, ValueError, TypeError):
     """A :class:`TurnParams` field has a wrong type or value (raised when the params are built,
-    before anything is read, written or sent). A ``ValueError`` and a ``TypeError`` too."""
+    before anything is read, written or sent), or a message steered into a running turn could
+    not be a prompt (raised by :func:`~codex_turn.steer_codex_turn` before anything is sent).
+    A ``ValueError`` and a ``TypeError`` too."""
 
+
+#: The text fields: each a string Codex can take (the optional ones may also be ``None``).
+_TEXT_FIELDS: Final = ("session_id", "prompt")
+_OPTIONAL_TEXT_FIELDS: Final = (
+    "session_key",
+    "sandbox_session_key",
+    "model",
+    "citations_mode",
+    "base_developer_instructions",
+    "extra_developer_instructions",
+    "auth_profile_id",
+    "service_tier",
+    "reasoning_effort",
+)
 
 # The runtime policy values Codex's schema accepts (checked when the params are built).
 _POLICY_VALUES: Final[dict[str, frozenset[str]]] = {
@@ -144,44 +180,58 @@ def _fail(message: str) -> NoReturn:
     raise InvalidTurnParams(f"TurnParams.{message}")
 
 
-def _has_lone_surrogate(text: str) -> bool:
-    # Codex rejects such text on stderr only and never answers (the turn would hang).
-    return any("\ud800" <= ch <= "\udfff" for ch in text) if not text.isascii() else False
+_SURROGATE: Final = "contains an unpaired UTF-16 surrogate (invalid Unicode text)"
+
+
+def input_text_problem(text: object, *, may_be_empty: bool = False) -> str | None:
+    """Why ``text`` cannot be a turn's input text (a prompt, a steered message), as the end of
+    a sentence naming it, or ``None`` when it can: not a string, empty (unless
+    ``may_be_empty``), longer than Codex accepts, or holding a lone surrogate (Codex rejects
+    such text on stderr only and never answers: the turn would hang)."""
+    if not isinstance(text, str):
+        return f"must be a string (got {type(text).__name__})"
+    if not may_be_empty and not text.strip():
+        return "must not be empty"
+    if len(text) > TURN_START_TEXT_MAX_CHARS:
+        return f"is {len(text)} characters; Codex accepts {TURN_START_TEXT_MAX_CHARS}"
+    if has_lone_surrogate(text):
+        return _SURROGATE
+    return None
 
 
 def _validate(p: TurnParams) -> None:
     """Every field checked once, here: a clear typed error instead of a raw AttributeError
     deep in a stage, or a value accepted silently and misread later."""
-    for name in ("session_id", "prompt"):
-        if not isinstance(getattr(p, name), str):
-            _fail(f"{name} must be a string (got {type(getattr(p, name)).__name__})")
+    for name in (*_TEXT_FIELDS, *_OPTIONAL_TEXT_FIELDS):
+        value = getattr(p, name)
+        if value is None and name in _OPTIONAL_TEXT_FIELDS:
+            continue
+        if not isinstance(value, str):
+            optional = name in _OPTIONAL_TEXT_FIELDS
+            _fail(f"{name} must be a string" + (" or None" if optional else ""))
+        if has_lone_surrogate(value):
+            _fail(f"{name} {_SURROGATE}")
     if not p.session_id.strip():
         _fail("session_id must not be blank")
-    if not p.prompt.strip() and not p.images:
-        _fail("prompt must not be empty (a turn needs text or images)")
-    if len(p.prompt) > TURN_START_TEXT_MAX_CHARS:
-        _fail(f"prompt is {len(p.prompt)} characters; Codex accepts {TURN_START_TEXT_MAX_CHARS}")
-    for name in ("prompt", "base_developer_instructions", "extra_developer_instructions"):
-        value = getattr(p, name)
-        if value is not None and not isinstance(value, str):
-            _fail(f"{name} must be a string or None")
-        if isinstance(value, str) and _has_lone_surrogate(value):
-            _fail(f"{name} contains an unpaired UTF-16 surrogate (invalid Unicode text)")
-    for name in ("session_key", "sandbox_session_key", "model", "citations_mode"):
-        value = getattr(p, name)
-        if value is not None and not isinstance(value, str):
-            _fail(f"{name} must be a string or None")
-    if not isinstance(p.session_file, str | os.PathLike) or not os.fspath(p.session_file):
-        _fail("session_file must be a non-empty path")
-    if not isinstance(p.workspace_dir, str | os.PathLike):
-        _fail("workspace_dir must be a path")
     images: Any = p.images  # typed as a tuple, but callers pass what they pass
-    if isinstance(images, str) or not all(isinstance(i, str) and i for i in images):
+    if not isinstance(images, tuple) or not all(isinstance(i, str) and i for i in images):
         _fail("images must be a sequence of image URLs (not a single string)")
+    if any(has_lone_surrogate(image) for image in images):
+        _fail(f"images: an image URL {_SURROGATE}")
+    if not p.prompt.strip() and not images:
+        _fail("prompt must not be empty (a turn needs text or images)")
+    if (problem := input_text_problem(p.prompt, may_be_empty=True)) is not None:
+        _fail(f"prompt {problem}")
+    for name in ("session_file", "workspace_dir"):
+        value = getattr(p, name)
+        if not isinstance(value, str | os.PathLike) or not is_os_string(value):
+            _fail(f"{name} must be a path the OS can open (a string or path, without NUL)")
+    if not os.fspath(p.session_file):
+        _fail("session_file must be a non-empty path")
     for name in ("context_token_budget", "reserve_tokens"):
         value = getattr(p, name)
-        if value is not None and (type(value) is not int or value < 0):
-            _fail(f"{name} must be a non-negative int or None")
+        if value is not None and (type(value) is not int or not 0 <= value <= _INT64_MAX):
+            _fail(f"{name} must be an int from 0 to 2**63 - 1, or None")
     if not isinstance(p.runtime_attempt, Mapping):
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
@@ -201,10 +251,8 @@ def _validate(p: TurnParams) -> None:
             )
     for name, allowed in _POLICY_VALUES.items():
         value = getattr(p, name)
-        if value is not None and value not in allowed:
+        if value is not None and (not isinstance(value, str) or value not in allowed):
             _fail(f"{name} must be one of {sorted(allowed)}")
-    if p.service_tier is not None and not isinstance(p.service_tier, str):
-        _fail("service_tier must be a string or None")
     _validate_runtime_controls(p)
     if p.projection_format not in ("structured", "text"):
         _fail("projection_format must be 'structured' or 'text'")
@@ -219,8 +267,8 @@ def _validate(p: TurnParams) -> None:
 
 def _validate_runtime_controls(p: TurnParams) -> None:
     """The per-turn settings and the host-callback bounds (runtime_controls.py)."""
-    effort = p.reasoning_effort
-    if effort is not None and (not isinstance(effort, str) or not effort.strip()):
+    effort = p.reasoning_effort  # a string or None (a text field)
+    if effort is not None and not effort.strip():
         _fail("reasoning_effort must be a non-blank string (e.g. 'low', 'high') or None")
     if effort is not None and effort != effort.strip():
         _fail("reasoning_effort must not have surrounding whitespace")
@@ -228,10 +276,13 @@ def _validate_runtime_controls(p: TurnParams) -> None:
     if schema is not None:
         if not isinstance(schema, Mapping):
             _fail("output_schema must be a JSON Schema object (a mapping) or None")
+        if nested_deeper_than(dict(schema)):
+            _fail(f"output_schema must nest at most {MAX_JSON_DEPTH} levels")
         try:
-            json.dumps(schema, allow_nan=False)
+            # As the request carries it: JSON, and UTF-8 (a lone surrogate has no encoding).
+            json.dumps(schema, allow_nan=False, ensure_ascii=False).encode()
         except (TypeError, ValueError) as error:
-            _fail(f"output_schema must be JSON-serialisable ({error})")
+            _fail(f"output_schema must be JSON-serialisable text ({type(error).__name__})")
     for name in ("approval_timeout", "user_input_timeout"):
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:

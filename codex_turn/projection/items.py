@@ -273,7 +273,7 @@ def _arguments(raw: object, policy: PayloadPolicy) -> str:
     if isinstance(raw, str):
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what json parses
             value = raw
     if policy == "shape-only":
         return canonical_json(input_shape(value if value is not None else {}))

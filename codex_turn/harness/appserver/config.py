@@ -46,9 +46,10 @@ Never start two processes at the same moment on one *fresh* CODEX_HOME: Codex in
 sqlite state database there, and concurrent first starts fail. One home per process, or a
 home that one process has already initialised, is fine.
 
-Size (~740 lines): most of it is the field-by-field validation of the two config records
-(each field checked at construction, one message per bad field); it stays beside the records
-it checks, since a validator that moved away from its field would drift from it. The TOML
+Size (~710 lines): most of it is the field-by-field validation of the two config records
+(each field checked at construction, one message per bad field; the checks other records
+share are in :mod:`codex_turn._checks`); the configs' own checks stay beside the records they
+check, since a validator that moved away from its field would drift from it. The TOML
 writing (``render_toml``, ``toml_value``, ``override_args``) is the seam to split along
 when the file grows further.
 """
@@ -57,18 +58,28 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import os
 import re
 import stat
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, get_args
 
 import attrs
 import tomli_w
 
+from codex_turn._checks import (
+    INT64_MAX,
+    Check,
+    at_least,
+    flag,
+    integer,
+    positive_rate,
+    seconds,
+    validate,
+)
+from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.harness._fs import (
     PRIVATE_DIR_MODE,
     PRIVATE_FILE_MODE,
@@ -127,68 +138,26 @@ def bundled_path_dirs() -> list[Path]:
 # --- validation (at construction) ------------------------------------------------------------
 #
 # Every field of both configs is checked when the config is built (``attrs.evolve`` included),
-# each by one check below that returns what the value must be, or ``None``. All bad fields are
-# reported at once, each as ``Class.field: must ...``, never quoting the value: a URL can carry
-# credentials, an environment value a key. What only TOML can tell (the content of
-# ``extra_config`` and ``config_overrides``) is still checked when the config is written.
-
-Check = Callable[[Any], str | None]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_seconds(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value > 0:
-        return None
-    return "must be a positive, finite number of seconds"
-
-
-def _grace_seconds(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value >= 0:
-        return None
-    return "must be a non-negative, finite number of seconds"
-
-
-def _positive_rate(value: Any) -> str | None:
-    if _number(value) and math.isfinite(value) and value > 0:
-        return None
-    return "must be a positive, finite number"
-
-
-def _at_least(minimum: int, *, optional: bool = False) -> Check:
-    what = f"must be an int >= {minimum}" + (" or None" if optional else "")
-
-    def check(value: Any) -> str | None:
-        if (value is None and optional) or (_integer(value) and value >= minimum):
-            return None
-        return what
-
-    return check
-
-
-def _flag(*, optional: bool = False) -> Check:
-    what = "must be True or False" + (" (or None)" if optional else "")
-
-    def check(value: Any) -> str | None:
-        return None if isinstance(value, bool) or (value is None and optional) else what
-
-    return check
+# each by one check (:mod:`codex_turn._checks`: the shared ones there, the configs' own below)
+# that returns what the value must be, or ``None``. All bad fields are reported at once, each
+# as ``Class.field: must ...``, never quoting the value: a URL can carry credentials, an
+# environment value a key. What only TOML can tell (the content of ``extra_config`` and
+# ``config_overrides``) is still checked when the config is written.
+#
+# What cannot be spawned or written is refused here too (:mod:`codex_turn._text`): a path or
+# argument the OS cannot take (NUL, an unencodable character), text with a lone surrogate
+# (config.toml and Codex take UTF-8; so does Codex's environment), an integer beyond the 64
+# bits of TOML and Codex, a number of seconds too large to be a float.
 
 
 def _text(*, optional: bool = False, blank: bool = False) -> Check:
     what = "must be a string" if blank else "must be a non-blank string"
-    what += " or None" if optional else ""
+    what += " without a lone surrogate" + (" or None" if optional else "")
 
     def check(value: Any) -> str | None:
         if value is None and optional:
             return None
-        if isinstance(value, str) and (blank or value.strip()):
+        if isinstance(value, str) and (blank or value.strip()) and not has_lone_surrogate(value):
             return None
         return what
 
@@ -204,13 +173,21 @@ def _one_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
+def _os_path(value: Any) -> bool:
+    """A non-empty ``str`` path (or path-like giving one) the OS can take."""
+    return (
+        isinstance(value, str | os.PathLike)
+        and is_os_string(value)
+        and isinstance(os.fspath(value), str)
+        and bool(os.fspath(value))
+    )
+
+
 def _path_like(*, optional: bool = False) -> Check:
-    what = "must be a non-empty path" + (" or None" if optional else "")
+    what = "must be a non-empty path without NUL" + (" or None" if optional else "")
 
     def check(value: Any) -> str | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, str | os.PathLike) and os.fspath(value):
+        if (value is None and optional) or _os_path(value):
             return None
         return what
 
@@ -227,28 +204,41 @@ def _command(value: Any) -> str | None:
     if (
         isinstance(value, tuple | list)
         and value
-        and all(isinstance(arg, str | os.PathLike) for arg in value)
-        and os.fspath(value[0])
+        and _os_path(value[0])
+        and all(isinstance(arg, str | os.PathLike) and is_os_string(arg) for arg in value)
     ):
         return None
-    return "must be None or a non-empty tuple of arguments (strings or paths)"
+    return "must be None or a non-empty tuple of arguments (strings or paths, without NUL)"
+
+
+def _env_text(text: Any) -> bool:
+    # Codex reads its environment as UTF-8: no lone surrogate, even one the OS could encode.
+    return isinstance(text, str) and is_os_string(text) and not has_lone_surrogate(text)
 
 
 def _env_name(name: Any) -> bool:
-    return isinstance(name, str) and bool(name) and "=" not in name and "\x00" not in name
+    return _env_text(name) and bool(name) and "=" not in name
 
 
 def _env(value: Any) -> str | None:
     if isinstance(value, Mapping) and all(
-        _env_name(name) and isinstance(text, str) and "\x00" not in text
-        for name, text in value.items()
+        _env_name(name) and _env_text(text) for name, text in value.items()
     ):
         return None
-    return "must map variable names (non-empty, without '=' or NUL) to strings (without NUL)"
+    return (
+        "must map variable names (non-empty, without '=') to strings, "
+        "all without NUL or a lone surrogate"
+    )
+
+
+def _env_value(value: Any) -> str | None:
+    if value is None or _env_text(value):
+        return None
+    return "must be None or a string without NUL or a lone surrogate"
 
 
 def _umask(value: Any) -> str | None:
-    if value is None or (_integer(value) and 0 <= value <= 0o777):
+    if value is None or (integer(value) and 0 <= value <= 0o777):
         return None
     return "must be None or an int from 0 to 0o777"
 
@@ -278,20 +268,10 @@ def _http_url(value: Any) -> str | None:
 def _env_key(value: Any) -> str | None:
     if value is None or _env_name(value):
         return None
-    return "must be None or an environment variable name (non-empty, without '=' or NUL)"
-
-
-def _validate(instance: Any, checks: Mapping[str, Check]) -> None:
-    """Raise :class:`InvalidAppServerConfig` naming every field of ``instance`` that fails its
-    check (in field order), one message each."""
-    owner = type(instance).__name__
-    problems = [
-        f"{owner}.{field.name}: {problem}"
-        for field in attrs.fields(type(instance))
-        if (problem := checks[field.name](getattr(instance, field.name))) is not None
-    ]
-    if problems:
-        raise InvalidAppServerConfig(problems)
+    return (
+        "must be None or an environment variable name "
+        "(non-empty, without '=', NUL or a lone surrogate)"
+    )
 
 
 #: What Codex 0.163 accepts (its generated schema; ``wire_api = "chat"`` is refused).
@@ -332,7 +312,7 @@ class ModelProviderConfig:
         return table
 
     def __attrs_post_init__(self) -> None:
-        _validate(self, _PROVIDER_CHECKS)
+        validate(self, _PROVIDER_CHECKS, InvalidAppServerConfig)
 
 
 _PROVIDER_CHECKS: Final[dict[str, Check]] = {
@@ -341,15 +321,15 @@ _PROVIDER_CHECKS: Final[dict[str, Check]] = {
     "name": _text(),
     "wire_api": _one_of(_WIRE_APIS),
     "env_key": _env_key,
-    "request_max_retries": _at_least(0),
-    "stream_max_retries": _at_least(0),
-    "stream_idle_timeout_ms": _at_least(1, optional=True),
+    "request_max_retries": at_least(0),
+    "stream_max_retries": at_least(0),
+    "stream_idle_timeout_ms": at_least(1, optional=True),
 }
 
 
 def _path(value: str | os.PathLike[str]) -> Path:
-    # Anything else (None, an empty string) is left for the check to report, by name.
-    if isinstance(value, str | os.PathLike) and os.fspath(value):
+    # Anything else (None, an empty string, NUL) is left for the check to report, by name.
+    if _os_path(value):
         return Path(value)
     return value  # type: ignore[return-value]
 
@@ -418,7 +398,7 @@ class AppServerConfig:
     login_check: bool | None = None
 
     def __attrs_post_init__(self) -> None:
-        _validate(self, _APPSERVER_CHECKS)
+        validate(self, _APPSERVER_CHECKS, InvalidAppServerConfig)
 
     @classmethod
     def offline(
@@ -432,7 +412,7 @@ class AppServerConfig:
         ``codex_home`` must be new, empty, or a home this library prepared before: a user's
         configuration there is refused, never overwritten (see :meth:`claim_home`)."""
         provider = kwargs.pop("provider", None) or ModelProviderConfig(base_url=base_url)
-        return cls(codex_home=Path(codex_home), provider=provider, **kwargs)
+        return cls(codex_home=codex_home, provider=provider, **kwargs)
 
     @classmethod
     def user(
@@ -442,7 +422,7 @@ class AppServerConfig:
         home = codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex"
         kwargs.setdefault("model", None)
         kwargs.setdefault("umask", None)  # the user's own conventions, not ours
-        return cls(codex_home=Path(home), write_config=False, **kwargs)
+        return cls(codex_home=home, write_config=False, **kwargs)
 
     # -- config.toml -------------------------------------------------------------------
 
@@ -594,35 +574,35 @@ class AppServerConfig:
 
 _APPSERVER_CHECKS: Final[dict[str, Check]] = {
     "codex_home": _path_like(),
-    "write_config": _flag(),
+    "write_config": flag(),
     "provider": _provider,
     "model": _text(optional=True),
     "approval_policy": _one_of(_APPROVAL_POLICIES),
     "sandbox_mode": _one_of(_SANDBOX_MODES),
     "compact_prompt": _text(optional=True, blank=True),
-    "auto_compact_token_limit": _at_least(1, optional=True),
+    "auto_compact_token_limit": at_least(1, optional=True),
     "extra_config": _mapping,
     "config_overrides": _mapping,
     "codex_bin": _path_like(optional=True),
     "command": _command,
     "home": _path_like(optional=True),
     "env": _env,
-    "inherit_env": _flag(),
-    "rust_log": _text(optional=True, blank=True),
+    "inherit_env": flag(),
+    "rust_log": _env_value,
     "client_name": _text(),
     "client_title": _text(),
     "client_version": _text(),
-    "experimental_api": _flag(),
-    "request_timeout": _positive_seconds,
-    "initialize_timeout": _positive_seconds,
-    "shutdown_timeout": _positive_seconds,
-    "stderr_lines_per_second": _positive_rate,
-    "stderr_burst": _at_least(1),
-    "log_stderr_text": _flag(),
-    "interrupt_grace": _grace_seconds,
-    "liveness_timeout": _positive_seconds,
+    "experimental_api": flag(),
+    "request_timeout": seconds(),
+    "initialize_timeout": seconds(),
+    "shutdown_timeout": seconds(),
+    "stderr_lines_per_second": positive_rate,
+    "stderr_burst": at_least(1),
+    "log_stderr_text": flag(),
+    "interrupt_grace": seconds(positive=False),
+    "liveness_timeout": seconds(),
     "umask": _umask,
-    "login_check": _flag(optional=True),
+    "login_check": flag(optional=True),
 }
 
 
@@ -640,7 +620,7 @@ def _deep_merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
 # goes wrong: characters outside the BMP, control characters); the only structure built here
 # is the inline form that ``-c`` needs, ``[a, b]`` and ``{k = v}``, around its output.
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), INT64_MAX  # TOML's integers, and Codex's
 _SCALARS = (bool, int, float, str, datetime.date, datetime.time)
 
 

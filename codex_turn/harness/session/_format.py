@@ -22,6 +22,11 @@ Rules of this module
 3. **pi's semantics, minus its crashes.** Non-object JSON lines are dropped (pi keeps them and
    then fails), cyclic parent chains stop the walk (pi loops forever), ``NaN``/``Infinity``
    are rejected as ``JSON.parse`` does, and invalid UTF-8 becomes U+FFFD as in Node.
+4. **A line nested too deeply is quarantined.** A line whose value nests objects and arrays
+   deeper than :data:`~codex_turn._json.MAX_JSON_DEPTH` is skipped and counted as malformed,
+   like a line that is not JSON: every later stage walks messages, and one such entry would
+   otherwise break a stage of every later turn of the session. The bound is applied here,
+   once, so nothing after the reader meets a deeper message.
 
 Messages are plain JSON dicts, never interpreted beyond ``role`` and ``idempotencyKey``, so
 unknown keys round-trip untouched.
@@ -44,7 +49,7 @@ from typing import Any, Final, Protocol, TypeVar, overload
 
 import attrs
 
-from codex_turn._json import AgentMessage
+from codex_turn._json import MAX_JSON_DEPTH, AgentMessage, nested_deeper_than
 from codex_turn.errors import CodexTurnError
 
 __all__ = [
@@ -229,9 +234,14 @@ def parse_line(raw: bytes) -> object:
     if not text.strip():
         return _BLANK
     try:
-        return _DECODER.decode(text)
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError):
         return BAD
+    # Rule 4. Counting brackets (in C) bounds the depth from above, so the walk only runs
+    # for the rare line with that many of them.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nested_deeper_than(value):
+        return BAD
+    return value
 
 
 def idempotency_key(entry: Entry) -> str | None:
@@ -354,7 +364,8 @@ def parse_tail(tail: bytes, *, at_start: bool) -> tuple[Entry | None, bool]:
 def parse_session_bytes(data: bytes) -> ParsedSession:
     """Parse transcript bytes the way pi does, minus its crashes.
 
-    Blank lines are skipped; lines that are not JSON are skipped and counted; JSON values that
+    Blank lines are skipped; lines that are not JSON, or nest deeper than
+    :data:`~codex_turn._json.MAX_JSON_DEPTH`, are skipped and counted; JSON values that
     are not objects are dropped and counted; a last line without a newline is kept only if it
     already parses to an object (otherwise it is a torn write and ``torn_tail`` is set).
     """

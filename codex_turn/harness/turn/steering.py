@@ -108,7 +108,7 @@ from codex_turn.harness.turn.streaming import (
     saved_file,
     state_changed,
 )
-from codex_turn.harness.turn_api import TurnParams
+from codex_turn.harness.turn_api import InvalidTurnParams, TurnParams, input_text_problem
 
 __all__ = [
     "MAX_BATCH_INTERVALS",
@@ -622,10 +622,6 @@ def _mirror_steered(host: SteeringHost, delivered: list[SteeredMessage]) -> None
         )
 
 
-#: Codex's bound on one turn input's text (``TURN_START_TEXT_MAX_CHARS``).
-_MAX_TEXT: Final = 1 << 20
-
-
 def codex_turn_running(session_file: str | os.PathLike[str]) -> bool:
     """Whether a turn of this session runs in this process now."""
     return session_path(session_file) in _running
@@ -641,12 +637,17 @@ async def steer_codex_turn(
 
     ``mode``: the running turn's ``TurnParams.steering`` when ``None``. Returns at once unless
     the message is being steered; then once it was delivered (or queued instead). Raises
-    ``ValueError`` for an empty text or an unknown mode.
+    :class:`~codex_turn.InvalidTurnParams` (a ``ValueError``), before anything is sent, for a
+    text that could not be a prompt (empty, too long, holding a lone surrogate: the one check
+    of a turn's input text, :func:`~codex_turn.harness.turn_api.input_text_problem`) and for
+    an unknown mode.
     """
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("a steered message needs text")
-    if len(text) > _MAX_TEXT:
-        raise ValueError(f"a steered message is at most {_MAX_TEXT} characters")
+    if (problem := input_text_problem(text)) is not None:
+        raise InvalidTurnParams(f"a steered message's text {problem}")
+    allowed = [m.value for m in SteerMode]
+    if mode is not None and not (isinstance(mode, str) and mode in allowed):
+        got = repr(mode[:40]) if isinstance(mode, str) else type(mode).__name__
+        raise InvalidTurnParams(f"steering mode must be one of {allowed} (got {got})")
     chosen = SteerMode(mode) if mode is not None else None
     live = _running.get(session_path(session_file))
     if live is None:
