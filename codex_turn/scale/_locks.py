@@ -1,18 +1,16 @@
 """Liveness: two locks per live worker, dropped by the OS (or Postgres) the moment it dies.
 
 A worker holds, named by its executor id, an *alive* lock for its whole life and a *serving*
-lock until it starts draining (:meth:`Liveness.hold`, :meth:`Liveness.stop_serving`). Both go
-when the process dies, even by SIGKILL. So whoever takes a worker's alive lock
-(:meth:`Liveness.claim`) knows that worker is dead, and holds the lock while it recovers the
-worker's turns: a worker restarted under that id waits until it is done, and one live worker
-runs per id. Whether a worker takes forwarded turns is a probe of its serving lock
-(:meth:`Liveness.serving`), which takes nothing.
+lock until it starts draining. Both go when the process dies, even by SIGKILL. So whoever
+takes a worker's alive lock (:meth:`FileLiveness.claim`) knows that worker is dead, and holds
+the lock while it recovers the worker's turns: a worker restarted under that id waits until
+it is done, and one live worker runs per id. Whether a worker takes forwarded turns is a probe
+of its serving lock (:meth:`FileLiveness.serving`), which takes nothing.
 
 * SQLite (one machine): ``flock`` on ``<id>.lock`` and ``<id>.serving`` in
-  ``<database>.executors/`` (owner-only). The alive file records its holder (pid, host) for
-  the error a second worker under the same id gets; it is unlinked by its holder on release
-  and by a claimer that found it dead (a taker re-checks that the path still names the file
-  it locked).
+  ``<database>.executors/`` (owner-only). The alive file names its holder (pid, host) for the
+  error a second worker under the id gets; it is unlinked by its holder on release and by a
+  claimer that found it dead (a taker re-checks that the path still names the file it locked).
 * Postgres (many machines): session-level advisory locks on a connection of the worker's own,
   released by the server when that connection ends.
 """
@@ -20,7 +18,6 @@ runs per id. Whether a worker takes forwarded turns is a probe of its serving lo
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -28,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from codex_turn.errors import CodexTurnError
 
@@ -36,12 +33,11 @@ __all__ = ["ExecutorIdInUse", "ExecutorLockLost", "Liveness", "liveness_for"]
 
 _PG_ALIVE: Final = "codex-turn-executor"
 _PG_SERVING: Final = "codex-turn-serving"
-_ANYONES: Final = (
+_PG_HELD: Final = (
     "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND granted"
     " AND objsubid = 2 AND classid = hashtext(%s)::oid AND objid = hashtext(%s)::oid"
     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-_MINE: Final = _ANYONES + " AND pid = pg_backend_pid()"
 
 
 class ExecutorIdInUse(CodexTurnError, RuntimeError):
@@ -51,28 +47,6 @@ class ExecutorIdInUse(CodexTurnError, RuntimeError):
 class ExecutorLockLost(CodexTurnError, RuntimeError):
     """This worker no longer holds its alive lock (its database connection dropped): a peer
     may take its turns over, so it must take no new turn and shut down."""
-
-
-class Liveness(Protocol):
-    def hold(self, executor_id: str, timeout: float) -> None:
-        """Take this worker's alive and serving locks, waiting at most ``timeout`` s for the
-        alive one (``ExecutorIdInUse``)."""
-
-    def stop_serving(self) -> None:
-        """Let the serving lock go (draining): no turn is forwarded here any more."""
-
-    def release(self) -> None:
-        """Let every lock of this worker go."""
-
-    def verify(self) -> None:
-        """Raise :class:`ExecutorLockLost` unless this worker still holds its alive lock."""
-
-    def claim(self, executor_id: str) -> contextlib.AbstractContextManager[bool]:
-        """While the block runs: True when ``executor_id``'s alive lock was free (its worker
-        is dead) and is now held here; False when another process holds it."""
-
-    def serving(self, executor_id: str) -> bool:
-        """Whether ``executor_id`` holds its serving lock (takes nothing)."""
 
 
 class FileLiveness:
@@ -87,26 +61,23 @@ class FileLiveness:
     def _path(self, executor_id: str, kind: str) -> str:
         return os.path.join(self.directory, f"{executor_id}.{kind}")
 
-    def _take(self, path: str, *, exclusive: bool = True) -> int | None:
+    def _take(self, path: str) -> int | None:
         """``path``'s fd, locked, or None when another open file holds it."""
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except OSError as error:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
                 os.close(fd)
-                if error.errno in (errno.EAGAIN, errno.EACCES):
-                    return None
-                raise
-            try:
+                return None
+            with contextlib.suppress(FileNotFoundError):
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
                     return fd
-            except FileNotFoundError:
-                pass
             os.close(fd)  # unlinked meanwhile by a releaser or a claimer: lock the new file
 
     def hold(self, executor_id: str, timeout: float) -> None:
+        """Take this worker's locks, waiting at most ``timeout`` s (``ExecutorIdInUse``)."""
         path = self._path(executor_id, "lock")
         deadline = time.monotonic() + timeout
         while (fd := self._take(path)) is None:
@@ -120,12 +91,12 @@ class FileLiveness:
         os.pwrite(fd, record, 0)
         os.ftruncate(fd, len(record))
         self.executor_id, self._alive = executor_id, fd
-        # A prober holds it shared for an instant at most.
         while (serving := self._take(self._path(executor_id, "serving"))) is None:
-            time.sleep(0.005)
+            time.sleep(0.005)  # a prober holds it for an instant
         self._serving = serving
 
     def stop_serving(self) -> None:
+        """Drain: no turn is forwarded here any more."""
         fd, self._serving = self._serving, None
         if fd is not None and self.executor_id is not None:
             _unlink_and_close(self._path(self.executor_id, "serving"), fd)
@@ -137,20 +108,17 @@ class FileLiveness:
             _unlink_and_close(self._path(self.executor_id, "lock"), fd)
 
     def verify(self) -> None:
-        fd, executor_id = self._alive, self.executor_id
-        try:
-            same = (
-                fd is not None
-                and executor_id is not None
-                and os.fstat(fd).st_ino == os.stat(self._path(executor_id, "lock")).st_ino
-            )
-        except OSError:
-            same = False
-        if not same:
-            raise ExecutorLockLost(f"the lock file of executor {self.executor_id!r} is gone")
+        """``ExecutorLockLost`` unless this worker still holds its alive lock."""
+        fd, path = self._alive, self._path(str(self.executor_id), "lock")
+        with contextlib.suppress(OSError):
+            if fd is not None and os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return
+        raise ExecutorLockLost(f"the lock file of executor {self.executor_id!r} is gone")
 
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
+        """While the block runs: True when ``executor_id`` was dead (its alive lock free, now
+        held here); False when it lives (or another peer claims it, or it is this worker)."""
         path = self._path(executor_id, "lock")
         fd = None if executor_id == self.executor_id else self._take(path)
         if fd is None:
@@ -164,18 +132,15 @@ class FileLiveness:
             _unlink_and_close(path, fd)
 
     def serving(self, executor_id: str) -> bool:
-        if executor_id == self.executor_id:
-            return self._serving is not None
+        """Whether ``executor_id`` holds its serving lock (probed shared: takes nothing)."""
         try:
             fd = os.open(self._path(executor_id, "serving"), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EAGAIN, errno.EACCES):
-                return True
-            raise
+        except BlockingIOError:
+            return True
         finally:
             os.close(fd)
         return False
@@ -190,43 +155,30 @@ def _unlink_and_close(path: str, fd: int) -> None:
 def _holder(path: str) -> str:
     try:
         with open(path, "rb") as file:  # a new open file: closing it drops no flock
-            record, _ = json.JSONDecoder().raw_decode(file.read(4096).decode())
+            record = json.loads(file.read(4096))
         return f"pid {record['pid']} on {record['host']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "unknown holder"
 
 
 class PostgresLiveness:
-    """Session-level advisory locks on one connection of this worker's own."""
+    """The same, as session-level advisory locks on one connection of this worker's own."""
 
     def __init__(self, database_url: str) -> None:
         import psycopg
 
         self.url = database_url
         scheme, _, rest = database_url.partition("://")
-        self.connection: Any = psycopg.connect(
-            scheme.split("+", 1)[0] + "://" + rest, autocommit=True
-        )
+        self.connection: Any = psycopg.connect(scheme.split("+")[0] + "://" + rest, autocommit=True)
         self.executor_id: str | None = None
         self._lock = threading.Lock()  # the worker's and its sweeper's uses of the connection
 
-    def _select(self, query: str, *params: str) -> bool:
+    def _select(self, query: str, space: str, executor_id: str) -> bool:
         with self._lock:
-            row = self.connection.execute(query, params).fetchone()
-        return bool(row[0])
+            return bool(self.connection.execute(query, (space, executor_id)).fetchone()[0])
 
-    def _try(self, space: str, executor_id: str) -> bool:
-        return self._select(
-            "SELECT pg_try_advisory_lock(hashtext(%s), hashtext(%s))", space, executor_id
-        )
-
-    def _unlock(self, space: str, executor_id: str) -> None:
-        self._select("SELECT pg_advisory_unlock(hashtext(%s), hashtext(%s))", space, executor_id)
-
-    def _held(self, space: str, executor_id: str, *, mine: bool) -> bool:
-        """A granted advisory lock ``(space, executor_id)`` in this database (by this
-        connection when ``mine``)."""
-        return self._select(_MINE if mine else _ANYONES, space, executor_id)
+    def _try(self, space: str, executor_id: str, function: str = "pg_try_advisory_lock") -> bool:
+        return self._select(f"SELECT {function}(hashtext(%s), hashtext(%s))", space, executor_id)
 
     def hold(self, executor_id: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -238,28 +190,25 @@ class PostgresLiveness:
                 )
             time.sleep(0.02)
         self.executor_id = executor_id
-        self._try(_PG_SERVING, executor_id)  # nobody else takes it while the alive lock is held
+        self._try(_PG_SERVING, executor_id)  # free while the alive lock is held here
 
     def stop_serving(self) -> None:
         if self.executor_id is not None:
             with contextlib.suppress(Exception):
-                self._unlock(_PG_SERVING, self.executor_id)
+                self._try(_PG_SERVING, self.executor_id, "pg_advisory_unlock")
 
     def release(self) -> None:
         with self._lock:
             self.connection.close()  # ends the session: every lock of it goes
 
     def verify(self) -> None:
+        mine = _PG_HELD + " AND pid = pg_backend_pid()"
         try:
-            held = self.executor_id is not None and self._held(
-                _PG_ALIVE, self.executor_id, mine=True
-            )
+            if self._select(mine, _PG_ALIVE, str(self.executor_id)):
+                return
         except Exception as error:
-            raise ExecutorLockLost(
-                f"the connection holding executor {self.executor_id!r}'s lock is gone"
-            ) from error
-        if not held:
-            raise ExecutorLockLost(f"executor {self.executor_id!r}'s advisory lock is not held")
+            raise ExecutorLockLost(f"executor {self.executor_id!r}'s connection is gone") from error
+        raise ExecutorLockLost(f"executor {self.executor_id!r}'s advisory lock is not held")
 
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
@@ -270,10 +219,13 @@ class PostgresLiveness:
         try:
             yield True
         finally:
-            self._unlock(_PG_ALIVE, executor_id)
+            self._try(_PG_ALIVE, executor_id, "pg_advisory_unlock")
 
     def serving(self, executor_id: str) -> bool:
-        return self._held(_PG_SERVING, executor_id, mine=False)
+        return self._select(_PG_HELD, _PG_SERVING, executor_id)
+
+
+Liveness = FileLiveness | PostgresLiveness
 
 
 def liveness_for(database_url: str) -> Liveness:

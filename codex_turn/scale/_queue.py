@@ -5,8 +5,9 @@ Postgres), runs no turn itself and needs no launched DBOS, so any process can su
 or read one's result by its id. A turn is a workflow (id = the turn id, so a second submit of
 an id is the same turn) on one DBOS queue partitioned by session (``partition_concurrency=1``):
 DBOS itself runs a session's turns one at a time, in submission order, whichever worker
-dequeues them. A waiting handle polls the turn's status, often at first and less as the turn
-lasts. Everything stored is plain JSON (DBOS's portable serializer), never a pickle.
+dequeues them. A waiting handle reads the turn's status when a worker announces its end
+(:mod:`codex_turn.scale._wake`), else polls. Everything stored is plain JSON (DBOS's portable
+serializer), never a pickle.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import time
 from typing import Any, Final, Literal
 
 import anyio
@@ -24,6 +24,7 @@ from dbos import DBOS, DBOSClient, DBOSPortableJSONSerializer, EnqueueOptions, W
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness.turn.context import prompt_identity_for
 from codex_turn.harness.turn_api import InvalidTurnParams, TurnParams
+from codex_turn.scale._wake import Wakes, wake_directory
 from codex_turn.scale._wire import TurnRecord, params_to_wire, session_lane
 
 __all__ = [
@@ -44,11 +45,9 @@ APP_VERSION: Final = "codex-turn-scale-3"
 WORKFLOW_NAME: Final = "codex_turn.scale.turn"
 #: The queue of every turn, partitioned by session.
 QUEUE: Final = "codex_turn_turns"
-#: How often a worker reads the queue for new turns, and a waiting handle a turn's status
-#: at first (seconds; each read of the queue costs DBOS about 2 ms of CPU).
+#: How often a worker reads the queue for new turns, and a waiting handle with no wake-ups a
+#: turn's status at first (seconds; each read of the queue costs DBOS about 2 ms of CPU).
 DEFAULT_POLL_S: Final = 0.005
-#: A waiting handle reads at most this far apart, ``1/20`` of the time it waited so far.
-MAX_POLL_S: Final = 0.05
 
 QueuedTurnState = Literal["enqueued", "running", "completed", "failed", "cancelled"]
 _STATES: Final[dict[str, QueuedTurnState]] = {
@@ -128,12 +127,6 @@ def dbos_client(database_url: str) -> DBOSClient:
     )
 
 
-def poll_pace(waited: float, poll: float) -> float:
-    """How long a waiter sleeps before its next read: ``poll`` at first, then ``1/20`` of the
-    time it has waited (at most :data:`MAX_POLL_S`): a few % of a long turn, cheap reads."""
-    return max(poll, min(MAX_POLL_S, waited / 20))
-
-
 def read_workflow(client: DBOSClient, workflow_id: str) -> WorkflowStatus | None:
     """A workflow's status and outcome (not its inputs), or None."""
     found = client.list_workflows(workflow_ids=[workflow_id], load_input=False)
@@ -157,6 +150,7 @@ class QueuedTurn:
 
     turn_id: str
     _client: DBOSClient
+    _wakes: Wakes
 
     def _read(self) -> WorkflowStatus:
         found = read_workflow(self._client, self.turn_id)
@@ -177,24 +171,15 @@ class QueuedTurn:
     def result(self, timeout: float | None = None, *, poll: float = DEFAULT_POLL_S) -> TurnRecord:
         """Wait for the turn (``TimeoutError`` after ``timeout`` s); its record. Raises
         :class:`TurnFailed` for a turn that raised or was cancelled."""
-        started = time.monotonic()
-        while (raw := self._read()).status in OPEN:
-            waited = time.monotonic() - started
-            pause = poll_pace(waited, poll)
-            if timeout is not None:
-                if waited >= timeout:
-                    raise TimeoutError(f"turn {self.turn_id} is still {_STATES[raw.status]}")
-                pause = min(pause, timeout - waited)
-            time.sleep(pause)
+        try:
+            raw = self._wakes.until_sync(self.turn_id, self._read, _ended, poll, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"turn {self.turn_id} is still {self.status().state}") from None
         return self._record(raw)
 
     async def result_async(self, *, poll: float = DEFAULT_POLL_S) -> TurnRecord:
         """:meth:`result` for async callers: cancellable, bound it with ``anyio.fail_after``."""
-        started = time.monotonic()
-        # A poll of the database: nothing in this process could set an event.
-        while (raw := await anyio.to_thread.run_sync(self._read)).status in OPEN:  # noqa: ASYNC110
-            await anyio.sleep(poll_pace(time.monotonic() - started, poll))
-        return self._record(raw)
+        return self._record(await self._wakes.until(self.turn_id, self._read, _ended, poll))
 
     def _record(self, raw: WorkflowStatus) -> TurnRecord:
         if raw.status == "SUCCESS":
@@ -203,6 +188,10 @@ class QueuedTurn:
         if raw.status == "CANCELLED":
             raise TurnFailed(f"turn {self.turn_id} was cancelled")
         raise TurnFailed(f"turn {self.turn_id} failed: {raw.error or raw.status}") from raw.error
+
+
+def _ended(status: WorkflowStatus | None) -> bool:
+    return status is None or status.status not in OPEN
 
 
 class TurnQueue:
@@ -218,6 +207,7 @@ class TurnQueue:
         if migrate:
             prepare_database(database_url)
         self._client = dbos_client(database_url)
+        self._wakes = Wakes(wake_directory(database_url))
 
     def submit(self, params: TurnParams, *, turn_id: str) -> QueuedTurn:
         if not isinstance(params, TurnParams):
@@ -232,18 +222,19 @@ class TurnQueue:
         }
         # An id submitted before is that turn (DBOS's default reuse policy): nothing written.
         self._client.enqueue(options, turn_id, params_to_wire(params))
-        return QueuedTurn(turn_id, self._client)
+        return QueuedTurn(turn_id, self._client, self._wakes)
 
     async def submit_async(self, params: TurnParams, *, turn_id: str) -> QueuedTurn:
         return await anyio.to_thread.run_sync(lambda: self.submit(params, turn_id=turn_id))
 
     def handle(self, turn_id: str) -> QueuedTurn:
         """The handle of a turn submitted earlier, by any process (``KeyError`` if none)."""
-        handle = QueuedTurn(turn_id, self._client)
+        handle = QueuedTurn(turn_id, self._client, self._wakes)
         handle.status()
         return handle
 
     def close(self) -> None:
+        self._wakes.close()
         self._client.destroy()
 
     def __enter__(self) -> TurnQueue:

@@ -48,6 +48,7 @@ from codex_turn.scale._queue import (
     prepare_database,
     worker_queue,
 )
+from codex_turn.scale._wake import Wakes, wake_directory
 from codex_turn.scale._workflow import Homes, WorkerRuntime, install_runtime
 
 __all__ = ["TurnWorker", "take_over"]
@@ -186,7 +187,7 @@ class TurnWorker:
             client.register_queue(
                 queue,
                 partition_concurrency=1 if partitioned else None,
-                polling_interval_sec=self._poll,
+                polling_interval_sec=self._poll if partitioned else 2 * self._poll,
                 application_name=APP_NAME,
             )
         return WorkerRuntime(
@@ -196,6 +197,7 @@ class TurnWorker:
             client=client,
             liveness=liveness,
             homes=Homes(self.database_url),
+            wakes=Wakes(wake_directory(self.database_url)),
             poll=self._poll,
         )
 
@@ -275,6 +277,7 @@ class TurnWorker:
             return drained
         self._shut = True
         if runtime is not None:
+            runtime.wakes.close()
             await anyio.to_thread.run_sync(runtime.homes.close)
             await anyio.to_thread.run_sync(runtime.client.destroy)
         self.liveness = None

@@ -35,6 +35,8 @@ The workflows reach the process's app-server and engine through the worker's
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from typing import Any, Final
 import anyio
 import attrs
 import sqlalchemy as sa
-from dbos import DBOS, DBOSClient, EnqueueOptions
+from dbos import DBOS, DBOSClient, EnqueueOptions, WorkflowStatus
 from sqlalchemy.dialects import postgresql, sqlite
 
 from codex_turn._log import format_error, get_logger, mask_session_key
@@ -59,10 +61,10 @@ from codex_turn.scale._queue import (
     OPEN,
     WORKFLOW_NAME,
     TurnFailed,
-    poll_pace,
     read_workflow,
     worker_queue,
 )
+from codex_turn.scale._wake import Wakes
 from codex_turn.scale._wire import TurnRecord, params_from_wire, record_of, session_lane
 
 __all__ = ["Homes", "WorkerRuntime", "install_runtime", "mirrored_turn"]
@@ -141,6 +143,7 @@ class WorkerRuntime:
     client: DBOSClient
     liveness: Liveness
     homes: Homes
+    wakes: Wakes
     poll: float
     #: Turns running in this process (a drain waits for zero; the alive lock is kept until).
     in_flight: int = 0
@@ -178,35 +181,55 @@ def forwarded_id(turn_id: str) -> str:
 async def turn_workflow(turn_id: str, wire: dict[str, Any]) -> dict[str, Any]:
     """One queued turn (workflow id = turn id), holding its session's partition."""
     runtime = _current()
+    runtime.wakes.announcer(turn_id)
     params = params_from_wire(wire)
-    me, forward_id = runtime.executor_id, forwarded_id(turn_id)
-    forward, home = await asyncio.gather(
-        asyncio.to_thread(read_workflow, runtime.client, forward_id),
-        asyncio.to_thread(runtime.homes.get, session_lane(params)),
-    )
-    owner = None
-    if forward is not None:  # an earlier attempt forwarded it: that forward's outcome
-        owner = (forward.queue_name or me).rpartition("@")[2]
-    elif home is not None and home != me and runtime.liveness.serving(home):
+    forward_id = forwarded_id(turn_id)
+    forward, home, target = await asyncio.to_thread(_place, runtime, forward_id, params)
+    if forward is None and target != runtime.executor_id:
         options: EnqueueOptions = {
             "workflow_name": FORWARDED_NAME,
-            "queue_name": worker_queue(home),
+            "queue_name": worker_queue(target),
             "workflow_id": forward_id,
             "application_name": APP_NAME,
         }
-        await asyncio.to_thread(runtime.client.enqueue, options, turn_id, wire)
-        owner = home
-    if owner is not None and (record := await _await_forward(runtime, forward_id, owner)):
+        await asyncio.to_thread(runtime.client.enqueue, options, turn_id, wire, home)
+    forwarded = forward is not None or target != runtime.executor_id
+    if forwarded and (record := await _await_forward(runtime, forward_id, target)):
         return record
     return await _run_here(turn_id, params, runtime, previous=home)
 
 
 @DBOS.workflow(name=FORWARDED_NAME)
-async def forwarded_workflow(turn_id: str, wire: dict[str, Any]) -> dict[str, Any]:
+async def forwarded_workflow(
+    turn_id: str, wire: dict[str, Any], previous: str | None
+) -> dict[str, Any]:
     """A turn forwarded to its home (workflow id ``<turn id>:home``) by the turn that holds
     its session, which waits for this outcome."""
     runtime = _current()
-    return await _run_here(turn_id, params_from_wire(wire), runtime, previous=runtime.executor_id)
+    runtime.wakes.announcer(forwarded_id(turn_id))
+    return await _run_here(turn_id, params_from_wire(wire), runtime, previous=previous)
+
+
+def _place(
+    runtime: WorkerRuntime, forward_id: str, params: TurnParams
+) -> tuple[WorkflowStatus | None, str | None, str]:
+    """The turn's forward by an earlier attempt, its session's home, and where it runs: that
+    forward's worker; else the home while it serves, here if it does not; a session with no
+    home yet goes to the serving worker of highest rendezvous score (spread, and stable)."""
+    me = runtime.executor_id
+    forward = read_workflow(runtime.client, forward_id)
+    home = runtime.homes.get(session_lane(params))
+    if forward is not None:
+        return forward, home, (forward.queue_name or me).rpartition("@")[2]
+    if home is not None:
+        return None, home, home if home != me and runtime.liveness.serving(home) else me
+    prefix = worker_queue("")
+    queues = [q.name for q in runtime.client.list_queues() if q.name.startswith(prefix)]
+    serving = {me} | {
+        q[len(prefix) :] for q in queues if runtime.liveness.serving(q[len(prefix) :])
+    }
+    lane = session_lane(params)
+    return None, None, max(serving, key=lambda e: hashlib.blake2b(f"{lane}\0{e}".encode()).digest())
 
 
 async def _await_forward(
@@ -214,20 +237,27 @@ async def _await_forward(
 ) -> dict[str, Any] | None:
     """The forward's record; ``None`` once it was cancelled (taken back here, or by its home
     as it stopped): the turn runs here."""
-    started = check = time.monotonic()
-    while True:
-        status = await asyncio.to_thread(read_workflow, runtime.client, forward_id)
-        if status is not None and status.status == "SUCCESS":
-            output: Any = status.output
-            return dict(output)
-        if status is not None and status.status == "CANCELLED":
-            return None
-        if status is not None and status.status not in OPEN:
-            raise TurnFailed(f"its forward failed: {status.error or status.status}")
-        if time.monotonic() - check >= TAKE_BACK_CHECK_S:
-            check = time.monotonic()
-            await asyncio.to_thread(_take_back, runtime, forward_id, owner)
-        await anyio.sleep(poll_pace(time.monotonic() - started, runtime.poll))
+    last_check = time.monotonic()
+
+    def take_back() -> None:
+        nonlocal last_check
+        if time.monotonic() - last_check >= TAKE_BACK_CHECK_S:
+            last_check = time.monotonic()
+            _take_back(runtime, forward_id, owner)
+
+    status = await runtime.wakes.until(
+        forward_id,
+        functools.partial(read_workflow, runtime.client, forward_id),
+        lambda status: status is None or status.status not in OPEN,
+        runtime.poll,
+        between=take_back,
+    )
+    if status is not None and status.status == "SUCCESS":
+        output: Any = status.output
+        return dict(output)
+    if status is None or status.status == "CANCELLED":
+        return None
+    raise TurnFailed(f"its forward failed: {status.error or status.status}")
 
 
 def _take_back(runtime: WorkerRuntime, forward_id: str, owner: str) -> None:
