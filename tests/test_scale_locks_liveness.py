@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,15 @@ def test_advisory_locks(pg_url: str, postgres_cluster: Any) -> None:  # noqa: F8
     try:
         foreign.hold("w3", 1)
         assert not locks[3].serving("w3")  # held in another database: not this one's worker
-        _check(*locks, die=lambda liveness: liveness.release())  # its connection ends
+
+        def die(liveness: PostgresLiveness) -> None:
+            liveness.release()  # its connection ends; the server drops its locks just after
+            deadline = time.monotonic() + 10
+            while locks[3].serving("w1"):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        _check(*locks, die=die)
     finally:
         for liveness in [*locks, foreign]:
             with contextlib.suppress(Exception):
