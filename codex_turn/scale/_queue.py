@@ -101,13 +101,15 @@ def prepare_database(database_url: str) -> None:
         path = database_url.removeprefix("sqlite:///")
         for name in (path, path + "-wal", path + "-shm"):
             try:
-                fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if name == path else 0))
+                fd = os.open(
+                    name, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT * (name == path)), 0o600
+                )
             except FileNotFoundError:
                 continue
             try:
                 status = os.fstat(fd)
-                if status.st_uid == os.geteuid() and status.st_mode & 0o077:
-                    os.fchmod(fd, status.st_mode & 0o700)
+                if status.st_uid == os.geteuid() and status.st_mode & 0o177:
+                    os.fchmod(fd, status.st_mode & 0o600)  # a new file, or an earlier one's
             finally:
                 os.close(fd)
     DBOS.migrate(database_url)
