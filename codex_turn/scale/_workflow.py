@@ -5,15 +5,16 @@
 workflow ends, so a session's turns run one at a time, in submission order, on any worker.
 
 **Locality, a hint.** A Codex thread lives in one worker's ``CODEX_HOME``; elsewhere the
-harness starts a fresh thread and the conversation is carried from the transcript. So each
-session has a *home* (:class:`Homes`, one small table of ours: the worker that last ran it).
-A turn dequeued by another worker while its home is serving is *forwarded*: enqueued as a
-second workflow, ``<turn id>:home``, on the home's own queue, and awaited; the first holds the
-session meanwhile. Should the home die first, the forward is taken back under the home's
-alive lock (:mod:`codex_turn.scale._locks`: dead, so it dequeues nothing) by cancelling it,
-and the turn runs where it waits. A re-run of a turn finds its forward by that id.
-``TurnRecord.locality`` says which: ``sticky`` (on the home), ``moved`` (the home was
-dead or draining), ``first``.
+harness starts a fresh thread. So each session has a *home* (:class:`Homes`, one small table
+of ours: the worker that last ran it; a new session's is the serving worker of highest
+rendezvous score). A turn dequeued by another worker while its home serves is *forwarded*:
+enqueued as a second workflow, ``<turn id>:home``, on the home's own queue, and awaited (its
+end announced, :mod:`codex_turn.scale._wake`); the first holds the session meanwhile. Should
+the home die first, the forward is taken back under the home's alive lock
+(:mod:`codex_turn.scale._locks`: dead, it dequeues nothing) by cancelling it, and the turn
+runs where it waits. A re-run of a turn finds its forward by that id.
+``TurnRecord.locality`` says which: ``sticky`` (on the home), ``moved`` (the home was dead or
+draining), ``first``.
 
 **Exactly once.** No step inside: a worker that dies before the outcome is written has the
 workflow run again from the start, and every effect of a turn is idempotent by the turn id:
