@@ -36,11 +36,12 @@ The workflows reach the process's app-server and engine through the worker's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import anyio
@@ -146,7 +147,7 @@ class WorkerRuntime:
     homes: Homes
     wakes: Wakes
     poll: float
-    #: Turns running in this process (a drain waits for zero; the alive lock is kept until).
+    #: Workflows running in this process (the alive lock is kept until none does).
     in_flight: int = 0
 
 
@@ -178,26 +179,38 @@ def forwarded_id(turn_id: str) -> str:
     return f"{turn_id}:home"
 
 
+@contextlib.contextmanager
+def _running(workflow_id: str) -> Iterator[WorkerRuntime]:
+    """This process's runtime, while one of its workflows runs (counted in flight); the
+    workflow's end is announced (:mod:`codex_turn.scale._wake`)."""
+    runtime = _current()
+    runtime.wakes.announcer(workflow_id)
+    runtime.in_flight += 1
+    try:
+        yield runtime
+    finally:
+        runtime.in_flight -= 1
+
+
 @DBOS.workflow(name=WORKFLOW_NAME)
 async def turn_workflow(turn_id: str, wire: dict[str, Any]) -> dict[str, Any]:
     """One queued turn (workflow id = turn id), holding its session's partition."""
-    runtime = _current()
-    runtime.wakes.announcer(turn_id)
-    params = params_from_wire(wire)
-    forward_id = forwarded_id(turn_id)
-    forward, home, target = await asyncio.to_thread(_place, runtime, forward_id, params)
-    if forward is None and target != runtime.executor_id:
-        options: EnqueueOptions = {
-            "workflow_name": FORWARDED_NAME,
-            "queue_name": worker_queue(target),
-            "workflow_id": forward_id,
-            "application_name": APP_NAME,
-        }
-        await asyncio.to_thread(runtime.client.enqueue, options, turn_id, wire, home)
-    forwarded = forward is not None or target != runtime.executor_id
-    if forwarded and (record := await _await_forward(runtime, forward_id, target)):
-        return record
-    return await _run_here(turn_id, params, runtime, previous=home)
+    with _running(turn_id) as runtime:
+        params = params_from_wire(wire)
+        forward_id = forwarded_id(turn_id)
+        forward, home, target = await asyncio.to_thread(_place, runtime, forward_id, params)
+        if forward is None and target != runtime.executor_id:
+            options: EnqueueOptions = {
+                "workflow_name": FORWARDED_NAME,
+                "queue_name": worker_queue(target),
+                "workflow_id": forward_id,
+                "application_name": APP_NAME,
+            }
+            await asyncio.to_thread(runtime.client.enqueue, options, turn_id, wire, home)
+        forwarded = forward is not None or target != runtime.executor_id
+        if forwarded and (record := await _await_forward(runtime, forward_id, target)):
+            return record
+        return await _run_here(turn_id, params, runtime, previous=home)
 
 
 @DBOS.workflow(name=FORWARDED_NAME)
@@ -206,9 +219,8 @@ async def forwarded_workflow(
 ) -> dict[str, Any]:
     """A turn forwarded to its home (workflow id ``<turn id>:home``) by the turn that holds
     its session, which waits for this outcome."""
-    runtime = _current()
-    runtime.wakes.announcer(forwarded_id(turn_id))
-    return await _run_here(turn_id, params_from_wire(wire), runtime, previous=previous)
+    with _running(forwarded_id(turn_id)) as runtime:
+        return await _run_here(turn_id, params_from_wire(wire), runtime, previous=previous)
 
 
 def _place(
@@ -274,33 +286,27 @@ async def _run_here(
     turn_id: str, params: TurnParams, runtime: WorkerRuntime, *, previous: str | None
 ) -> dict[str, Any]:
     """Run the turn in this process (or find it already mirrored); its record as JSON."""
-    runtime.in_flight += 1
     started = time.time()
     lane = session_lane(params)
     me = runtime.executor_id
     noted: asyncio.Future[None] | None = None
     if previous != me:  # the session's home is here from now on (while the turn runs)
         noted = asyncio.ensure_future(asyncio.to_thread(runtime.homes.set, lane, me))
-    try:
-        record = await _attempts(turn_id, params, runtime, started)
-        locality: str | None = (
-            "sticky" if previous == me else "first" if previous is None else "moved"
-        )
-        if noted is not None:
-            try:
-                await noted
-            except Exception as error:
-                _log.warning(
-                    "could not note the session's home",
-                    lane=mask_session_key(lane),
-                    error=format_error(error),
-                )
-                locality = None
-        return attrs.evolve(
-            record, locality=locality, previous_executor_id=previous, ended_at=time.time()
-        ).to_wire()
-    finally:
-        runtime.in_flight -= 1
+    record = await _attempts(turn_id, params, runtime, started)
+    locality: str | None = "sticky" if previous == me else "first" if previous is None else "moved"
+    if noted is not None:
+        try:
+            await noted
+        except Exception as error:
+            _log.warning(
+                "could not note the session's home",
+                lane=mask_session_key(lane),
+                error=format_error(error),
+            )
+            locality = None
+    return attrs.evolve(
+        record, locality=locality, previous_executor_id=previous, ended_at=time.time()
+    ).to_wire()
 
 
 async def _attempts(
