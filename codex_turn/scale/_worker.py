@@ -72,6 +72,7 @@ def take_over(client: DBOSClient, liveness: Liveness, me: str) -> int:
         with liveness.claim(str(owner)) as dead:
             if not dead:
                 continue
+            before = moved
             for turn in client.list_workflows(
                 queue_name=QUEUE,
                 status="PENDING",
@@ -93,7 +94,9 @@ def take_over(client: DBOSClient, liveness: Liveness, me: str) -> int:
                 )
                 client.resume_workflow(turn.workflow_id, queue_name=QUEUE)
                 moved += 1
-            _log.warning("took over the turns of a dead worker", executor=owner, turns=moved)
+            _log.warning(
+                "took over the turns of a dead worker", executor=owner, turns=moved - before
+            )
     return moved
 
 
@@ -183,6 +186,8 @@ class TurnWorker:
     def _prepare(self, liveness: Liveness) -> WorkerRuntime:
         prepare_database(self.database_url)
         client = dbos_client(self.database_url)
+        # Forwards are rarer than turns: their queue is read half as often (each read of an
+        # idle queue costs DBOS ~2 ms of CPU).
         for queue, partitioned in ((QUEUE, True), (worker_queue(self.executor_id), False)):
             client.register_queue(
                 queue,
