@@ -6,19 +6,21 @@
 **Overhead.** One real ``codex app-server`` and one offline model (a fixed reply) serve every
 turn; one in-process :class:`~codex_turn.scale.TurnWorker` runs the queued ones (so the
 client, the worker and the direct turns share one event loop and one GIL: the pessimistic
-case). Pairs of turns, the order inside a pair alternating, on two sessions of their own (so
-both kinds resume a bound thread every turn):
+case). Rounds of three turns, the order inside a round rotating, on sessions of their own (so
+every kind resumes a bound thread every turn):
 
 * **direct**: ``await run_codex_turn(params, app_server=server)``;
 * **queued**: ``await (await queue.submit_async(params, turn_id=...)).result_async()``: the
-  routed enqueue (one transaction), the worker's dequeue (its queue polled every 5 ms), the
-  workflow's outcome, and the handle's wake-up and read of it.
+  enqueue (one commit), the worker's dequeue (the queue polled every 5 ms), the workflow's
+  outcome, and the handle's wake-up and read of it;
+* **polled**: the same, but the handle has no wake-up (``codex_turn.scale._wake``) and reads
+  the turn's status 5 ms apart, as on Postgres: what the wake-ups save.
 
-Overhead = queued - direct of the same pair (median, p90); goal <= 10 ms per turn. No engine
+Overhead = queued - direct of the same round (median, p90); goal <= 10 ms per turn. No engine
 (plain Codex) in both, so the figure is the queue's alone. Less noisy on a busy machine:
 a queued turn's time minus its attempt's own span in the worker (``TurnRecord.started_at`` to
 ``ended_at``), what the queue adds around the turn. Also printed: the idle CPU of a
-worker (DBOS reads its queue every ``poll`` s, about 2 ms of CPU per read here).
+worker (DBOS reads its queues every ``poll`` s, about 2 ms of CPU per read here).
 
 **Recovery.** ``codex-turn worker`` processes w1 (its model stuck for a minute) and w2: w1 is
 SIGKILLed mid-turn; the time until the turn runs again on w2 (goal <= 2 s).
@@ -45,6 +47,7 @@ from pathlib import Path
 
 from codex_turn import AppServer, AppServerConfig, TurnParams, run_codex_turn
 from codex_turn.scale import TurnQueue, TurnWorker
+from codex_turn.scale._wake import Wakes
 from codex_turn.testing import OfflineModel, Reply
 
 CLI = Path(sys.executable).parent / "codex-turn"
@@ -71,14 +74,16 @@ def _cpu() -> float:
 
 async def overhead(tmp: Path, pairs: int, warmup: int) -> None:
     url = f"sqlite:///{tmp}/turns.sqlite"
+    kinds = ("direct", "queued", "polled")
     with OfflineModel() as model:
         model.script(Reply.fixed("ok"), times=1_000_000)
         config = AppServerConfig.offline(
             tmp / "codex-home", model.base_url, env=model.proxy_env(), home=tmp
         )
         queue = await asyncio.to_thread(TurnQueue, url)
-        direct: list[float] = []
-        queued: list[float] = []
+        polled = await asyncio.to_thread(TurnQueue, url)
+        polled._wakes = Wakes(None)  # its handles poll: what the wake-ups save
+        took: dict[str, list[float]] = {kind: [] for kind in kinds}
         outside: list[float] = []  # a queued turn's time outside its attempt's own span
         async with AppServer.start(config) as server, TurnWorker(url, app_server=server):
             await asyncio.sleep(0.5)
@@ -86,27 +91,28 @@ async def overhead(tmp: Path, pairs: int, warmup: int) -> None:
             await asyncio.sleep(3)
             idle = (_cpu() - cpu) / (time.monotonic() - wall)
             for i in range(warmup + pairs):
-                order = ("direct", "queued") if i % 2 == 0 else ("queued", "direct")
-                for kind in order:
+                for kind in kinds[i % 3 :] + kinds[: i % 3]:
+                    params = _params(tmp, kind, f"{kind[0]}{i}")
                     start = time.perf_counter()
                     if kind == "direct":
-                        await run_codex_turn(_params(tmp, "direct", f"d{i}"), app_server=server)
+                        await run_codex_turn(params, app_server=server)
                     else:
-                        handle = await queue.submit_async(
-                            _params(tmp, "queued", f"q{i}"), turn_id=f"q-{i}"
-                        )
+                        turns = queue if kind == "queued" else polled
+                        handle = await turns.submit_async(params, turn_id=f"{kind}-{i}")
                         record = await handle.result_async()
-                    took = (time.perf_counter() - start) * 1000
+                    ms = (time.perf_counter() - start) * 1000
                     if i >= warmup:
-                        (direct if kind == "direct" else queued).append(took)
+                        took[kind].append(ms)
                         if kind == "queued":
-                            span = (record.ended_at - record.started_at) * 1000
-                            outside.append(took - span)
+                            outside.append(ms - (record.ended_at - record.started_at) * 1000)
         queue.close()
-    extra = [q - d for q, d in zip(queued, direct, strict=True)]
-    print(f"overhead: {pairs} pairs (+{warmup} warm-up), embedded SQLite, offline model, no engine")
+        polled.close()
+    direct = took["direct"]
+    extra = [q - d for q, d in zip(took["queued"], direct, strict=True)]
+    saved = [p - q for p, q in zip(took["polled"], took["queued"], strict=True)]
+    print(f"overhead: {pairs} rounds (+{warmup} warm-up), SQLite, offline model, no engine")
     print(f"  direct run_codex_turn  median {statistics.median(direct):7.2f} ms")
-    print(f"  queued (TurnQueue)     median {statistics.median(queued):7.2f} ms")
+    print(f"  queued (TurnQueue)     median {statistics.median(took['queued']):7.2f} ms")
     print(
         f"  overhead per turn      median {statistics.median(extra):7.2f} ms, "
         f"p90 {_quantile(extra, 0.9):7.2f} ms (goal <= 10 ms)"
@@ -115,8 +121,11 @@ async def overhead(tmp: Path, pairs: int, warmup: int) -> None:
         f"  outside the attempt    median {statistics.median(outside):7.2f} ms, "
         f"p90 {_quantile(outside, 0.9):7.2f} ms (a queued turn's time minus its attempt's span)"
     )
-    print(f"  ratio queued/direct    {statistics.median(queued) / statistics.median(direct):.2f}x")
-    print(f"  idle worker process    {idle * 100:.0f}% of a core (queue polled every 5 ms)")
+    print(
+        f"  polled, no wake-ups    median {statistics.median(took['polled']):7.2f} ms: "
+        f"wake-ups save {statistics.median(saved):.2f} ms a turn (median of the rounds)"
+    )
+    print(f"  idle worker process    {idle * 100:.0f}% of a core (queues polled every 5 ms)")
 
 
 def _worker(url: str, log: Path, executor_id: str, *extra: str) -> subprocess.Popen[bytes]:
@@ -236,7 +245,7 @@ def throughput(tmp: Path, workers: int, sessions: int = 16, turns: int = 4) -> f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--pairs", type=int, default=40, help="rounds of the overhead")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--tmp", help="where the databases, Codex homes and sessions live")
     parser.add_argument("--only", choices=["overhead", "recovery", "throughput"])

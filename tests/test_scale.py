@@ -181,13 +181,14 @@ async def test_a_turn_already_in_the_transcript_is_not_run_again(
 
 
 def _start_worker(
-    db_url: str, log: Path, *extra: str, cwd: Path | None = None
+    db_url: str, log: Path, *extra: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [str(CLI), "worker", "--db", db_url, "--offline", "--engine", "sqlite", *extra],
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -321,7 +322,7 @@ def test_one_live_worker_per_executor_id(tmp_path: Path, db_url: str) -> None:
         script = (
             "import anyio, sys\n"
             "from codex_turn.scale import TurnWorker\n"
-            "from codex_turn.scale._watchdog import ExecutorIdInUse\n"
+            "from codex_turn.scale import ExecutorIdInUse\n"
             "async def main():\n"
             "    try:\n"
             "        async with TurnWorker(sys.argv[1], app_server=None, executor_id='same',"
@@ -349,11 +350,11 @@ async def test_a_drain_that_times_out_keeps_the_executor_lock_until_the_turn_end
     make_appserver_config: Callable[..., AppServerConfig],
 ) -> None:
     """DBOS's shutdown does not cancel a turn: released then, a peer would re-run it."""
-    from codex_turn.scale._watchdog import executor_locks_for
+    from codex_turn.scale._locks import liveness_for
 
     offline_model.script(Reply.fixed("late reply", delay=3.0))
     await queue.submit_async(_params(tmp_path, "s1", "long one"), turn_id="t-1")
-    peer = executor_locks_for(db_url)
+    peer = liveness_for(db_url)
     async with AppServer.start(make_appserver_config()) as server:
         worker = TurnWorker(db_url, app_server=server, executor_id="w1", watchdog_interval=None)
         await worker.__aenter__()

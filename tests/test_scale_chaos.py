@@ -15,12 +15,17 @@ finalize is finalized by its recovery (``codex_turn.scale._catch_up``), not left
 session's next bootstrap (which a session's last turn never gets, and an engine without
 ``bootstrap`` never does: ``tests/test_scale_recovery_engine.py``). A bootstrap afterwards
 then finds nothing to import.
+
+Every request the workers' stand-in models received is recorded as it arrives
+(``model-requests.jsonl``, :func:`model_requests`): what the model was asked for each turn,
+on whichever worker it ran, before and after each move.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
 import signal
 import subprocess
@@ -36,12 +41,21 @@ from test_scale import _log_size, _messages, _params, _start_worker, _texts, _wa
 from codex_turn.engines import SqliteContextEngine
 from codex_turn.harness.lifecycle import call_bootstrap
 from codex_turn.scale import QueuedTurn, TurnQueue, TurnRecord
+from codex_turn.scale._cli import MODEL_LOG_ENV
+from codex_turn.testing import RecordedRequest
 
 pytestmark = pytest.mark.codex
 
 SESSIONS, TURNS = 20, 5  # turns per session submitted up front
 MAX_TURNS = 15  # the top-up's ceiling, per session
 MIN_KILLS = 10
+
+
+def model_requests(path: Path) -> list[tuple[str, RecordedRequest]]:
+    """Every request the workers' stand-in models received, in arrival order per worker: the
+    executor id and the request (its ``last_user_text`` names the turn's prompt)."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(record.pop("executor_id"), RecordedRequest(**record)) for record in records]
 
 
 def _text(message: dict[str, Any]) -> str:
@@ -72,6 +86,7 @@ class Fleet:
             "--offline-delay",
             "0.4",  # each reply takes a while: kills land inside turns
             cwd=self.tmp_path,
+            env={MODEL_LOG_ENV: str(self.tmp_path / "model-requests.jsonl")},
         )
 
     def wait_up(self, executor_id: str) -> None:
@@ -139,7 +154,7 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
                 now = [h.status() for h in handles]
                 running = any(status.state == "running" for status in now)
                 # Every other kill hits a worker that runs a turn: its sessions move mid-turn
-                # (the move of a session is all or nothing: tests/test_scale_lane_move.py).
+                # (a kill at each step of a takeover: tests/test_scale_takeover.py).
                 busy = sorted({s.executor_id for s in now if s.state == "running"} & set(ids))
                 if fleet.kills >= 5 and not fleet_restarted:
                     for executor_id in ids:  # the whole fleet at once
@@ -163,6 +178,10 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
             fleet.stop()
 
     assert {r.outcome for r in records.values()} == {"completed"}
+    # The request's last user text is the prompt, or ends with it (a fresh thread's frame
+    # of the conversation so far, then "Current user request:").
+    requests = model_requests(tmp_path / "model-requests.jsonl")
+    asked = {request.last_user_text.rsplit("\n", 1)[-1] for _, request in requests}
     store = Path(SqliteContextEngine.store_next_to(tmp_path / "s0.jsonl"))
     for s in range(SESSIONS):
         session = tmp_path / f"s{s}.jsonl"
@@ -172,6 +191,7 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
         replies = _texts(session, "assistant")
         assert len(replies) == turns, replies
         assert all(reply.endswith(p) for reply, p in zip(replies, prompts, strict=True))
+        assert set(prompts) <= asked  # each turn's prompt reached a model
         keys = [m.get("idempotencyKey") for m in _messages(session)]
         assert len(keys) == len(set(keys))
         ran = [records[f"s{s}-{n}"] for n in range(1, turns + 1)]

@@ -1,96 +1,73 @@
-"""codex_turn.scale's liveness probe (``ExecutorLocks.alive``): a worker's lock held by a
-peer's claim (its watchdog cleaning up after the dead worker) or only by a process that
-inherited the dead worker's open lock file reads as dead; a lock its live worker holds reads
-as alive. Lock files (SQLite) and advisory locks (Postgres)."""
+"""codex_turn.scale's liveness locks (:mod:`codex_turn.scale._locks`): a worker's alive lock
+held by the worker is never claimed, a dead worker's is claimed by one peer at a time (and a
+worker restarted under its id waits for that claim); the serving probe takes nothing and says
+whether a worker takes forwarded turns. Lock files (SQLite) and advisory locks (Postgres)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_scale_postgres import pg_url, postgres_cluster  # noqa: F401 (fixtures)
 
-from codex_turn.scale._locks import FileExecutorLocks, PostgresExecutorLocks
+from codex_turn.scale import ExecutorIdInUse
+from codex_turn.scale._locks import FileLiveness, Liveness, PostgresLiveness
 
 
-def _die(locks: FileExecutorLocks) -> None:
-    """As the OS does when the holder dies: its lock goes, its file and record stay."""
-    fd, locks._fd, locks._path = locks._fd, None, None
-    assert fd is not None
-    os.close(fd)
+def _die(locks: FileLiveness) -> None:
+    """As the OS does when the holder dies: its locks go, its files stay."""
+    for fd in (locks._alive, locks._serving):
+        assert fd is not None
+        os.close(fd)
+    locks._alive = locks._serving = None
 
 
-def test_a_claim_on_a_dead_workers_lock_file_reads_dead_to_the_probe(tmp_path: Path) -> None:
-    directory = str(tmp_path / "turns.sqlite.executors")
-    home, other, watchdog, prober = (FileExecutorLocks(directory) for _ in range(4))
+def _check(home: Liveness, other: Liveness, peer: Liveness, prober: Liveness, die: Any) -> None:
     home.hold("w1", 1)
     other.hold("w2", 1)
-    try:
-        assert prober.alive("w1")  # held by their (live) holders
-        assert prober.alive("w2")
-        assert home.alive("w1")  # its own
-        _die(home)  # its record still names a live pid: only the claim's mark tells
-        with watchdog.claim("w1") as dead:
-            assert dead
-            assert not prober.alive("w1")  # the claim holds it: its holder is dead
-            with prober.claim("w1") as also:
-                assert not also  # the claim still excludes every other claim
-        assert not prober.alive("w1")  # free
-        with watchdog.claim("w2") as dead:
-            assert not dead
-        assert prober.alive("w2")  # a failed claim leaves the holder's record alone
-    finally:
-        other.release()
+    assert prober.serving("w1")
+    assert prober.serving("w2")
+    with peer.claim("w1") as dead:
+        assert not dead  # its live worker holds it
+    with home.claim("w1") as dead:
+        assert not dead  # never its own
+    other.stop_serving()  # w2 drains: alive, takes no forwarded turn
+    assert not prober.serving("w2")
+    with peer.claim("w2") as dead:
+        assert not dead
+    die(home)
+    assert not prober.serving("w1")
+    with peer.claim("w1") as dead:
+        assert dead
+        with prober.claim("w1") as also:
+            assert not also  # one claimer at a time
+        with pytest.raises(ExecutorIdInUse):
+            prober.hold("w1", 0.2)  # a restart waits for the claim
+    again = type(prober)(*_args(prober))
+    again.hold("w1", 1)  # restarted
+    assert prober.serving("w1")
+    again.release()
+    other.release()
 
 
-_HOLDER = """
-import os, sys, time
-from codex_turn.scale._locks import FileExecutorLocks
-FileExecutorLocks(sys.argv[1]).hold("w1", 5)
-child = os.fork()
-if child == 0:  # forked without exec: keeps the open lock file, and with it the flock
-    time.sleep(120)
-    os._exit(0)
-print(child, flush=True)
-time.sleep(120)
-"""
+def _args(liveness: Liveness) -> tuple[str]:
+    if isinstance(liveness, FileLiveness):
+        return (liveness.directory,)
+    return (liveness.url,)
 
 
-def test_a_lock_kept_only_by_a_forked_child_of_its_dead_holder_reads_dead(
-    tmp_path: Path,
-) -> None:
+def test_lock_files(tmp_path: Path) -> None:
     directory = str(tmp_path / "turns.sqlite.executors")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, directory], stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout is not None
-    child = int(holder.stdout.readline())
-    prober = FileExecutorLocks(directory)
-    try:
-        assert prober.alive("w1")
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=10)  # reaped
-        with prober.claim("w1") as dead:
-            assert not dead  # the child's copy of the open file keeps the flock
-        assert not prober.alive("w1")  # but the pid that took it is gone
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(timeout=10)
-        holder.stdout.close()
+    home, other, peer, prober = (FileLiveness(directory) for _ in range(4))
+    _check(home, other, peer, prober, _die)
+    assert not (tmp_path / "turns.sqlite.executors" / "w1.lock").exists()  # claimer unlinked
 
 
-def test_a_claim_on_a_dead_workers_postgres_lock_reads_dead_to_the_probe(
-    pg_url: str,  # noqa: F811
-    postgres_cluster: Any,  # noqa: F811
-) -> None:
+def test_advisory_locks(pg_url: str, postgres_cluster: Any) -> None:  # noqa: F811
     import uuid
 
     import psycopg
@@ -98,33 +75,21 @@ def test_a_claim_on_a_dead_workers_postgres_lock_reads_dead_to_the_probe(
     elsewhere = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_cluster.get_uri("postgres"), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {elsewhere}")
-    home, other, watchdog, prober = (PostgresExecutorLocks(pg_url) for _ in range(4))
-    foreign = PostgresExecutorLocks(postgres_cluster.get_uri(elsewhere))
+    locks = [PostgresLiveness(pg_url) for _ in range(4)]
+    foreign = PostgresLiveness(postgres_cluster.get_uri(elsewhere))
     try:
-        home.hold("w1", 1)
-        other.hold("w2", 1)
         foreign.hold("w3", 1)
-        assert prober.alive("w1")
-        assert prober.alive("w2")
-        assert home.alive("w1")
-        assert not prober.alive("w3")  # held in another database: not this one's worker
-        home.release()  # dies: its connection ends
-        assert not prober.alive("w1")
-        with watchdog.claim("w1") as dead:
-            assert dead
-            assert not prober.alive("w1")  # the claim holds it: its holder is dead
-            with prober.claim("w1") as also:
-                assert not also
-        with watchdog.claim("w2") as dead:
-            assert not dead
-        assert prober.alive("w2")
-        again = PostgresExecutorLocks(pg_url)
-        try:
-            again.hold("w1", 1)  # restarted: the claim's mark went with the claim
-            assert prober.alive("w1")
-        finally:
-            again.release()
+        assert not locks[3].serving("w3")  # held in another database: not this one's worker
+
+        def die(liveness: PostgresLiveness) -> None:
+            liveness.release()  # its connection ends; the server drops its locks just after
+            deadline = time.monotonic() + 10
+            while locks[3].serving("w1"):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        _check(*locks, die=die)
     finally:
-        for locks in (home, other, watchdog, prober, foreign):
+        for liveness in [*locks, foreign]:
             with contextlib.suppress(Exception):
-                locks.release()
+                liveness.release()

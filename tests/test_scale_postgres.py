@@ -109,7 +109,7 @@ def test_three_workers_on_postgres_run_each_turn_once_in_session_order(
 def test_a_live_peer_on_postgres_recovers_a_sigkilled_workers_turn(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """The watchdog on Postgres: w0's advisory lock goes with its connection."""
+    """A live peer's sweep on Postgres: w0's advisory lock goes with its connection."""
     session = tmp_path / "s1.jsonl"
     log0, log1 = tmp_path / "w0.log", tmp_path / "w1.log"
     with TurnQueue(pg_url) as queue:
@@ -146,12 +146,12 @@ def test_a_live_peer_on_postgres_recovers_a_sigkilled_workers_turn(
 def test_a_worker_that_loses_its_postgres_lock_stops_taking_turns_loudly(
     pg_url: str, postgres_cluster: Any
 ) -> None:
-    """The session-level advisory lock dies with its connection: the watchdog notices."""
+    """The session-level advisory lock dies with its connection: the sweeper notices."""
     import anyio
     import psycopg
 
-    from codex_turn.scale import TurnWorker
-    from codex_turn.scale._watchdog import ExecutorLockLost, executor_locks_for
+    from codex_turn.scale import ExecutorLockLost, TurnWorker
+    from codex_turn.scale._locks import liveness_for
 
     class NoServer:  # no turn is queued: the worker never uses it
         pass
@@ -164,22 +164,21 @@ def test_a_worker_that_loses_its_postgres_lock_stops_taking_turns_loudly(
             watchdog_interval=0.1,
         )
         async with worker:
-            locks: Any = worker._locks
-            assert worker.watchdog is not None
-            assert worker.watchdog.check_own_lock()  # held, verified on its connection
+            locks: Any = worker.liveness
+            locks.verify()  # held, verified on its connection
             assert not worker.lock_lost.is_set()
             with psycopg.connect(pg_url, autocommit=True) as admin:
                 admin.execute(
-                    "SELECT pg_terminate_backend(%s)", (locks._connection.info.backend_pid,)
+                    "SELECT pg_terminate_backend(%s)", (locks.connection.info.backend_pid,)
                 )
             with anyio.fail_after(10):
                 while not worker.lock_lost.is_set():  # noqa: ASYNC110
                     await anyio.sleep(0.05)
-            assert worker.watchdog is not None
-            assert isinstance(worker.watchdog.lock_lost, ExecutorLockLost)
+            with pytest.raises(ExecutorLockLost):
+                locks.verify()
             # A peer can take the lock now: the worker took no turn since (its queue
             # threads were stopped when the loss was seen).
-            peer = executor_locks_for(pg_url)
+            peer = liveness_for(pg_url)
             try:
                 with peer.claim("w1") as dead:
                     assert dead
@@ -187,12 +186,3 @@ def test_a_worker_that_loses_its_postgres_lock_stops_taking_turns_loudly(
                 peer.release()
 
     anyio.run(scenario, backend="asyncio")
-
-
-def test_a_move_on_postgres_writes_what_dbos_resume_workflows_writes(
-    tmp_path: Path, pg_url: str
-) -> None:
-    """The lane move writes DBOS's table in DBOS's schema (``dbos``) on Postgres too."""
-    from test_scale_lane_move import check_a_move_writes_what_dbos_resume_writes
-
-    check_a_move_writes_what_dbos_resume_writes(tmp_path, pg_url)

@@ -2,35 +2,44 @@
 
 One app-server per worker process (the user's Codex home, ``--codex-home``, or with
 ``--offline`` a private home per executor id next to the SQLite database and the local
-stand-in model). The
-engine of a turn: ``--engine sqlite`` (the default) is the reference engine whose store sits
-next to the turn's session, one per directory, kept open while the worker runs; ``none`` runs
-plain Codex; ``module:attr`` one engine for every turn.
+stand-in model). The engine of a turn: ``--engine sqlite`` (the default) is the reference
+engine whose store sits next to the turn's session, one per directory, kept open while the
+worker runs; ``none`` runs plain Codex; ``module:attr`` one engine for every turn.
 
 On SIGTERM or SIGINT the worker stops taking turns, lets the ones in flight finish (at most
-``--drain-timeout`` seconds; a turn still running then is recovered by a live worker's
-watchdog, or when a worker with the same ``--executor-id`` starts) and exits 0. A second
-signal leaves at once. Each live worker needs its own ``--executor-id``.
+``--drain-timeout`` seconds; a turn still running then is taken over by a live worker, or
+recovered when a worker with the same ``--executor-id`` starts) and exits 0. A second signal
+leaves at once. Each live worker needs its own ``--executor-id``; a worker that loses its
+executor lock stops and exits 5.
+
+With ``--offline`` and ``CODEX_TURN_WORKER_MODEL_LOG=FILE`` in its environment, the worker
+appends every request its stand-in model receives to ``FILE`` as a JSON line (the executor id
+and the fields of :class:`~codex_turn.testing.RecordedRequest`) as it arrives: a test's record
+of what the model was asked, turn by turn, across workers and kills.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
-import urllib.parse
+import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 
 from codex_turn._cli_support import EXIT_CODEX, EXIT_OK, UsageError, close_engine, codex_config
 from codex_turn.harness.turn_api import TurnParams
+from codex_turn.scale._queue import InvalidQueueConfig, check_database_url, check_executor_id
 from codex_turn.scale._worker import TurnWorker
 
 __all__ = ["worker_command"]
+
+MODEL_LOG_ENV = "CODEX_TURN_WORKER_MODEL_LOG"
 
 
 class _Engines:
@@ -46,8 +55,6 @@ class _Engines:
             self._single = load_engine_spec(spec)
 
     def __call__(self, params: TurnParams) -> object | None:
-        if self.spec == "none":
-            return None
         if self.spec != "sqlite":
             return self._single
         from codex_turn.engines import SqliteContextEngine
@@ -69,15 +76,30 @@ def _offline_anchor(database_url: str, executor_id: str) -> str:
         base = os.path.dirname(os.path.abspath(database_url.removeprefix("sqlite:///")))
     else:
         base = os.getcwd()
-    name = "codex-turn-worker-" + urllib.parse.quote(executor_id, safe="")
-    return os.path.join(base, name, "anchor")
+    return os.path.join(base, f"codex-turn-worker-{executor_id}", "anchor")
+
+
+def _record_requests(model: Any, path: str, executor_id: str) -> None:
+    """Append each request ``model`` receives to ``path`` (a daemon thread, until exit)."""
+    seen = 0
+    with open(path, "a", encoding="utf-8") as log:
+        while True:
+            try:
+                requests = model.wait_for_requests(seen + 1, timeout=3600)
+            except TimeoutError:
+                continue
+            for request in requests[seen:]:
+                fields = ("index", "method", "path", "headers", "body", "received_at")
+                record = {name: getattr(request, name) for name in fields}
+                log.write(json.dumps({"executor_id": executor_id, **record}, default=dict) + "\n")
+            log.flush()
+            seen = len(requests)
 
 
 async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
     from codex_turn.harness.appserver import AppServer
 
     engines = _Engines(args.engine or "sqlite")
-    lost = False
     try:
         with codex_config(
             offline=args.offline,
@@ -86,7 +108,13 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
             model=args.model,
             offline_delay=args.offline_delay,
             codex_bin=args.codex_bin,
-        ) as (config, _model):
+        ) as (config, model):
+            if model is not None and os.environ.get(MODEL_LOG_ENV):
+                threading.Thread(
+                    target=_record_requests,
+                    args=(model, os.environ[MODEL_LOG_ENV], args.executor_id),
+                    daemon=True,
+                ).start()
             async with AppServer.start(config) as server:
                 worker = TurnWorker(
                     args.db,
@@ -95,7 +123,8 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
                     executor_id=args.executor_id,
                     drain_timeout=args.drain_timeout,
                 )
-                async with worker:
+                await worker.__aenter__()
+                try:
                     print(
                         f"codex-turn worker: executor {args.executor_id} on {args.db}",
                         file=err,
@@ -103,6 +132,10 @@ async def _serve(args: argparse.Namespace, err: IO[str]) -> int:
                     )
                     lost = await _until_signal_or_lock_lost(worker, err)
                     drained = await _drain_or_leave(worker)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await worker.shutdown()
+                    raise
                 print(
                     "codex-turn worker: "
                     + ("drained" if drained else "left turns running (recovered on restart)"),
@@ -135,7 +168,7 @@ async def _until_signal_or_lock_lost(worker: TurnWorker, err: IO[str]) -> bool:
 
         async def on_lock_lost() -> None:
             nonlocal lost
-            # A threading.Event set by the watchdog thread: polling parks no worker thread.
+            # A threading.Event set by the sweeper thread: polling parks no worker thread.
             while not worker.lock_lost.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.2)
             lost = True
@@ -157,7 +190,7 @@ async def _drain_or_leave(worker: TurnWorker) -> bool:
     async with anyio.create_task_group() as group:
 
         async def wait_idle() -> None:
-            await worker.wait_idle(worker.drain_timeout)
+            await worker.wait_idle(worker.drain_timeout + 2.0)
             group.cancel_scope.cancel()
 
         async def second_signal() -> None:
@@ -172,12 +205,18 @@ async def _drain_or_leave(worker: TurnWorker) -> bool:
 
 
 def worker_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    try:
+        check_database_url(args.db)
+        check_executor_id(args.executor_id)
+    except InvalidQueueConfig as error:
+        raise UsageError(str(error)) from error
     if args.offline and args.codex_home:
         raise UsageError("give --offline or --codex-home, not both")
     if args.offline_delay and not args.offline:
         raise UsageError("--offline-delay needs --offline")
     if args.offline:
-        Path(_offline_anchor(args.db, args.executor_id)).parent.mkdir(parents=True, exist_ok=True)
+        anchor = Path(_offline_anchor(args.db, args.executor_id)).parent
+        anchor.mkdir(mode=0o700, parents=True, exist_ok=True)
     # DBOS runs its async workflows on asyncio's loop: the worker runs on asyncio.
     code: int = asyncio.run(_serve(args, err))
     sys.stdout.flush()

@@ -1,357 +1,235 @@
-"""Liveness locks: one per live worker, named by its executor id, dropped when it dies.
+"""Liveness: two locks per live worker, dropped by the OS (or Postgres) the moment it dies.
 
-Every worker holds an advisory lock named by its executor id for as long as it lives, and the
-operating system (or Postgres) drops it the moment the process dies, even by SIGKILL. Whoever
-can take a worker's lock knows that worker is dead (:meth:`ExecutorLocks.claim`), and holds it
-while it cleans up after it, so a worker restarted under that id waits until it is done.
+A worker holds, named by its executor id, an *alive* lock for its whole life and a *serving*
+lock until it starts draining. Both go when the process dies, even by SIGKILL. So whoever
+takes a worker's alive lock (:meth:`FileLiveness.claim`) knows that worker is dead, and holds
+the lock while it recovers the worker's turns: a worker restarted under that id waits until
+it is done, and one live worker runs per id. Whether a worker takes forwarded turns is a probe
+of its serving lock (:meth:`FileLiveness.serving`), which takes nothing.
 
-So a held lock is not a live worker: it may be a claim, a peer cleaning up after the dead one
-(a watchdog holds it while it moves the dead worker's turns). A claim marks itself, and the
-liveness probe (:meth:`ExecutorLocks.alive`, what routing asks) reads a lock held under that
-mark as dead: else a turn submitted during a peer's cleanup went to the dead worker's queue.
-
-* SQLite (one machine): a lock file per executor id in ``<database>.executors/``, held with
-  ``flock`` and holding a record of who holds it (pid, host, pid namespace, and whether it is a
-  claim); a taker of a dead executor's lock unlinks the file (a taker re-checks that the path
-  still names the file it locked). The probe also reads a lock as dead when the pid it
-  records is gone from this host's pid namespace (the instant before a claimer's record is
-  written; a child forked without exec that kept the dead holder's open file).
-* Postgres (many machines): a session-level ``pg_advisory_lock`` on a connection of its own,
-  released by the server when the holder's connection ends; a claim's mark is a second
-  advisory lock, and the probe reads ``pg_locks`` (taking nothing).
-
-The same locks name things that are not executors (the inbox's mover,
-:data:`codex_turn.scale._routing.INBOX_LOCK`): a claim is then a plain mutual exclusion.
+* SQLite (one machine): ``flock`` on ``<id>.lock`` and ``<id>.serving`` in
+  ``<database>.executors/`` (owner-only). The alive file names its holder (pid, host) for the
+  error a second worker under the id gets; it is unlinked by its holder on release and by a
+  claimer that found it dead (a taker re-checks that the path still names the file it locked).
+* Postgres (many machines): session-level advisory locks on a connection of the worker's own,
+  released by the server when that connection ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from codex_turn._log import format_error
+from codex_turn.errors import CodexTurnError
 
-__all__ = [
-    "ExecutorIdInUse",
-    "ExecutorLockLost",
-    "ExecutorLocks",
-    "FileExecutorLocks",
-    "PostgresExecutorLocks",
-    "executor_locks_for",
-]
+__all__ = ["ExecutorIdInUse", "ExecutorLockLost", "Liveness", "liveness_for"]
 
-#: The first key of every Postgres advisory lock of codex-turn (the second is the executor's).
-_PG_LOCK_SPACE: Final = "codex-turn-executor"
-#: The first key of a claim's mark (held with the executor's lock while a claim holds it).
-_PG_CLAIM_SPACE: Final = "codex-turn-executor-claim"
+_PG_ALIVE: Final = "codex-turn-executor"
+_PG_SERVING: Final = "codex-turn-serving"
+_PG_HELD: Final = (
+    "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND objsubid = 2 AND classid = hashtext(%s)::oid AND objid = hashtext(%s)::oid"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
-class ExecutorIdInUse(RuntimeError):
+class ExecutorIdInUse(CodexTurnError, RuntimeError):
     """Another live worker runs under this executor id (give each worker its own)."""
 
 
-class ExecutorLockLost(RuntimeError):
-    """This worker no longer holds its executor lock (its database connection dropped): a
-    peer may recover its turns, so it must take no new turn and shut down."""
+class ExecutorLockLost(CodexTurnError, RuntimeError):
+    """This worker no longer holds its alive lock (its database connection dropped): a peer
+    may take its turns over, so it must take no new turn and shut down."""
 
 
-class ExecutorLocks(Protocol):
-    """One worker's liveness lock and its probes of its peers' locks."""
-
-    def hold(self, executor_id: str, timeout: float) -> None:
-        """Take this worker's lock (waiting at most ``timeout`` s): ``ExecutorIdInUse``."""
-
-    def release(self) -> None:
-        """Let this worker's lock go."""
-
-    def verify(self, executor_id: str) -> None:
-        """Raise :class:`ExecutorLockLost` unless this worker still holds its lock."""
-
-    def claim(self, executor_id: str) -> contextlib.AbstractContextManager[bool]:
-        """While the block runs: True when ``executor_id``'s lock was free (its holder is
-        dead) and is now held here (marked as a claim), False when another process holds it
-        (its holder, or another claim)."""
-
-    def alive(self, executor_id: str) -> bool:
-        """Whether ``executor_id``'s holder lives: its lock is held, and not by a claim (a
-        claim proves the holder dead). Takes the lock of a dead one only for an instant."""
-
-
-# --- SQLite: lock files ------------------------------------------------------------------
-
-
-class FileExecutorLocks:
-    """Lock files in ``directory``, one per executor id, held with ``flock``."""
+class FileLiveness:
+    """``flock`` on files in ``directory``."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self._fd: int | None = None
-        self._path: str | None = None
+        self.executor_id: str | None = None
+        self._alive: int | None = None
+        self._serving: int | None = None
 
-    def _path_of(self, executor_id: str) -> str:
-        return os.path.join(self.directory, urllib.parse.quote(executor_id, safe="") + ".lock")
+    def _path(self, executor_id: str, kind: str) -> str:
+        return os.path.join(self.directory, f"{executor_id}.{kind}")
 
-    def _try_lock(self, path: str) -> int | None:
-        """The fd of ``path``, locked exclusively, or None if a live process holds it."""
+    def _take(self, path: str) -> int | None:
+        """``path``'s fd, locked, or None when another open file holds it."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as error:
+            except BlockingIOError:
                 os.close(fd)
-                if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    return None
-                raise
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
-            os.close(fd)  # unlinked by a watchdog meanwhile: lock the file there now
+                return None
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    return fd
+            os.close(fd)  # unlinked meanwhile by a releaser or a claimer: lock the new file
 
     def hold(self, executor_id: str, timeout: float) -> None:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        path = self._path_of(executor_id)
+        """Take this worker's locks, waiting at most ``timeout`` s (``ExecutorIdInUse``)."""
+        path = self._path(executor_id, "lock")
         deadline = time.monotonic() + timeout
-        while (fd := self._try_lock(path)) is None:
+        while (fd := self._take(path)) is None:
             if time.monotonic() >= deadline:
                 raise ExecutorIdInUse(
                     f"executor id {executor_id!r} is held by another live worker "
                     f"({_holder(path)}): give each worker its own executor id"
                 )
             time.sleep(0.02)
-        _write_record(fd, _record(executor_id, claim=False))
-        self._fd, self._path = fd, path
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))
+        self.executor_id, self._alive = executor_id, fd
+        while (serving := self._take(self._path(executor_id, "serving"))) is None:
+            time.sleep(0.005)  # a prober holds it for an instant
+        self._serving = serving
+
+    def stop_serving(self) -> None:
+        """Drain: no turn is forwarded here any more."""
+        fd, self._serving = self._serving, None
+        if fd is not None and self.executor_id is not None:
+            _unlink_and_close(self._path(self.executor_id, "serving"), fd)
 
     def release(self) -> None:
-        fd, path, self._fd, self._path = self._fd, self._path, None, None
-        if fd is None or path is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # while still locked: a taker of the old file sees it is gone
-        os.close(fd)
+        self.stop_serving()
+        fd, self._alive = self._alive, None
+        if fd is not None and self.executor_id is not None:
+            _unlink_and_close(self._path(self.executor_id, "lock"), fd)
 
-    def verify(self, executor_id: str) -> None:
-        fd, path = self._fd, self._path
-        try:
-            same = (
-                fd is not None and path is not None and os.fstat(fd).st_ino == os.stat(path).st_ino
-            )
-        except OSError:
-            same = False
-        if not same:
-            raise ExecutorLockLost(f"the lock file of executor {executor_id!r} is gone")
+    def verify(self) -> None:
+        """``ExecutorLockLost`` unless this worker still holds its alive lock."""
+        fd, path = self._alive, self._path(str(self.executor_id), "lock")
+        with contextlib.suppress(OSError):
+            if fd is not None and os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return
+        raise ExecutorLockLost(f"the lock file of executor {self.executor_id!r} is gone")
 
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        path = self._path_of(executor_id)
-        fd = self._try_lock(path)
+        """While the block runs: True when ``executor_id`` was dead (its alive lock free, now
+        held here); False when it lives (or another peer claims it, or it is this worker)."""
+        path = self._path(executor_id, "lock")
+        fd = None if executor_id == self.executor_id else self._take(path)
         if fd is None:
             yield False
             return
         try:
-            # The mark: a probe that finds the lock held reads that its holder is dead.
-            with contextlib.suppress(OSError):
-                _write_record(fd, _record(executor_id, claim=True))
             yield True
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(self._path(executor_id, "serving"))
+            _unlink_and_close(path, fd)
+
+    def serving(self, executor_id: str) -> bool:
+        """Whether ``executor_id`` holds its serving lock (probed shared: takes nothing)."""
+        try:
+            fd = os.open(self._path(executor_id, "serving"), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
             os.close(fd)
-
-    def alive(self, executor_id: str) -> bool:
-        path = self._path_of(executor_id)
-        if path == self._path:
-            return True  # this worker's own
-        with self.claim(executor_id) as dead:
-            if dead:
-                return False
-        return _holder_may_live(_read_record(path))
-
-
-def _pid_namespace() -> str | None:
-    """This process's pid namespace (Linux), so a pid is looked up only where it means the
-    same process; ``None`` elsewhere."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _record(executor_id: str, *, claim: bool) -> dict[str, Any]:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "pid_namespace": _pid_namespace(),
-        "executor_id": executor_id,
-        "claim": claim,
-    }
-
-
-def _write_record(fd: int, record: dict[str, Any]) -> None:
-    """Replace the record of the lock file ``fd`` (locked here). Overwritten in place, then
-    cut to length: a reader sees the old record or the new one as the file's leading JSON
-    object, never an empty file."""
-    data = json.dumps(record).encode()
-    os.pwrite(fd, data, 0)
-    os.ftruncate(fd, len(data))
-
-
-def _read_record(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as file:  # a new open file: closing it drops no flock
-            text = file.read(4096).decode()
-        record, _ = json.JSONDecoder().raw_decode(text)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _holder_may_live(record: dict[str, Any] | None) -> bool:
-    """Whether the process recorded in a lock file found locked may live: not when the record
-    is a claim's, nor when its pid is gone from this host's pid namespace (the lock is then
-    held by a claimer yet to write its record, or by a process that inherited the dead
-    holder's open file). An unreadable record (being written) may live."""
-    if record is None:
-        return True
-    if record.get("claim") is True:
         return False
-    pid = record.get("pid")
-    if (
-        type(pid) is not int
-        or pid <= 0
-        or record.get("host") != socket.gethostname()
-        or record.get("pid_namespace") != _pid_namespace()
-    ):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists (another user's)
-        return True
-    return True
+
+
+def _unlink_and_close(path: str, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # while still locked: a taker of the old file sees it is gone
+    os.close(fd)
 
 
 def _holder(path: str) -> str:
-    record = _read_record(path)
-    if record is None:
+    try:
+        with open(path, "rb") as file:  # a new open file: closing it drops no flock
+            record = json.loads(file.read(4096))
+        return f"pid {record['pid']} on {record['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
         return "unknown holder"
-    claimer = "a peer cleaning up: " if record.get("claim") is True else ""
-    return f"{claimer}pid {record.get('pid')} on {record.get('host')}"
 
 
-# --- Postgres: advisory locks ---------------------------------------------------------------
-
-
-class PostgresExecutorLocks:
-    """Session-level advisory locks on one connection of this worker's own."""
+class PostgresLiveness:
+    """The same, as session-level advisory locks on one connection of this worker's own."""
 
     def __init__(self, database_url: str) -> None:
         import psycopg
 
+        self.url = database_url
         scheme, _, rest = database_url.partition("://")
-        self._url = scheme.split("+", 1)[0] + "://" + rest
-        self._connection: Any = psycopg.connect(self._url, autocommit=True)
-        self._lock = threading.Lock()  # the worker's and the watchdog's uses of the connection
-        self._held: str | None = None
+        self.connection: Any = psycopg.connect(scheme.split("+")[0] + "://" + rest, autocommit=True)
+        self.executor_id: str | None = None
+        self._lock = threading.Lock()  # the worker's and its sweeper's uses of the connection
 
-    def _call(self, function: str, executor_id: str, space: str = _PG_LOCK_SPACE) -> bool:
-        return self._select(f"SELECT {function}(hashtext(%s), hashtext(%s))", (space, executor_id))
-
-    def _select(self, query: str, params: tuple[str, ...]) -> bool:
+    def _select(self, query: str, space: str, executor_id: str) -> bool:
         with self._lock:
-            row = self._connection.execute(query, params).fetchone()
-        return bool(row[0])
+            return bool(self.connection.execute(query, (space, executor_id)).fetchone()[0])
+
+    def _try(self, space: str, executor_id: str, function: str = "pg_try_advisory_lock") -> bool:
+        return self._select(f"SELECT {function}(hashtext(%s), hashtext(%s))", space, executor_id)
 
     def hold(self, executor_id: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not self._call("pg_try_advisory_lock", executor_id):
+        while not self._try(_PG_ALIVE, executor_id):
             if time.monotonic() >= deadline:
                 raise ExecutorIdInUse(
                     f"executor id {executor_id!r} is held by another live worker: "
                     "give each worker its own executor id"
                 )
             time.sleep(0.02)
-        self._held = executor_id
+        self.executor_id = executor_id
+        self._try(_PG_SERVING, executor_id)  # free while the alive lock is held here
+
+    def stop_serving(self) -> None:
+        if self.executor_id is not None:
+            with contextlib.suppress(Exception):
+                self._try(_PG_SERVING, self.executor_id, "pg_advisory_unlock")
 
     def release(self) -> None:
-        self._held = None
         with self._lock:
-            self._connection.close()  # ends the session: every lock of it goes
+            self.connection.close()  # ends the session: every lock of it goes
 
-    def verify(self, executor_id: str) -> None:
-        """The session-level lock lives only as long as its connection: ask that connection
-        whether it still holds it (a dropped connection raises, and has lost it)."""
-        if self._held != executor_id:
-            raise ExecutorLockLost(f"executor {executor_id!r} holds no lock here")
+    def verify(self) -> None:
+        mine = _PG_HELD + " AND pid = pg_backend_pid()"
         try:
-            with self._lock:
-                row = self._connection.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
-                    " AND classid = hashtext(%s)::oid AND objid = hashtext(%s)::oid",
-                    (_PG_LOCK_SPACE, executor_id),
-                ).fetchone()
+            if self._select(mine, _PG_ALIVE, str(self.executor_id)):
+                return
         except Exception as error:
-            raise ExecutorLockLost(
-                f"the database connection holding executor {executor_id!r}'s lock is gone: "
-                f"{format_error(error)}"
-            ) from error
-        if not row or not row[0]:
-            raise ExecutorLockLost(f"executor {executor_id!r}'s advisory lock is not held")
+            raise ExecutorLockLost(f"executor {self.executor_id!r}'s connection is gone") from error
+        raise ExecutorLockLost(f"executor {self.executor_id!r}'s advisory lock is not held")
 
     @contextlib.contextmanager
     def claim(self, executor_id: str) -> Iterator[bool]:
-        # The lock and its mark in one statement (the mark only with the lock: CASE does not
-        # evaluate a branch it does not take; "IS NOT NULL", as "OR true" would be folded
-        # away unevaluated), so that no probe finds the lock held unmarked between two round
-        # trips. The mark is free whenever the lock is (dropped before it).
-        if executor_id == self._held or not self._select(
-            "SELECT CASE WHEN pg_try_advisory_lock(hashtext(%s), hashtext(%s))"
-            " THEN pg_try_advisory_lock(hashtext(%s), hashtext(%s)) IS NOT NULL ELSE false END",
-            (_PG_LOCK_SPACE, executor_id, _PG_CLAIM_SPACE, executor_id),
-        ):
+        # Session locks are re-entrant: this worker's own id is never claimed here.
+        if executor_id == self.executor_id or not self._try(_PG_ALIVE, executor_id):
             yield False
             return
         try:
             yield True
         finally:
-            self._select(  # both, the mark first (two columns: no short circuit)
-                "SELECT pg_advisory_unlock(hashtext(%s), hashtext(%s)),"
-                " pg_advisory_unlock(hashtext(%s), hashtext(%s))",
-                (_PG_CLAIM_SPACE, executor_id, _PG_LOCK_SPACE, executor_id),
-            )
+            self._try(_PG_ALIVE, executor_id, "pg_advisory_unlock")
 
-    def alive(self, executor_id: str) -> bool:
-        if executor_id == self._held:
-            return True
-        # Held, and not marked as a claim, in this database (advisory locks are per database).
-        return self._select(
-            "SELECT coalesce(bool_or(classid = hashtext(%s)::oid), false)"
-            " AND NOT coalesce(bool_or(classid = hashtext(%s)::oid), false)"
-            " FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
-            " AND objid = hashtext(%s)::oid"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            (_PG_LOCK_SPACE, _PG_CLAIM_SPACE, executor_id),
-        )
+    def serving(self, executor_id: str) -> bool:
+        return self._select(_PG_HELD, _PG_SERVING, executor_id)
 
 
-def executor_locks_for(database_url: str) -> ExecutorLocks:
+Liveness = FileLiveness | PostgresLiveness
+
+
+def liveness_for(database_url: str) -> Liveness:
     """The liveness locks of the workers of ``database_url``."""
     if database_url.startswith("sqlite:///"):
-        return FileExecutorLocks(database_url.removeprefix("sqlite:///") + ".executors")
-    if database_url.startswith(("postgresql", "postgres")):
-        return PostgresExecutorLocks(database_url)
-    raise ValueError(f"no executor locks for this database URL scheme: {database_url!r}")
+        return FileLiveness(database_url.removeprefix("sqlite:///") + ".executors")
+    return PostgresLiveness(database_url)

@@ -75,10 +75,10 @@ class TurnRecord:
     #: two turns of one session never overlap.
     started_at: float = 0.0
     ended_at: float = 0.0
-    #: Where the turn ran relative to the session's thread (:mod:`codex_turn.scale._routing`):
+    #: Where the turn ran relative to the session's thread (:mod:`codex_turn.scale._workflow`):
     #: ``"sticky"``: on the worker that ran the session's previous turn, whose Codex home holds
     #: its thread; ``"moved"``: on another one (that worker was dead or draining), so the
-    #: harness started a fresh thread here with the engine's context re-projected into it;
+    #: harness started a fresh thread here;
     #: ``"first"``: no worker ran the session before. ``None``: not known (a database error).
     locality: str | None = None
     #: The worker that ran the session's previous turn (``None`` for a first turn).
