@@ -9,11 +9,15 @@ the model twice, and the transcript holds every prompt once.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, run_codex_turn
@@ -225,3 +229,67 @@ async def test_an_overflow_is_retried_once_on_a_fresh_thread_with_the_conversati
     session = tmp_path / "session-c.jsonl"
     for prompt in ("before-overflow", "overflowing", "too-long"):
         assert prompts_in_transcript(session, prompt) == 1, prompt
+
+
+OPS = ("turn", "transient", "lose-home", "overflow")
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(st.sampled_from(OPS), min_size=3, max_size=6))
+def test_every_recent_message_reaches_the_next_request_exactly_once(
+    ops: list[str],
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    workspace: Path,
+) -> None:
+    """Random sequences of turns, transient turns, lost Codex homes and overflows: after each
+    turn, the prompt and reply of each of the session's earlier turns reached that turn's
+    model request exactly once (the conversation is short: nothing is cut by the cap)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        session = Path(scratch) / "session.jsonl"
+
+        @tool(name="lookup", description="Look something up.")
+        async def lookup(query: str) -> str:
+            return f"found {query}"
+
+        async def run() -> None:
+            done: list[str] = []
+            homes: list[list[tuple[int, str]]] = [[]]  # the ops each Codex home runs
+            for index, op in enumerate(ops):
+                if op == "lose-home":
+                    homes.append([])
+                else:
+                    homes[-1].append((index, op))
+            for home in homes:
+                async with AppServer.start(make_appserver_config()) as server:
+                    for index, op in home:
+                        prompt = f"prompt-{index:02d}-end"
+                        if op == "overflow":
+                            offline_model.script(
+                                Reply.context_length_exceeded(), user_contains=prompt
+                            )
+                        params = TurnParams(
+                            session_id="session-p",
+                            session_file=session,
+                            workspace_dir=workspace,
+                            prompt=prompt,
+                        )
+                        tools = [] if op == "transient" else [lookup]
+                        result = await turn(
+                            offline_model, prompt, params, app_server=server, tools=tools
+                        )
+                        assert result.outcome is TurnOutcome.COMPLETED, (ops, index)
+                        request = offline_model.turn_requests()[-1]
+                        for earlier in done:
+                            assert times_sent(request, earlier) == 1, (ops, index, earlier)
+                            assert times_sent(request, answer(earlier)) == 1, (ops, index)
+                        assert times_sent(request, prompt) == 1, (ops, index)
+                        done.append(prompt)
+            for prompt in done:
+                assert prompts_in_transcript(session, prompt) == 1, (ops, prompt)
+
+        anyio.run(run)

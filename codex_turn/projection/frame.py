@@ -26,9 +26,11 @@ Rules, in the order they apply
 ------------------------------
 
 1. *Duplicate trailing prompt.* Engines often append the current prompt to their assembly as a
-   last user message; the frame already ends with it, so when the last assembled message is a
-   user message whose text equals the trimmed prompt, it is dropped. Nothing else is
-   de-duplicated.
+   last user message; the frame already ends with it, so when the last assembled message is
+   this turn's prompt, it is dropped. A mirrored message (one with an ``idempotencyKey``) is
+   this turn's prompt exactly when its key is the turn's; an unkeyed one when its text equals
+   the trimmed prompt (OpenClaw's rule: a decorated prompt or the same words said twice
+   decide it wrongly, which the key avoids). Nothing else is de-duplicated.
 2. *Render.* Each message becomes ``[<role>]`` + a body; only role and text are rendered (no
    timestamps, ids, usage or signatures), so equal inputs give equal bytes and the prompt cache
    stays warm. Tool calls, tool-result blocks, images and any other block are replaced by
@@ -330,13 +332,25 @@ def _user_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-def drop_duplicate_prompt(messages: list[AgentMessage], prompt: str) -> list[AgentMessage]:
-    """``messages`` without a last user message that repeats ``prompt`` (already trimmed): the
-    raw prompt follows the projection in ``turn/start`` (rule 1 of the frame)."""
-    if not prompt or not messages:
+def drop_duplicate_prompt(
+    messages: list[AgentMessage], prompt: str, *, prompt_key: str | None = None
+) -> list[AgentMessage]:
+    """``messages`` without a last user message that is this turn's prompt: the raw prompt
+    follows the projection in ``turn/start`` (rule 1 of the frame).
+
+    A message with an ``idempotencyKey`` was mirrored: it is this turn's prompt exactly when
+    its key is ``prompt_key`` (hosts decorate prompts, and a user may say the same words
+    twice: text decides neither). Only a message without a key is compared by its text with
+    ``prompt`` (already trimmed), as OpenClaw does."""
+    if not messages:
         return messages
     last = messages[-1]
     if not isinstance(last, Mapping) or last.get("role") != "user":
+        return messages
+    key = last.get("idempotencyKey")
+    if isinstance(key, str):
+        return messages[:-1] if key == prompt_key else messages
+    if not prompt:
         return messages
     text = _user_text(last)
     if text is not None and js_trim(text) == prompt:
@@ -354,6 +368,7 @@ def _project(
     reserve_tokens: float | None,
     tool_payload_mode: ToolPayloadMode,
     max_context_chars: int | None = None,
+    prompt_key: str | None = None,
 ) -> CodexContextProjection:
     if not isinstance(prompt, str):
         raise ProjectionError(f"prompt must be a string, not {type(prompt).__name__}")
@@ -370,7 +385,9 @@ def _project(
         raise ProjectionError("system_prompt_addition must be a string or None")
 
     trimmed_prompt = js_trim(prompt)
-    messages = drop_duplicate_prompt(list(assembled_messages), trimmed_prompt)
+    messages = drop_duplicate_prompt(
+        list(assembled_messages), trimmed_prompt, prompt_key=prompt_key
+    )
     max_chars = max_rendered_context_chars(token_budget, reserve_tokens)
     if max_context_chars is not None:
         # A caller's hard room (Codex's turn/start size limit) tightens the budget's cap.
@@ -403,6 +420,7 @@ def project_context_engine_assembly(
     reserve_tokens: float | None = None,
     tool_payload_mode: ToolPayloadMode = "elide",
     max_context_chars: int | None = None,
+    prompt_key: str | None = None,
 ) -> CodexContextProjection:
     """Project an engine's assembly for one Codex turn (OpenClaw's per-turn projection).
 
@@ -410,7 +428,8 @@ def project_context_engine_assembly(
     (:func:`~codex_turn.projection.budget.max_rendered_context_chars`); without a budget it is
     24,000 characters. ``max_context_chars`` can only tighten that cap (the room left in
     Codex's turn input), so the frame is never cut. Tool payloads are elided unless
-    ``tool_payload_mode="preserve"``.
+    ``tool_payload_mode="preserve"``. ``prompt_key``: the transcript key of this turn's
+    prompt when it may be in the assembly already (rule 1).
     """
     return _project(
         assembled_messages=assembled_messages,
@@ -421,6 +440,7 @@ def project_context_engine_assembly(
         reserve_tokens=reserve_tokens,
         tool_payload_mode=tool_payload_mode,
         max_context_chars=max_context_chars,
+        prompt_key=prompt_key,
     )
 
 
@@ -456,6 +476,7 @@ def project_thread_bootstrap_assembly(
     token_budget: float | None = None,
     reserve_tokens: float | None = None,
     max_context_chars: int | None = None,
+    prompt_key: str | None = None,
 ) -> CodexContextProjection:
     """The thread-bootstrap projection: same frame, tool payload *shapes* preserved.
 
@@ -471,4 +492,5 @@ def project_thread_bootstrap_assembly(
         reserve_tokens=reserve_tokens,
         tool_payload_mode="preserve",
         max_context_chars=max_context_chars,
+        prompt_key=prompt_key,
     )

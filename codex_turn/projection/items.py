@@ -496,10 +496,12 @@ def convert_messages(
     payload_policy: PayloadPolicy = "elide",
     first_index: int = 0,
     cache: ConversionCache | None = None,
+    prompt_key: str | None = None,
 ) -> ConvertedItems | Unconvertible:
     """The Responses items for ``messages`` (see the module docstring), or why there are none.
 
-    ``prompt`` is the raw prompt of the turn: a last user message repeating it is dropped.
+    ``prompt`` is the raw prompt of the turn: a last user message that is it is dropped (by
+    its key ``prompt_key`` when it has one, else by its text: rule 1 of the frame).
     Ids are numbered from ``first_index``: messages converted on their own, with
     ``first_index`` set to an earlier conversion's :attr:`~ConvertedItems.end`, get the ids
     they have when converted after that conversion's messages (when no call is open there).
@@ -520,7 +522,7 @@ def convert_messages(
                 return Unconvertible(
                     UnconvertibleReason.MESSAGE_NOT_A_MAPPING, index, type(message).__name__
                 )
-    kept = drop_duplicate_prompt(list(messages), js_trim(prompt)) if prompt else list(messages)
+    kept = drop_duplicate_prompt(list(messages), js_trim(prompt), prompt_key=prompt_key)
     dropped = len(kept) != len(messages)
     if cache is not None:
         return cache._convert(kept, payload_policy, first_index, dropped)

@@ -38,7 +38,6 @@ import attrs
 
 from codex_turn.harness.binding import HistoryCoverage, ThreadBinding
 from codex_turn.harness.engine import AgentMessage
-from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
 
 __all__ = [
     "ADVANCE_AFTER",
@@ -51,7 +50,6 @@ __all__ = [
 
 #: The mirror's scope: ``codex-app-server:<threadId>:<identity>``.
 _THREAD_SCOPE: Final = "codex-app-server:"
-_PROMPT_SCOPE: Final = f"{STABLE_PROMPT_SCOPE}:"
 #: A resumed thread's coverage is moved forward (one binding write) once this many messages
 #: follow it, all its own: the scan each turn makes stays short on a long session.
 ADVANCE_AFTER: Final = 512
@@ -121,23 +119,18 @@ def coverage_of(
         return Coverage(lost=True)
     thread = binding.thread_id
     uncovered: list[AgentMessage] = []
-    # Newest first: a prompt under the thread-independent key belongs to the thread of the
-    # first mirrored message after it (its reply), if any.
+    # Newest first: a prompt we mirrored belongs to the thread of the first mirrored message
+    # after it (its reply), whatever its own key says: a prompt made durable on one thread and
+    # answered on another (an overflow's retry) went to the one that answered.
     answered_by: str | None = None
     for message in reversed(messages[count:]):
         key = _key(message)
         source = _thread_of(key)
-        if source is not None:
-            answered_by = source
+        answered, answered_by = answered_by, source or answered_by
         if key is not None and key == prompt_key:
             continue  # this turn's input, never its context
-        own = source == thread or (
-            source is None
-            and key is not None
-            and key.startswith(_PROMPT_SCOPE)
-            and answered_by == thread
-        )
-        if not own:
+        prompt = key is not None and message.get("role") == "user"
+        if not (source == thread or (prompt and answered == thread)):
             uncovered.append(message)
     uncovered.reverse()
     advance = bool(uncovered) or len(messages) - count > ADVANCE_AFTER

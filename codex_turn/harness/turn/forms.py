@@ -167,6 +167,7 @@ class ConversionFacts:
             prompt=params.prompt,
             payload_policy=params.tool_payloads,
             cache=self._cache,
+            prompt_key=self._ctx.known_prompt_key,
         )
         if isinstance(converted, Unconvertible):
             self._unavailable(converted.reason.value, message_index=converted.index)
@@ -329,6 +330,7 @@ def render_frame(
         token_budget=params.context_token_budget,
         reserve_tokens=params.reserve_tokens,
         max_context_chars=max(0, TURN_START_TEXT_MAX_CHARS - frame_and_prompt),
+        prompt_key=ctx.known_prompt_key,
     )
     return Projected(projection)
 
