@@ -293,3 +293,38 @@ def test_every_recent_message_reaches_the_next_request_exactly_once(
                 assert prompts_in_transcript(session, prompt) == 1, (ops, prompt)
 
         anyio.run(run)
+
+
+@pytest.mark.parametrize("share", [None, 1e-6])
+async def test_a_thread_that_fills_its_share_of_the_window_rotates_with_the_conversation(
+    share: float | None,
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+) -> None:
+    first = await turn(
+        offline_model,
+        "small-one",
+        params(prompt="small-one", native_history_share=share),
+        app_server=appserver,
+    )
+    loaded = appserver.loaded_thread(first.thread_id or "")
+    assert loaded is not None
+    assert loaded.native_tokens  # Codex reported the usage
+    assert loaded.context_window
+    second = await turn(
+        offline_model,
+        "small-two",
+        params(prompt="small-two", native_history_share=share),
+        app_server=appserver,
+    )
+    assert second.outcome is TurnOutcome.COMPLETED
+    assert second.thread_decision is not None
+    if share is None:
+        assert second.thread_id == first.thread_id
+    else:
+        assert second.thread_id != first.thread_id
+        assert second.thread_decision.reason == "native-thread-oversized"
+    request = offline_model.turn_requests()[-1]
+    assert times_sent(request, "small-one") == 1
+    assert times_sent(request, answer("small-one")) == 1

@@ -152,6 +152,13 @@ class TurnParams:
     #: next turn; ``"reject"``, refused.
     steering: Literal["steer", "queue", "reject"] = "steer"
     steer_quiet_interval: float = 0.25
+    #: The share of the model's context window a bound thread's native history may fill
+    #: (Codex's last reported usage of it, in this process) before a turn rotates it to a
+    #: fresh thread that carries the conversation from the transcript (bounded by the cap).
+    #: Codex compacts a thread on its own well before that; this is the backstop for one it
+    #: did not (a rollout written for a larger window, a compaction that failed). ``None``:
+    #: never. Threads of a ``thread_bootstrap`` engine are kept (OpenClaw).
+    native_history_share: float | None = 0.95
     #: Raise the engine's first contract violation (an assembly of ``None``, a malformed
     #: result, an exception escaping an engine method ...) as
     #: :class:`~codex_turn.harness.engine.EngineContractViolation` once the turn ended on its
@@ -283,6 +290,11 @@ def _validate_runtime_controls(p: TurnParams) -> None:
             json.dumps(schema, allow_nan=False, ensure_ascii=False).encode()
         except (TypeError, ValueError) as error:
             _fail(f"output_schema must be JSON-serialisable text ({type(error).__name__})")
+    share = p.native_history_share
+    if share is not None and (
+        isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
+    ):
+        _fail("native_history_share must be a number in (0, 1], or None")
     for name in ("approval_timeout", "user_input_timeout"):
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:

@@ -107,6 +107,7 @@ _THREAD_CHANGES: Final = _UNLOADING | {
     "thread/compacted",
     "item/started",
     "item/completed",
+    "thread/tokenUsage/updated",
 }
 
 
@@ -126,6 +127,16 @@ class LoadedThread:
     #: ``turn/start`` of this process, or restored from the rollout by the load): the next
     #: turn without its own value sends the default explicitly.
     overridden: frozenset[str] = frozenset()
+    #: The tokens the thread's last model call held (``tokenUsage.last.totalTokens``) and
+    #: the model's context window then, as Codex last reported them (a turn's usage, or the
+    #: replay of the last one when a process loads the thread); ``None``: not reported.
+    native_tokens: int | None = None
+    context_window: int | None = None
+
+    def fills(self, share: float) -> bool:
+        """The native history fills more than ``share`` of the context window."""
+        tokens, window = self.native_tokens, self.context_window
+        return tokens is not None and window is not None and window > 0 and tokens > share * window
 
 
 @attrs.frozen
@@ -259,7 +270,13 @@ class Threads:
         loaded = self._loaded.get(thread_id)
         if loaded is None:
             return
-        if n.compaction_phase is not None:
+        if n.method == "thread/tokenUsage/updated":
+            tokens, window = _native_size(n.params)
+            if (tokens, window) != (loaded.native_tokens, loaded.context_window):
+                self._loaded[thread_id] = attrs.evolve(
+                    loaded, native_tokens=tokens, context_window=window
+                )
+        elif n.compaction_phase is not None:
             if not loaded.compacted:
                 self._loaded[thread_id] = attrs.evolve(loaded, compacted=True)
         elif n.method in _UNLOADING or (
@@ -521,3 +538,18 @@ class Threads:
                         exc.code or 0, exc.message, method=exc.method, thread_id=thread_id
                     ) from exc
                 raise
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _native_size(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """``thread/tokenUsage/updated``'s size of the thread: its last call's total tokens and
+    the context window (``None`` for what it does not say)."""
+    usage = params.get("tokenUsage")
+    if not isinstance(usage, Mapping):
+        return None, None
+    last = usage.get("last")
+    tokens = _count(last.get("totalTokens")) if isinstance(last, Mapping) else None
+    return tokens, _count(usage.get("modelContextWindow"))

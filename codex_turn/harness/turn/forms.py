@@ -274,7 +274,13 @@ class TurnThreadFacts:
         self.coverage_lost = coverage.lost
         self.stale = coverage.stale
         self.overflowed = ctx.turn.overflowed
-        self.oversized = False
+        share = ctx.params.native_history_share
+        loaded = (
+            ctx.app_server.loaded_thread(binding.thread_id)
+            if binding is not None and share is not None
+            else None
+        )
+        self.oversized = loaded is not None and share is not None and loaded.fills(share)
         prompt_key = ctx.known_prompt_key
         self.has_history = any(m.get("idempotencyKey") != prompt_key for m in ctx.messages)
 
