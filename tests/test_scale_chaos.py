@@ -27,6 +27,7 @@ import functools
 import itertools
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -192,6 +193,16 @@ def test_random_kills_and_a_fleet_restart_lose_and_repeat_nothing(
         assert len(replies) == turns, replies
         assert all(reply.endswith(p) for reply, p in zip(replies, prompts, strict=True))
         assert set(prompts) <= asked  # each turn's prompt reached a model
+        # Wherever a turn ran (moved, recovered, on a fresh Codex home), the request that
+        # answered it carried the session's previous turn: the conversation moved with it.
+        for previous, prompt in itertools.pairwise(prompts):
+            answering = [
+                request
+                for _, request in requests
+                if request.last_user_text.rsplit("\n", 1)[-1] == prompt
+            ]
+            sent = "\n".join([*answering[-1].user_messages, *answering[-1].assistant_messages])
+            assert re.search(rf"{re.escape(previous)}(?!\d)", sent), (prompt, previous)
         keys = [m.get("idempotencyKey") for m in _messages(session)]
         assert len(keys) == len(set(keys))
         ran = [records[f"s{s}-{n}"] for n in range(1, turns + 1)]

@@ -85,20 +85,23 @@ async def test_per_turn_projection_runs_each_turn_in_a_fork_of_one_base(
     binding = read_binding(session_file, session_id="session-s")
     assert binding is not None
     assert binding.fork_base
-    # Turn 1 had nothing to project (an empty transcript): a plain thread, raw prompt.
-    assert "thread_started" in triggers(results[0])
+    # Turn 1 had nothing to project (an empty transcript), and still runs in a fork of the
+    # base: one prompt-cache key for the session from its first turn on.
+    assert "thread_forked" in triggers(results[0])
+    assert results[0].thread_decision is not None
+    assert results[0].thread_decision.reason == "structured-session-without-context"
     for result in results[1:]:
         assert "projected_as_items" in triggers(result)
         assert "thread_forked" in triggers(result)
         assert result.thread_decision is not None
         assert result.thread_decision.reason == "per-turn-projection-items"
-    forks = [r.thread_id for r in results[1:]]
+    forks = [r.thread_id for r in results]
     assert len(set(forks)) == 1  # a conversation that only grows continues one fork
     assert base not in forks
     requests = offline_model.turn_requests()
     assert len(requests) == 10
-    # One cache key for the rest of the session: the base's.
-    assert {r.body.get("prompt_cache_key") for r in requests[1:]} == {base}
+    # One cache key for the whole session: the base's.
+    assert {r.body.get("prompt_cache_key") for r in requests} == {base}
     for k, request in enumerate(requests, start=1):
         assert request.user_messages[-1] == f"TURN_{k}_ASK"
         body = json.dumps(request.body)
