@@ -79,20 +79,36 @@ def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None,
 
 
 class _NoCodex:
-    """The app-server of an inspection: the stages stop before anything would reach it. It
-    can fork and inject, as the real one can, so the preview shows the form a turn would
-    use (``codex_turn.harness.turn.structured.supports_structured``)."""
+    """The app-server of an inspection: a Codex process just started by this command, as a
+    turn in a new process would meet it. It has loaded no thread and keeps no fork, so the
+    questions the stages ask of a live process (``loaded_thread``, ``kept_fork``) get the
+    answers a fresh process gives; the stages stop before anything would be sent. It can fork
+    and inject, as the real one can, so the preview shows the form a turn would use
+    (``codex_turn.harness.turn.structured.supports_structured``). Anything else is absent
+    (``getattr`` with a default sees no such capability), and a request raises: reaching it
+    is a defect of the inspection."""
 
     can_fork = True
 
+    def loaded_thread(self, thread_id: str) -> None:
+        return None
+
+    def kept_fork(self, base_thread_id: str) -> None:
+        return None
+
+    def take_kept_fork(self, base_thread_id: str) -> None:
+        return None
+
+    def forget_thread(self, thread_id: str) -> None:
+        return None
+
     def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+    async def _request(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("inspect never talks to Codex")
 
-    async def fork_thread(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("inspect never talks to Codex")
-
-    async def inject_items(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("inspect never talks to Codex")
+    start_thread = resume_thread = fork_thread = inject_items = compact_thread = _request
 
 
 async def _preview(args: argparse.Namespace) -> dict[str, Any]:

@@ -111,6 +111,10 @@ def remember_in_store(session: Path) -> None:
 
 
 ENGINE_MODULE = """
+import copy
+import json
+
+from codex_turn import AssembleResult, CompactResult, ContextEngineInfo, IngestResult
 from codex_turn.testing import RecordingEngine
 
 engine = RecordingEngine(engine_id="my-local-engine")
@@ -125,6 +129,27 @@ broken = CloseFails(engine_id="broken-close")
 
 # assemble() returns None: a contract violation (a logged fallback; --strict: exit 7).
 bad_assemble = RecordingEngine(engine_id="bad-assemble", responses={"assemble": lambda p: None})
+
+
+# A per-turn engine of someone else's: the last four messages and an instruction.
+class Window:
+    info = ContextEngineInfo(id="window-4", name="window", version="1")
+
+    async def ingest(self, params):
+        return IngestResult(ingested=False)
+
+    async def assemble(self, params):
+        return AssembleResult(
+            messages=copy.deepcopy(list(params.messages)[-4:]),
+            estimated_tokens=len(json.dumps(list(params.messages)[-4:])) // 4,
+            system_prompt_addition="Answer briefly.",
+        )
+
+    async def compact(self, params):
+        return CompactResult(ok=True, compacted=False, reason="a window never compacts")
+
+
+window = Window()
 """
 
 
@@ -330,6 +355,38 @@ def test_inspect_with_engine_sqlite_never_creates_a_store(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
     usage = run_cli("inspect", "--help", cwd=tmp_path).stdout
     assert "inspect never creates one" in " ".join(usage.split())
+
+
+def test_inspect_reads_a_session_whose_thread_is_a_custom_engines_fork_base(
+    tmp_path: Path,
+) -> None:
+    # Before its fix: a session a per-turn engine of one's own had run (its thread a fork
+    # base) crashed inspect: "unexpected error: RuntimeError: inspect never talks to Codex",
+    # exit 70, when the stages asked the stand-in app-server for the fork it keeps.
+    from codex_turn.harness.binding import (
+        ContextEngineBinding,
+        ProjectionBinding,
+        ThreadBinding,
+        write_binding,
+    )
+
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    session = write_session(tmp_path / "s.jsonl", "one", "two", "three", "four", "five", "six")
+    projection = ProjectionBinding(mode="fork_base", epoch="fork-base")
+    engine = ContextEngineBinding(
+        engine_id="window-4", policy_fingerprint="p", projection=projection
+    )
+    base = ThreadBinding(thread_id="base-1", session_id="s", context_engine=engine)
+    write_binding(str(session), base)
+    done = run_cli("inspect", str(session), "--engine", "myengine:window", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["engine"] == "window-4"
+    assert report["assembled"]["messages"] == 4
+    assert report["threadDecision"]["action"] == "fork"
+    assert report["projectedItems"] == 4
+    assert report["developerInstructions"] == "Answer briefly."
+    assert report["path"][-1] == "STARTING_THREAD"
 
 
 #: A complete turn, as `run --json` records it: the happy path of the turn table.

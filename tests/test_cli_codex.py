@@ -156,6 +156,25 @@ def test_run_inspect_doctor_and_compact_on_one_offline_session(
     assert result["result"]["details"]["codexNativeCompaction"]["ok"] is True
 
 
+def test_inspect_reads_a_session_a_custom_per_turn_engine_ran(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: inspect crashed (exit 70, "inspect never talks to Codex") on the
+    # session of a per-turn engine of one's own, whose thread is a fork base.
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    session = str(write_session(tmp_path / "s.jsonl", "one", "two", "three", "four"))
+    engine = ("--engine", "myengine:window")
+    ran = run_cli("run", session, "--prompt", "five", *engine, "--offline", "-q", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    done = run_cli("inspect", session, *engine, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["binding"]["contextEngine"]["projection"]["mode"] == "fork_base"
+    assert report["threadDecision"]["action"] == "fork"
+    assert report["assembled"]["messages"] == 4
+    assert report["developerInstructions"] == "Answer briefly."
+
+
 def test_run_against_a_codex_home_without_login_says_how_to_log_in(
     tmp_path: Path, codex_binary: Path
 ) -> None:
