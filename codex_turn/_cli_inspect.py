@@ -39,8 +39,10 @@ from codex_turn._cli_support import (
     engine_for_command,
     engine_label,
     offline_home_for,
+    output_dir,
     session_header,
     session_identity,
+    user_path,
 )
 
 __all__ = ["doctor_command", "inspect_command", "read_trace", "trace_steps"]
@@ -278,6 +280,9 @@ def _print_preview(report: dict[str, Any], out: IO[str], *, full: bool) -> None:
 
 def read_trace(path: str) -> list[dict[str, Any]]:
     """The trace entries in ``path``: ``run --json`` output, or a JSON list of entries."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A directory, a FIFO (reading one would wait for a writer forever), a device.
+        raise InputInvalid(f"trace file {path} is not a regular file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -366,9 +371,7 @@ def _inspect_trace(args: argparse.Namespace, out: IO[str]) -> int:
     steps = check_path(trace_steps(read_trace(args.trace)))
     written = None
     if args.out is not None:
-        directory = Path(args.out)
-        directory.mkdir(parents=True, exist_ok=True)
-        written = directory / "turn-path.mmd"
+        written = output_dir("--out", args.out) / "turn-path.mmd"
         written.write_text(path_mermaid(steps), encoding="utf-8")
     bad = sum(1 for step in steps if step["problems"])
     legal = bad == 0
@@ -414,8 +417,7 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             raise UsageError("doctor --offline needs SESSION_FILE (its private home is next to it)")
         home = offline_home_for(os.fspath(args.session_file)) / "codex-home"
     else:
-        home = Path(args.codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        home = home.expanduser()
+        home = user_path(args.codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex")
     config = home / "config.toml"
     check(
         "codex home",

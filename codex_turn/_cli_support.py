@@ -121,44 +121,114 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_SOFTWARE
 
 
-def positive_float(text: str) -> float:
-    """An argparse ``type``: a positive, finite number of seconds."""
+# --- argparse types: every value checked where it enters -----------------------------------
+#
+# A value a command cannot use is a usage error (exit 2) at the command line, never an
+# exception further in: numbers are finite and bounded (a 400-digit budget, 1e300 seconds),
+# text is text (no NUL, no lone surrogate: what a non-UTF-8 argument decodes to), a path is
+# one the OS can take (no NUL, no name longer than the file system allows).
+
+#: The largest integer a flag takes: exact as a float, and in JSON (a budget beyond it means
+#: nothing; a larger one overflowed a float further in).
+MAX_INT: Final = 2**53
+#: The longest duration a flag takes, in seconds (about 31 years; a longer one overflows the
+#: thread and event-loop timers it reaches).
+MAX_SECONDS: Final = 1e9
+_NAME_MAX: Final = 255  # bytes of one path component (Linux, macOS)
+_PATH_MAX: Final = 4096  # bytes of a whole path
+
+
+def _seconds(text: str, *, zero: bool) -> float:
     import argparse
     import math
 
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+        raise argparse.ArgumentTypeError(f"not a number: {_shown(text)}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        need = "must not be negative" if zero else "must be a positive number of seconds"
+        raise argparse.ArgumentTypeError(f"{need}: {_shown(text)}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:g} seconds")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a positive number of seconds, at most :data:`MAX_SECONDS`."""
+    return _seconds(text, zero=False)
 
 
 def non_negative_float(text: str) -> float:
-    """An argparse ``type``: a finite number of seconds, zero allowed."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
-    return value
+    """An argparse ``type``: a number of seconds, zero allowed, at most :data:`MAX_SECONDS`."""
+    return _seconds(text, zero=True)
 
 
 def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an integer from 0 to :data:`MAX_INT`."""
     import argparse
 
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an integer: {_shown(text)}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+        raise argparse.ArgumentTypeError(f"must not be negative: {_shown(text)}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
     return value
+
+
+def text_arg(text: str) -> str:
+    """An argparse ``type``: text, without NUL or a lone surrogate (a byte of the argument
+    that is not UTF-8)."""
+    import argparse
+
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("contains a NUL byte")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not UTF-8 text") from None
+    return text
+
+
+def path_arg(text: str) -> str:
+    """An argparse ``type``: a path the OS can take (any bytes but NUL, each name at most
+    255 bytes, the whole at most 4096)."""
+    import argparse
+
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("contains a NUL byte")
+    raw = os.fsencode(text)
+    if len(raw) > _PATH_MAX or any(len(name) > _NAME_MAX for name in raw.split(b"/")):
+        raise argparse.ArgumentTypeError("file name too long")
+    return text
+
+
+def user_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded, as the shell would; left as it is
+    when there is no such user (pathlib's ``expanduser`` raises then)."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
+def output_dir(flag: str, path: str | os.PathLike[str]) -> Path:
+    """The directory ``flag`` names for the command's output, created when missing. One that
+    cannot be (a file in the way, no permission, a dangling link) is a usage error."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{flag}: not a directory: {directory}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{flag}: cannot create {directory}: {error.strerror}") from None
+    return directory
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A value quoted in an error message: short (the rest elided), printable."""
+    shown = text if len(text) <= limit else text[: limit - 1] + "…"
+    return ascii(shown) if not shown.isprintable() else repr(shown)
 
 
 # --- logging --------------------------------------------------------------------------------
@@ -180,6 +250,22 @@ def configure_cli_logging(verbosity: int, log_format: str, stream: TextIO) -> No
 # --- the progress line ----------------------------------------------------------------------
 
 
+#: The longest line of the command's own on stderr (a 100,000-character path in an error
+#: message is cut, after the secrets in it were masked).
+MAX_NOTE_CHARS: Final = 1_000
+
+
+def scrubbed(text: str, limit: int = MAX_NOTE_CHARS) -> str:
+    """``text`` as the command may print it: through the logs' scrubber
+    (:func:`codex_turn._log.redact_text`: secret-shaped values and credential assignments
+    masked), then cut to ``limit`` characters (after the masking, so a cut never splits a
+    secret out of its pattern)."""
+    from codex_turn._log import redact_text
+
+    text = redact_text(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def stderr_note(
     err: IO[str],
     text: str,
@@ -190,7 +276,9 @@ def stderr_note(
     **fields: Any,
 ) -> None:
     """One line of the command's own on stderr: the text, or with ``--log-format json`` a
-    JSON object shaped like the library's log lines (so stderr stays parseable line by line)."""
+    JSON object shaped like the library's log lines (so stderr stays parseable line by line).
+    Every text goes through :func:`scrubbed`, as the library's log fields do."""
+    text = scrubbed(text)
     if json_lines:
         line = {
             "timestamp": datetime.datetime.now(datetime.UTC)
@@ -200,7 +288,7 @@ def stderr_note(
             "logger": "codex_turn.cli",
             "event": event,
             "message": text,
-            **fields,
+            **{k: scrubbed(v) if isinstance(v, str) else v for k, v in fields.items()},
         }
         err.write(json.dumps(line, ensure_ascii=False) + "\n")
     else:
@@ -229,7 +317,7 @@ class Progress:
     def state(self, state: str, detail: str = "") -> None:
         if not self._enabled:
             return
-        text = f"[{self._label}] {state}" + (f" ({detail})" if detail else "")
+        text = scrubbed(f"[{self._label}] {state}" + (f" ({detail})" if detail else ""))
         if self._json:
             fields = {"label": self._label, "state": state}
             if detail:
@@ -374,7 +462,7 @@ def codex_binary(codex_bin: str | os.PathLike[str] | None = None) -> Path:
     from codex_turn.harness.appserver.errors import CodexBinaryMissing
 
     if codex_bin is not None:
-        path = Path(codex_bin).expanduser()
+        path = user_path(codex_bin)
         if not path.is_file() or not os.access(path, os.X_OK):
             raise AppServerStartError(f"--codex-bin: not an executable file: {path}")
         return path.absolute()
@@ -406,7 +494,7 @@ def user_codex_home(codex_home: str | None) -> Path:
     """The user's own Codex home: ``--codex-home`` (which must exist: a typo must not
     become a new, empty home), else ``$CODEX_HOME``, else ``~/.codex``."""
     if codex_home is not None:
-        home = Path(codex_home).expanduser()
+        home = user_path(codex_home)
         if not home.is_dir():
             raise InputNotFound(f"--codex-home: no such directory: {home}")
         return home

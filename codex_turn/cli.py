@@ -18,6 +18,7 @@ traceback with ``-v``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -39,10 +40,14 @@ from codex_turn._cli_support import (
     exit_code_for,
     non_negative_float,
     non_negative_int,
+    output_dir,
+    path_arg,
     positive_float,
+    scrubbed,
     session_header,
     session_identity,
     stderr_note,
+    text_arg,
 )
 
 __all__ = ["main"]
@@ -64,11 +69,25 @@ def _version() -> str:
     return __version__
 
 
+class _ParserExit(SystemExit):
+    """argparse's exit (a usage error, ``--help``, ``--version``), its message not yet
+    printed: :func:`main` prints it as every other line of the command's own (scrubbed; a
+    JSON line under ``--log-format json``)."""
+
+    def __init__(self, status: int, message: str | None) -> None:
+        super().__init__(status)
+        self.message = message
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (``codex-turn run: error: ...``), exit 2."""
+    """argparse with one-line usage errors (``codex-turn run: error: ...``), exit 2, printed
+    by :func:`main`."""
 
     def error(self, message: str) -> Any:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise _ParserExit(status, message)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -226,20 +245,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diagrams.add_argument("--no-svg", action="store_true", help="write only the Mermaid sources")
     diagrams.add_argument("directory", nargs="?", help=argparse.SUPPRESS)  # the old form
+    _check_values(parser)
     return parser
+
+
+#: The flags (and positionals) that name a file or directory, by ``dest``: checked as paths
+#: (:func:`~codex_turn._cli_support.path_arg`); every other value given as text is checked as
+#: text (:func:`~codex_turn._cli_support.text_arg`).
+PATH_VALUES: frozenset[str] = frozenset(
+    {"session_file", "codex_home", "codex_bin", "workspace", "out", "trace", "directory"}
+)
+
+
+def _check_values(parser: argparse.ArgumentParser) -> None:
+    """Give every value that has no type of its own (numbers and choices have theirs) the
+    path or the text check, in every command: a NUL, a lone surrogate or a name the OS
+    refuses is a usage error where it enters, never an exception further in."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _check_values(child)
+        elif (
+            isinstance(action, argparse._StoreAction)
+            and action.type is None
+            and action.choices is None
+            and action.nargs in (None, "?")
+        ):
+            action.type = path_arg if action.dest in PATH_VALUES else text_arg
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _tolerant_streams()
+    out, err = sys.stdout, sys.stderr
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        # Point at the help of the command the flag was given to, not the top level's.
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            # Point at the help of the command the flag was given to, not the top level's.
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    except _ParserExit as exit_:
+        if exit_.message:
+            stderr_note(
+                err,
+                exit_.message.strip(),
+                json_lines=_json_lines_asked(argv),
+                event="usage" if exit_.code == EXIT_USAGE else "exit",
+                level="error",
+                exitCode=exit_.code,
+            )
+        return int(exit_.code or 0)
     args.verbose = getattr(args, "verbose", 0) or 0
     args.quiet = bool(getattr(args, "quiet", False))
     args.log_format = getattr(args, "log_format", "console")
-    out, err = sys.stdout, sys.stderr
+    json_lines = args.log_format == "json"
     configure_cli_logging(-1 if args.quiet else args.verbose, args.log_format, err)
     command: Command = COMMANDS[args.command]
     try:
@@ -248,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         stderr_note(
             err,
             f"codex-turn {args.command}: interrupted",
-            json_lines=args.log_format == "json",
+            json_lines=json_lines,
             event="interrupted",
         )
         return EXIT_INTERRUPTED
@@ -258,34 +317,57 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, SystemExit | GeneratorExit):
             raise
         error = _unwrap(error)
-        json_lines = args.log_format == "json"
-        if isinstance(error, CodexTurnError):
-            code = exit_code_for(error)
-            stderr_note(
-                err,
-                f"codex-turn {args.command}: {_one_line(error)}",
-                json_lines=json_lines,
-                event="error",
-                level="error",
-                error=type(error).__name__,
-                exitCode=code,
-            )
-            if args.verbose > 1:
-                traceback.print_exception(error, file=err)
-            return code
+        expected = isinstance(error, CodexTurnError)
+        code = exit_code_for(error) if expected else EXIT_SOFTWARE
+        text = _one_line(error)
+        if not expected:
+            hint = "" if args.verbose else " (-v shows the traceback)"
+            text = f"unexpected error: {type(error).__name__}: {text}{hint}"
         stderr_note(
             err,
-            f"codex-turn {args.command}: unexpected error: {type(error).__name__}: "
-            f"{_one_line(error)}" + ("" if args.verbose else " (-v shows the traceback)"),
+            f"codex-turn {args.command}: {text}",
             json_lines=json_lines,
             event="error",
             level="error",
             error=type(error).__name__,
-            exitCode=EXIT_SOFTWARE,
+            exitCode=code,
         )
-        if args.verbose:
-            traceback.print_exception(error, file=err)
-        return EXIT_SOFTWARE
+        if args.verbose > (1 if expected else 0):
+            _print_traceback(error, err)
+        return code
+
+
+def _tolerant_streams() -> None:
+    """Text that cannot be encoded (a lone surrogate: a non-UTF-8 byte of an argument or a
+    file name) is printed escaped, never a UnicodeEncodeError in the middle of the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            # A stream that cannot change (closed, replaced) is left as it is.
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
+def _json_lines_asked(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for ``--log-format json`` (read before argparse, whose own
+    errors must be JSON lines then too; the last one given wins, as for argparse)."""
+    wanted = None
+    for index, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if len(name) < len("--log") or not "--log-format".startswith(name):
+            continue
+        if not sep:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        wanted = value
+    return wanted == "json"
+
+
+def _print_traceback(error: BaseException, err: IO[str]) -> None:
+    """The traceback (-v), each line through the same scrubber as every other line."""
+    for chunk in traceback.format_exception(error):
+        for line in chunk.rstrip("\n").split("\n"):
+            err.write(scrubbed(line) + "\n")
+    err.flush()
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -377,9 +459,11 @@ def _diagrams(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     directory = Path(target) if target else source_diagrams_dir()
     if directory is None:
         raise UsageError("--out DIR is required (this is not a source checkout)")
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"--out: not a directory: {directory}")
-    for path in write_diagrams(directory, svg=not args.no_svg):
+    try:
+        written = write_diagrams(output_dir("--out", directory), svg=not args.no_svg)
+    except OSError as error:
+        raise UsageError(f"--out: cannot write into {directory}: {error.strerror}") from None
+    for path in written:
         print(path, file=out)
     return EXIT_OK
 

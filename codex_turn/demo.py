@@ -42,6 +42,7 @@ from codex_turn._cli_support import (
     codex_binary,
     dump_json,
     offline_home_for,
+    output_dir,
     print_turn,
     progress_hooks,
     turn_to_json,
@@ -358,7 +359,7 @@ def run_demo(
             from codex_turn._cli_support import UsageError
 
             raise UsageError(f"--out {out_dir}: it already holds a demo (session.jsonl)")
-        workdir.mkdir(parents=True, exist_ok=True)
+        output_dir("--out", workdir)
     shown = Progress(err, enabled=progress, json_lines=json_lines)
     code, report = anyio.run(_main, workdir, out, shown, as_json, binary)
     if as_json:

@@ -232,6 +232,103 @@ def test_the_exit_code_table_maps_library_errors_by_family() -> None:
     assert set(EXIT_CODES.values()) <= {1, 2, 3, 4, 5, 6, 7}
 
 
+#: A key an engine's error message quotes: the CLI must never print it.
+LEAKED_KEY = "sk-proj-CLILEAK0123456789abcdef"
+
+SECRET_ENGINE_MODULE = f"""
+raise ImportError("engine config rejected: api_key={LEAKED_KEY} (check OPENAI_API_KEY)")
+"""
+
+SECRET_DEFECT_MODULE = f"""
+from codex_turn.testing import RecordingEngine
+
+
+class Leaky(RecordingEngine):
+    def close(self):
+        raise RuntimeError("lost connection with Authorization: Bearer {LEAKED_KEY}")
+
+
+engine = Leaky(engine_id="leaky")
+"""
+
+
+def test_every_line_the_cli_prints_on_stderr_is_scrubbed_of_secrets(tmp_path: Path) -> None:
+    # Before its fix: an engine whose import error quoted a key had the key printed verbatim
+    # in the error line, in console and JSON format, and in the -v traceback.
+    (tmp_path / "secretengine.py").write_text(SECRET_ENGINE_MODULE, encoding="utf-8")
+    (tmp_path / "leakyengine.py").write_text(SECRET_DEFECT_MODULE, encoding="utf-8")
+    session = str(write_session(tmp_path / "s.jsonl", "hello"))
+    runs = {
+        "load error": ("inspect", session, "--engine", "secretengine:engine"),
+        "defect": ("inspect", session, "--engine", "leakyengine:engine"),
+    }
+    for what, args in runs.items():
+        for extra in ((), ("--log-format", "json"), ("-vv",), ("-vv", "--log-format", "json")):
+            done = run_cli(*args, *extra, cwd=tmp_path)
+            assert done.returncode in (2, 70), (what, extra, done.stderr)
+            assert LEAKED_KEY not in done.stderr + done.stdout, (what, extra)
+            assert "[redacted]" in done.stderr, (what, extra, done.stderr)
+            if "json" in extra and "-vv" not in extra:
+                (line,) = done.stderr.splitlines()
+                assert json.loads(line)["exitCode"] == done.returncode
+
+
+def test_with_json_logs_usage_errors_are_json_lines_too(tmp_path: Path) -> None:
+    # Before its fix: argparse's usage errors were plain text under --log-format json.
+    cases = [
+        (("run", "s.jsonl", "--log-format", "json"), "--prompt"),
+        (("--log-format=json", "bogus"), "invalid choice: 'bogus'"),
+        (("run", "s.jsonl", "--prompt", "hi", "--bogus", "--log-format", "json"), "--bogus"),
+        (("inspect", "s.jsonl", "--log-f", "json", "--token-budget", "-3"), "--token-budget"),
+    ]
+    for args, needle in cases:
+        done = run_cli(*args, cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (2, ""), (args, done.stderr)
+        (line,) = done.stderr.splitlines()
+        error = json.loads(line)
+        assert (error["level"], error["exitCode"], error["event"]) == ("error", 2, "usage")
+        assert needle in error["message"], (args, error)
+    plain = run_cli("run", "s.jsonl", cwd=tmp_path)
+    one_line_error(plain, 2, "the following arguments are required: --prompt")
+    assert not plain.stderr.startswith("{")
+
+
+def test_absurd_numbers_and_unusable_text_are_usage_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before its fix: a 400-digit --token-budget ended in OverflowError (exit 70); a NUL in
+    # a path in ValueError (exit 70); a non-UTF-8 argument in UnicodeEncodeError.
+    monkeypatch.chdir(tmp_path)
+    session = str(write_session(tmp_path / "s.jsonl", "hello"))
+    cases = [
+        (("compact", session, "--token-budget", "9" * 400), "--token-budget: must be at most"),
+        (("inspect", session, "--token-budget", str(2**70)), "must be at most 9007199254740992"),
+        (("run", session, "--prompt", "hi", "--turn-timeout", "1e300"), "must be at most 1e+09"),
+        (("compact", session, "--interrupt-grace", "1e12"), "--interrupt-grace"),
+        (("inspect", "a\0b.jsonl"), "SESSION_FILE: contains a NUL byte"),
+        (("inspect", session, "--trace", "t\0"), "--trace: contains a NUL byte"),
+        (("doctor", "--codex-home", "x" * 300), "--codex-home: file name too long"),
+        (("diagrams", "--out", "d/" * 2100), "--out: file name too long"),
+        (("run", session, "--prompt", "a\0b"), "--prompt: contains a NUL byte"),
+        (("run", session, "--prompt", os.fsdecode(b"caf\xe9")), "--prompt: is not UTF-8 text"),
+        (("inspect", session, "--session-key", "k\udc80"), "--session-key: is not UTF-8 text"),
+    ]
+    for args, needle in cases:
+        code, out, err = call(monkeypatch, capsys, *args)
+        assert (code, out) == (2, ""), (args, err)
+        assert needle in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+    # An unusable output directory, or a trace file one cannot read as a file: typed too.
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    code, _, err = call(monkeypatch, capsys, "diagrams", "--out", "file/sub", "--no-svg")
+    assert (code, "--out: cannot create") == (2, err[err.index("--out") :][:20]), err
+    code, _, err = call(monkeypatch, capsys, "inspect", "--trace", "fifo")  # never blocks
+    assert (code, "is not a regular file" in err) == (3, True), err
+    code, _, err = call(monkeypatch, capsys, "doctor", "--codex-home", "~nosuchuser0/x")
+    assert code == 1, err  # reported (no such home), not RuntimeError from ~user
+
+
 # --- bad inputs: one line, a non-zero exit --------------------------------------------------
 
 
