@@ -38,16 +38,21 @@ from codex_turn._cli_support import (
     dump_json,
     engine_for_command,
     engine_label,
+    login_hint,
     offline_home_for,
     output_dir,
+    read_only_home,
+    scrubbed,
     session_header,
     session_identity,
     user_path,
+    version_mismatch,
 )
 
 __all__ = ["doctor_command", "inspect_command", "read_trace", "trace_steps"]
 
 PREVIEW_CHARS = 2_000
+MAX_DETAIL_CHARS = 2_000  # a doctor line
 
 
 # --- inspect --------------------------------------------------------------------------------
@@ -411,7 +416,10 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except Exception as error:  # reported, not raised
         check("codex binary", False, str(error))
     if binary is not None:
-        check("codex binary", True, f"{codex_version(binary)} at {binary}", path=str(binary))
+        said = codex_version(binary)
+        mismatch = version_mismatch(said)
+        detail = f"{said} at {binary}" + (f": {mismatch}" if mismatch else "")
+        check("codex binary", mismatch is None, detail, path=str(binary), version=said)
     if args.offline:
         if args.session_file is None:
             raise UsageError("doctor --offline needs SESSION_FILE (its private home is next to it)")
@@ -436,7 +444,7 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ok, detail = anyio.run(_login_status, binary, home)
         check("codex login", ok, detail)
     elif binary is not None:
-        check("codex login", False, f"no Codex home at {home}: run `codex login`")
+        check("codex login", False, f"no Codex home at {home}: {login_hint(home)}")
     if args.session_file is not None:
         session_file = os.fspath(args.session_file)
         exists, detail = _session_file_report(session_file)
@@ -456,6 +464,8 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             path=binding_path(session_file),
         )
     healthy = all(c["ok"] is not False for c in checks)
+    for c in checks:  # what a check quotes (an error, a path) through the logs' scrubber
+        c["detail"] = scrubbed(c["detail"], limit=MAX_DETAIL_CHARS)
     if args.json:
         dump_json({"ok": healthy, "checks": checks}, out)
     else:
@@ -468,21 +478,25 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 async def _login_status(binary: Path, home: Path) -> tuple[bool | None, str]:
     """The login check a turn makes (:func:`codex_turn.harness.appserver.account.
     check_login`: ``account/read`` on a started app-server of the user's configuration),
-    so doctor and the runtime never disagree. Nothing is sent to a model."""
+    so doctor and the runtime never disagree. Nothing is sent to a model, and nothing is
+    written into ``home``: Codex runs in a temporary home that reads its configuration and
+    credentials (:func:`~codex_turn._cli_support.read_only_home`)."""
     from codex_turn.harness.appserver import AppServer, AppServerConfig
     from codex_turn.harness.appserver.account import check_login
     from codex_turn.harness.appserver.errors import AppServerError, CodexLoginRequired
 
-    config = AppServerConfig.user(home, codex_bin=binary, login_check=False)
-    try:
-        async with AppServer.start(config) as server:
-            state = await check_login(await server.client(), config)
-    except CodexLoginRequired:
-        return False, f"not logged in ({home} needs an OpenAI login): run `codex login`"
-    except (AppServerError, OSError) as error:
-        from codex_turn._log import format_error
+    with read_only_home(home) as shadow:
+        config = AppServerConfig.user(shadow, codex_bin=binary, login_check=False)
+        try:
+            async with AppServer.start(config) as server:
+                state = await check_login(await server.client(), config)
+        except CodexLoginRequired:
+            return False, f"not logged in ({home} needs an OpenAI login): {login_hint(home)}"
+        except (AppServerError, OSError) as error:
+            from codex_turn._log import format_error
 
-        return False, f"the app-server did not start: {format_error(error)}"
+            why = format_error(error).replace(str(shadow), str(home))
+            return False, f"the app-server did not start: {why}"
     if state is None:
         return None, "unknown (the binary does not answer account/read)"
     if not state.requires_openai_auth:

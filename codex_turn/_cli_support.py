@@ -79,8 +79,10 @@ EXIT_CODES: Final[dict[str, int]] = {
     "SessionLockTimeout": EXIT_BUSY,
     "SessionError": EXIT_NOT_FOUND,
     "BindingError": EXIT_NOT_FOUND,
-    # 4: Codex needs a login (``codex login``) for the configured provider.
+    # 4: Codex needs a login (``codex-turn login``) for the configured provider, or a login
+    # did not complete.
     "CodexLoginRequired": EXIT_LOGIN,
+    "LoginFailed": EXIT_LOGIN,
     # 5: Codex itself: the binary is missing or failed, the app-server closed or timed out
     # (a configuration the caller got wrong is a usage error).
     "InvalidAppServerConfig": EXIT_USAGE,
@@ -502,13 +504,74 @@ def user_codex_home(codex_home: str | None) -> Path:
 
 
 def codex_version(binary: Path) -> str:
-    try:
-        done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
-            [str(binary), "--version"], capture_output=True, text=True, timeout=20, check=False
+    """What ``binary --version`` says (``codex-cli 0.163.0``). Run with a throwaway
+    CODEX_HOME: the binary creates helper links under the home it is given, and looking at
+    it must not create the user's ``~/.codex``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="codex-turn-version-") as scratch:
+        env = {**os.environ, "CODEX_HOME": scratch}
+        try:
+            done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
+                [str(binary), "--version"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=20,
+                check=False,
+                env=env,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"unknown ({type(error).__name__})"
+    said = done.stdout.strip() or done.stderr.strip() or "unknown"
+    return said.splitlines()[0]
+
+
+def version_mismatch(said: str) -> str | None:
+    """Why a binary that says ``said`` (``codex-cli 0.164.0``) is not the Codex this library
+    speaks to (:data:`~codex_turn.harness.appserver.defaults.CODEX_VERSION`), or ``None``."""
+    import re
+
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    found = re.search(r"\b(\d+\.\d+\.\d+\S*)", said)
+    if found is None:
+        return f"its version is unknown; this library speaks Codex {CODEX_VERSION}'s protocol"
+    if found.group(1) != CODEX_VERSION:
+        return (
+            f"version {found.group(1)}, not {CODEX_VERSION}, whose protocol this library "
+            f"speaks (pip install 'codex-turn[codex]' pins it)"
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"unknown ({type(error).__name__})"
-    return (done.stdout.strip() or done.stderr.strip() or "unknown").splitlines()[0]
+    return None
+
+
+@contextlib.contextmanager
+def read_only_home(home: Path) -> Iterator[Path]:
+    """A private, temporary CODEX_HOME that sees ``home``'s configuration and credentials
+    (links to its ``*.toml`` files, ``auth.json`` and ``.credentials.json``) and nothing
+    else: Codex started there reads the user's settings as a turn would, and writes its own
+    state (databases, logs, helper links) into the temporary directory, removed afterwards.
+    Looking at a home this way changes nothing in it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="codex-turn-home-") as scratch:
+        shadow = Path(scratch)
+        for entry in sorted(home.iterdir()) if home.is_dir() else ():
+            wanted = entry.suffix == ".toml" or entry.name in {"auth.json", ".credentials.json"}
+            if wanted and entry.is_file():
+                (shadow / entry.name).symlink_to(entry.absolute())
+        yield shadow
+
+
+def login_hint(home: Path | None = None) -> str:
+    """How to log in from the command line (the pinned binary is not on ``PATH``)."""
+    default = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+    where = "" if home is None or home == default else f" --codex-home {home}"
+    return (
+        f"run `codex-turn login{where}` (ChatGPT, by a device code) or `codex-turn login"
+        f"{where} --with-api-key` (an API key from stdin); with a Codex of your own on PATH, "
+        "run `codex login`"
+    )
 
 
 def offline_home_for(session_file: str) -> Path:

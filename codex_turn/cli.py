@@ -7,6 +7,7 @@
     codex-turn inspect --trace FILE      the path a recorded turn (run --json) took
     codex-turn doctor [SESSION]          binary, Codex home and login, engine store, lock
     codex-turn compact SESSION           engine compaction, then Codex native; JSON
+    codex-turn login [--with-api-key]    log Codex in (the pinned binary's login); logout
     codex-turn diagrams [--out DIR]      render the state diagrams from the tables
 
 Every command takes ``-v``/``-q`` and ``--log-format``; ``--json`` where the output is data.
@@ -38,6 +39,7 @@ from codex_turn._cli_support import (
     configure_cli_logging,
     engine_for_command,
     exit_code_for,
+    login_hint,
     non_negative_float,
     non_negative_int,
     output_dir,
@@ -58,9 +60,10 @@ EPILOG = """exit status: 0 ok; 1 the command ran but its result is not ok (a tur
 complete, a compaction that failed, doctor problems); 2 usage (a flag, a value, an engine
 spec); 3 an input is missing, unreadable or malformed (a session file that is not a
 transcript, a trace file, the session's directory, --codex-home); 4 Codex needs a login
-(`codex login`); 5 Codex failed (binary missing, app-server start, crash, timeout); 6 the
-session is busy (another turn, compaction or lock holder); 7 the engine broke its contract
-(--strict); 70 an unexpected error (a defect; -v shows the traceback); 130 Ctrl-C."""
+(`codex-turn login`), or a login failed; 5 Codex failed (binary missing, app-server start,
+crash, timeout); 6 the session is busy (another turn, compaction or lock holder); 7 the
+engine broke its contract (--strict); 70 an unexpected error (a defect; -v shows the
+traceback); 130 Ctrl-C."""
 
 
 def _version() -> str:
@@ -216,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
 
     _add_compact_parser(sub)
+    from codex_turn._cli_login import add_login_parsers
+
+    add_login_parsers(sub)
 
     worker = sub(
         "worker",
@@ -319,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         error = _unwrap(error)
         expected = isinstance(error, CodexTurnError)
         code = exit_code_for(error) if expected else EXIT_SOFTWARE
-        text = _one_line(error)
+        text = cli_message(error)
         if not expected:
             hint = "" if args.verbose else " (-v shows the traceback)"
             text = f"unexpected error: {type(error).__name__}: {text}{hint}"
@@ -388,6 +394,20 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def cli_message(error: BaseException) -> str:
+    """What the command line says of ``error``: its message on one line, except where the
+    library's advice does not fit a command-line user (the pinned binary, which the library's
+    login advice names as ``codex``, is not on PATH: ``codex-turn login`` runs it)."""
+    from codex_turn.harness.appserver.errors import CodexLoginRequired
+
+    if isinstance(error, CodexLoginRequired):
+        return (
+            f"Codex needs an OpenAI login and {error.codex_home} has none: "
+            f"{login_hint(error.codex_home)}; or configure a model provider that needs none"
+        )
+    return _one_line(error)
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -620,6 +640,18 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK if result.ok else EXIT_NOT_OK
 
 
+def _login(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_login import login_command
+
+    return login_command(args, out, err)
+
+
+def _logout(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_login import logout_command
+
+    return logout_command(args, out, err)
+
+
 COMMANDS: dict[str, Command] = {
     "demo": _demo,
     "run": _run,
@@ -629,6 +661,8 @@ COMMANDS: dict[str, Command] = {
     "compact": _compact,
     "diagrams": _diagrams,
     "worker": _worker,
+    "login": _login,
+    "logout": _logout,
 }
 
 if __name__ == "__main__":

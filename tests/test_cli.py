@@ -415,6 +415,62 @@ def test_without_the_codex_extra_every_codex_command_is_one_typed_line(tmp_path:
     assert list(work.iterdir()) == []
 
 
+def test_doctor_reports_a_binary_of_another_version_than_the_pinned_protocol(
+    tmp_path: Path,
+) -> None:
+    # Before its fix: doctor said "ok" for any binary, whatever version it claimed.
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    fake = tmp_path / "codex"
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo "codex-cli 0.999.0" && exit 0\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    done = run_cli(
+        "doctor", "--codex-bin", str(fake), "--codex-home", str(home), "--json", cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stdout
+    binary = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex binary"]
+    assert binary["ok"] is False
+    assert binary["version"] == "codex-cli 0.999.0"
+    assert f"version 0.999.0, not {CODEX_VERSION}" in binary["detail"]
+    assert sorted(p.name for p in home.iterdir()) == []
+
+
+def test_the_pinned_codex_version_is_the_one_the_package_pins() -> None:
+    import tomllib
+
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert f"openai-codex-cli-bin=={CODEX_VERSION}" in extras["optional-dependencies"]["codex"]
+
+
+def test_login_refuses_what_it_cannot_use_before_running_codex(tmp_path: Path) -> None:
+    fake = tmp_path / "codex"  # never run: every case stops before it
+    fake.write_text("#!/bin/sh\ntouch ran\nexit 0\n")
+    fake.chmod(0o755)
+    bin_ = ("--codex-bin", str(fake))
+    one_line_error(
+        run_cli("login", "--with-api-key", *bin_, cwd=tmp_path, input=" \n"),
+        2,
+        "nothing on stdin (--with-api-key reads the API key from there)",
+    )
+    one_line_error(
+        run_cli("login", "--with-api-key", *bin_, cwd=tmp_path, input="sk-a b\n"),
+        2,
+        "not one line of text",
+    )
+    missing = tmp_path / "nowhere"
+    for command in ("login", "logout"):
+        done = run_cli(command, "--codex-home", str(missing), *bin_, cwd=tmp_path)
+        one_line_error(done, 3, f"--codex-home: no such directory: {missing}")
+    assert not (tmp_path / "ran").exists()
+
+
 # --- inspect --------------------------------------------------------------------------------
 
 

@@ -316,6 +316,78 @@ def test_doctor_checks_the_login_as_the_runtime_does(tmp_path: Path, codex_binar
     )
 
 
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    """Every path under ``root`` with its mode and size (what "changes nothing" compares)."""
+    return sorted(
+        (str(p.relative_to(root)), p.lstat().st_mode, p.lstat().st_size) for p in root.rglob("*")
+    )
+
+
+def test_doctor_changes_nothing(tmp_path: Path, codex_binary: Path) -> None:
+    # Before its fix: doctor ran `codex --version` against the user's home, which created
+    # ~/.codex (helper links), and then reported that home "ok". The binary makes them only
+    # outside the temp dir: TMPDIR is moved away from HOME to see it.
+    env = _offline_env(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "tmpdir")
+    (tmp_path / "tmpdir").mkdir()
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    write_session(work / "s.jsonl", "hello")
+    before = (_tree(home), _tree(work))
+    done = run_cli("doctor", "--json", cwd=work, env=env)
+    assert done.returncode == 1, done.stdout
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["codex home"]["ok"] is False
+    assert "does not exist" in checks["codex home"]["detail"]
+    assert "codex-turn login" in checks["codex login"]["detail"]
+    assert run_cli("doctor", "s.jsonl", cwd=work, env=env).returncode == 1
+    assert (_tree(home), _tree(work)) == before
+    assert not (home / ".codex").exists()
+    # A home that exists: the login check starts Codex, which writes nothing into it.
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text('model = "gpt-5"\n')
+    before = _tree(home)
+    done = run_cli("doctor", "--json", cwd=work, env=env)
+    login = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex login"]
+    assert login["ok"] is False
+    assert "not logged in" in login["detail"]
+    assert _tree(home) == before
+
+
+def test_login_with_an_api_key_then_doctor_then_logout(tmp_path: Path, codex_binary: Path) -> None:
+    # Before its fix: there was no way to log in (the pinned binary is not on PATH).
+    env = _offline_env(tmp_path)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    key = "sk-test-LOGIN0123456789abcdefgh"
+    where = ("--codex-home", str(home))
+    done = run_cli("login", *where, "--with-api-key", cwd=tmp_path, env=env, input=f"{key}\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"logged in: Codex home {home}"
+    assert key not in done.stdout + done.stderr
+    auth = home / "auth.json"
+    assert auth.stat().st_mode & 0o777 == 0o600  # owner-only
+    assert key in auth.read_text()  # where Codex keeps it, and where a turn finds it
+    doctor = run_cli("doctor", *where, "--json", "-v", cwd=tmp_path, env=env)
+    assert doctor.returncode == 0, doctor.stdout
+    login = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex login"]
+    assert (login["ok"], login["detail"]) == (True, "logged in (apiKey)")
+    assert key not in doctor.stdout + doctor.stderr
+    done = run_cli("logout", *where, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not auth.exists()
+    doctor = run_cli("doctor", *where, "--json", cwd=tmp_path, env=env)
+    login = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex login"]
+    assert login["ok"] is False
+    assert f"codex-turn login --codex-home {home}" in login["detail"]
+    # The device-code login needs the internet, which every proxy here refuses: it fails
+    # at once, with Codex's own reason (exit 4: still no login).
+    done = run_cli("login", *where, cwd=tmp_path, env=env)
+    assert done.returncode == 4, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("codex-turn login: codex login failed (exit 1): Error logging in")
+
+
 def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(
     tmp_path: Path, codex_binary: Path
 ) -> None:

@@ -56,6 +56,7 @@ from typing import Final
 
 from codex_turn.errors import CodexTurnError
 
+from .defaults import CODEX_VERSION
 from .logsafe import capped
 
 __all__ = [
@@ -205,7 +206,7 @@ class CodexBinaryMissing(AppServerStartError, FileNotFoundError):
     def __init__(self) -> None:
         super().__init__(
             "the Codex binary is not installed: pip install 'codex-turn[codex]' "
-            "(openai-codex-cli-bin==0.163.0)"
+            f"(openai-codex-cli-bin=={CODEX_VERSION})"
         )
 
 
