@@ -25,7 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from codex_turn._cli_support import (
     EXIT_INTERRUPTED,
@@ -51,6 +51,9 @@ from codex_turn._cli_support import (
     stderr_note,
     text_arg,
 )
+
+if TYPE_CHECKING:
+    from codex_turn.harness.compaction import CompactionRun
 
 __all__ = ["main"]
 
@@ -499,7 +502,9 @@ def _add_compact_parser(sub: Callable[..., argparse.ArgumentParser]) -> None:
         "compact one session (owning engine first, then Codex native); print JSON",
         "Compact SESSION_FILE: an engine that owns compaction compacts first, then Codex "
         "compacts the bound thread natively (only Codex natively without such an engine). "
-        "Prints the result as camelCase JSON; exit status 0 when ok, 1 when not. Codex runs "
+        "Prints the result as camelCase JSON: each part's outcome in `parts`, and at the top "
+        "what happened to the whole request (ok when every part that ran succeeded, compacted "
+        "when any part compacted); exit status 0 when ok, 1 when not. Codex runs "
         "from your own Codex home unless --offline (the private home `run --offline` uses, "
         "and the local stand-in model) or --model-base-url (a private --codex-home pointed "
         "at another Responses endpoint).",
@@ -565,8 +570,7 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     from codex_turn._cli_support import codex_binary, codex_config, dump_json, user_codex_home
     from codex_turn.harness.appserver import AppServer, AppServerConfig, AppServerStartError
-    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
-    from codex_turn.harness.engine import to_json
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 
     if args.model_base_url and not args.codex_home:
         raise UsageError("--model-base-url needs --codex-home (a private home gets a new config)")
@@ -625,19 +629,70 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             async with AppServer.start(config) as server:
                 yield server
 
-    async def run() -> Any:
-        return await compact_codex_session(
+    async def run() -> CompactionRun:
+        return await compact_codex_session_traced(
             params, app_server=app_server, engine=engine, trigger=args.trigger
         )
 
     try:
-        result = anyio.run(run)
+        done = anyio.run(run)
     finally:
         close_engine(engine)
-    dump_json(to_json(result), out)
+    report = compaction_report(done)
+    dump_json(report, out)
     if unavailable:
         raise unavailable[0]
-    return EXIT_OK if result.ok else EXIT_NOT_OK
+    return EXIT_OK if report["ok"] else EXIT_NOT_OK
+
+
+#: What each step of the compaction machine that ran says of its part: by the trigger it
+#: left with, (part, ok, compacted).
+PART_OUTCOMES: dict[str, tuple[str, bool, bool]] = {
+    "engine_compacted": ("engine", True, True),
+    "engine_declined": ("engine", True, False),
+    "engine_failed": ("engine", False, False),
+    "native_compacted": ("codexNative", True, True),
+    "native_skipped": ("codexNative", True, False),
+    "native_failed": ("codexNative", False, False),
+    "native_timed_out": ("codexNative", False, False),
+}
+
+
+def compaction_report(run: CompactionRun) -> dict[str, Any]:
+    """What ``codex-turn compact`` prints: the library's result (OpenClaw's shape, where the
+    owning engine's result is primary) with its top saying what happened to the whole
+    request: ``ok`` when every part that ran succeeded, ``compacted`` when any part compacted,
+    the ``reason`` of the first part that failed; and ``parts``, each part's own outcome
+    (``ran`` false: the table did not run it, e.g. no Codex thread to compact natively).
+    With no part run (nothing was asked of anyone), the library's result stands."""
+    from codex_turn.harness.engine import to_json
+
+    result = run.result
+    data: dict[str, Any] = to_json(result)
+    details = result.result.details if result.result is not None else None
+    native = details.get("codexNativeCompaction") if isinstance(details, dict) else None
+    outcomes = [PART_OUTCOMES[e.trigger] for e in run.trace if e.trigger in PART_OUTCOMES]
+    owns = any(name == "engine" for name, _, _ in outcomes)  # the engine's result is primary
+    parts: dict[str, dict[str, Any]] = {
+        name: {"ran": False, "ok": None, "compacted": False, "reason": None}
+        for name in ("engine", "codexNative")
+    }
+    for name, ok, compacted in outcomes:
+        if name == "codexNative" and owns:
+            reason = native.get("reason") if isinstance(native, dict) else None
+        else:
+            reason = result.reason
+        parts[name] = {"ran": True, "ok": ok, "compacted": compacted, "reason": reason}
+    ran = [part for part in parts.values() if part["ran"]]
+    if ran:
+        failed = [name for name, part in parts.items() if part["ran"] and not part["ok"]]
+        data["ok"] = not failed
+        data["compacted"] = any(part["compacted"] for part in ran)
+        if failed:
+            data["reason"] = parts[failed[0]]["reason"] or f"{failed[0]} compaction failed"
+    data["parts"] = parts
+    data["path"] = list(run.path)
+    return data
 
 
 def _login(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

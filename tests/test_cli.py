@@ -737,6 +737,10 @@ def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) ->
     opted_out = run_cli(*base, "--engine", "none", "--json", cwd=tmp_path)  # --json: accepted
     assert opted_out.returncode == 1
     assert json.loads(opted_out.stdout)["reason"] == "no codex app-server thread binding"
+    # No Codex thread: native compaction did not run, which fails no request the engine owns.
+    parts = json.loads(default.stdout)["parts"]
+    assert parts["engine"]["ran"] is True
+    assert parts["codexNative"]["ran"] is False
     assert not home.exists()  # no session binding: Codex was never started
     one_line_error(
         run_cli("compact", str(session), "--model-base-url", "http://x", cwd=tmp_path),
@@ -762,6 +766,77 @@ def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path:
     last = done.stderr.strip().splitlines()[-1]  # after the library's warning
     assert last.startswith("codex-turn compact: the Codex binary is not installed")
     assert "Traceback" not in done.stderr
+
+
+class _Native:
+    """A started app-server as native compaction sees it: answers or fails as told."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    async def compact_thread(self, thread_id: str, **kwargs: object) -> object:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def _compaction(tmp_path: Path, *, engine_compacts: bool, native: object) -> dict[str, object]:
+    import anyio
+
+    from codex_turn import CompactResult
+    from codex_turn.cli import compaction_report
+    from codex_turn.harness.binding import ThreadBinding, write_binding
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
+    from codex_turn.harness.engine.contract import CompactDetails
+    from codex_turn.testing import RecordingEngine
+
+    session = write_session(tmp_path / f"s-{engine_compacts}.jsonl", "hello")
+    write_binding(str(session), ThreadBinding(thread_id="thread-1", session_id="s"))
+    answer = (
+        CompactResult(
+            ok=True, compacted=True, result=CompactDetails(tokens_before=100, tokens_after=10)
+        )
+        if engine_compacts
+        else CompactResult(ok=True, compacted=False, reason="nothing to compact")
+    )
+    engine = RecordingEngine(owns_compaction=True, responses={"compact": answer})
+    params = CompactSessionParams(
+        session_id="s", session_file=str(session), workspace_dir=str(tmp_path)
+    )
+
+    async def run() -> object:
+        return await compact_codex_session_traced(params, app_server=_Native(native), engine=engine)
+
+    return compaction_report(anyio.run(run))  # type: ignore[arg-type]
+
+
+def test_compact_says_what_happened_to_the_whole_request(tmp_path: Path) -> None:
+    # Before its fix: the owning engine's result was the whole answer: "ok": true (exit 0)
+    # when Codex's compaction failed, and "compacted": false at the top while Codex's own
+    # part said it compacted.
+    from codex_turn.harness.appserver import AppServerClosed
+    from codex_turn.harness.appserver.native_compaction import CompactionResult
+
+    failed = _compaction(
+        tmp_path, engine_compacts=True, native=AppServerClosed("codex app-server exited")
+    )
+    assert (failed["ok"], failed["compacted"]) == (False, True)
+    assert failed["reason"] == "codex app-server exited"
+    parts = failed["parts"]
+    assert parts["engine"] == {"ran": True, "ok": True, "compacted": True, "reason": None}
+    assert parts["codexNative"]["ok"] is False
+    assert parts["codexNative"]["reason"] == "codex app-server exited"
+    native = CompactionResult(status="completed", thread_id="thread-1", signal="thread/compacted")
+    codex_only = _compaction(tmp_path, engine_compacts=False, native=native)
+    assert (codex_only["ok"], codex_only["compacted"]) == (True, True)
+    assert codex_only["parts"]["engine"]["compacted"] is False
+    assert codex_only["parts"]["codexNative"] == {
+        "ran": True,
+        "ok": True,
+        "compacted": True,
+        "reason": None,
+    }
+    assert codex_only["result"]["details"]["codexNativeCompaction"]["compacted"] is True
 
 
 def test_run_chooses_the_projection_form() -> None:

@@ -154,6 +154,23 @@ def test_run_inspect_doctor_and_compact_on_one_offline_session(
     result = json.loads(compact.stdout)
     assert result["ok"] is True
     assert result["result"]["details"]["codexNativeCompaction"]["ok"] is True
+    # The top says what happened to the whole request: Codex compacted (before its fix the
+    # engine's "compacted": false stood at the top).
+    assert result["compacted"] is True
+    assert result["parts"]["codexNative"]["compacted"] is True
+    assert result["parts"]["engine"]["ran"] is True
+
+    # Codex's compaction fails (its model is unreachable): before its fix compact still said
+    # "ok": true and exited 0, the engine's part having succeeded.
+    home = str(tmp_path / ".codex-turn-offline" / "codex-home")
+    dead = ("--model-base-url", "http://127.0.0.1:9/v1", "--codex-home", home)
+    failed = run_cli("compact", session, *dead, "--timeout", "60", "-q", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stderr
+    result = json.loads(failed.stdout)
+    assert result["ok"] is False
+    assert result["parts"]["engine"]["ok"] is True
+    assert result["parts"]["codexNative"]["ok"] is False
+    assert result["reason"] == result["parts"]["codexNative"]["reason"]
 
 
 def test_inspect_reads_a_session_a_custom_per_turn_engine_ran(
