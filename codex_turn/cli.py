@@ -406,8 +406,9 @@ def cli_message(error: BaseException) -> str:
     from codex_turn.harness.appserver.errors import CodexLoginRequired
 
     if isinstance(error, CodexLoginRequired):
+        said = f" (Codex said: {error.codex_said})" if error.codex_said else ""
         return (
-            f"Codex needs an OpenAI login and {error.codex_home} has none: "
+            f"Codex needs an OpenAI login and {error.codex_home} has none{said}: "
             f"{login_hint(error.codex_home)}; or configure a model provider that needs none"
         )
     return _one_line(error)

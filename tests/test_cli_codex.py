@@ -216,6 +216,26 @@ def test_run_against_a_codex_home_without_login_says_how_to_log_in(
     one_line_error(done, 4, "codex login")
 
 
+def test_a_broken_codex_configuration_is_reported_in_codexs_own_words(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: only "codex app-server exited (exit code 1)", even with -vv; and an
+    # invalid config.toml (Codex falls back to its defaults, which need a login) was
+    # reported as a missing login alone.
+    env = _offline_env(tmp_path)
+    home = tmp_path / "broken-home"
+    home.mkdir()
+    config = home / "config.toml"
+    run = ("run", "s.jsonl", "--prompt", "hi", "--codex-home", str(home), "--engine", "none")
+    config.write_text('sqlite_home = "/proc/nowhere"\n')
+    done = run_cli(*run, "-q", cwd=tmp_path, env=env)
+    one_line_error(done, 5, "exited (exit code 1); Codex said: Error: failed to initialize sqlite")
+    config.write_text('model = "unterminated\n')
+    done = run_cli(*run, "-q", cwd=tmp_path, env=env)
+    one_line_error(done, 4, "(Codex said: Invalid configuration; using defaults. ")
+    assert "config.toml:1:" in done.stderr
+
+
 def _reader(stream: object, into: list[str]) -> threading.Thread:
     def pump() -> None:
         for line in stream:  # type: ignore[attr-defined]
