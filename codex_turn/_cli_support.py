@@ -17,15 +17,17 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
+import io
 import json
 import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final, TextIO
+from typing import IO, TYPE_CHECKING, Any, Final, TextIO, cast
 
 import attrs
 
@@ -236,16 +238,18 @@ def _shown(text: str, limit: int = 40) -> str:
 # --- logging --------------------------------------------------------------------------------
 
 
-def configure_cli_logging(verbosity: int, log_format: str, stream: TextIO) -> None:
-    """Library logs to ``stream`` (stderr): warnings by default, ``-v`` info, ``-vv`` debug,
-    ``-q`` errors only."""
+def configure_cli_logging(verbosity: int, log_format: str, stream: IO[str]) -> None:
+    """Library logs to ``stream`` (stderr, through the command's :class:`Console`):
+    warnings by default, ``-v`` info, ``-vv`` debug, ``-q`` errors only."""
     from codex_turn._log import configure_logging
 
     level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(
         max(-1, min(verbosity, 2)), logging.DEBUG
     )
     configure_logging(
-        level=level, format="json" if log_format == "json" else "console", stream=stream
+        level=level,
+        format="json" if log_format == "json" else "console",
+        stream=cast(TextIO, stream),
     )
 
 
@@ -298,16 +302,124 @@ def stderr_note(
     err.flush()
 
 
+class Console:
+    """The command's stdout and stderr, and the status line (the state being executed) on a
+    terminal: whatever else is written (a log line, a warning, a note, the reply streaming
+    on stdout) first clears the status line and starts on a line of its own; the status is
+    drawn again below it once a line is complete. When stdout and stderr are the same
+    terminal, a line one of them left unfinished (a reply still streaming) is ended before
+    the other writes. Thread-safe: the library logs from worker threads too."""
+
+    def __init__(self, out: IO[str], err: IO[str]) -> None:
+        self._status_on = _isatty(err)
+        self._shared = self._status_on and _isatty(out)  # one terminal for both
+        self._lock = threading.RLock()
+        self._status = ""
+        self._shown = False
+        self._unfinished: ConsoleStream | None = None  # the stream whose line is open
+        self.out = ConsoleStream(self, out)
+        self.err = ConsoleStream(self, err)
+
+    @property
+    def shows_status(self) -> bool:
+        return self._status_on
+
+    def status(self, text: str) -> None:
+        """Show ``text`` as the status line (``""``: none)."""
+        with self._lock:
+            self._status = text
+            if not text:
+                self._hide()
+            elif self._unfinished is None:
+                self._draw()
+
+    def line_ended(self) -> None:
+        """The terminal's line was ended by someone else (the user's Enter after a prompt)."""
+        with self._lock:
+            self._unfinished = None
+
+    def _write(self, stream: ConsoleStream, text: str) -> int:
+        with self._lock:
+            if not text:
+                return 0
+            self._hide()
+            open_line = self._unfinished
+            if self._shared and open_line is not None and open_line is not stream:
+                open_line.raw.write("\n")
+                open_line.raw.flush()
+                self._unfinished = None
+            written = stream.raw.write(text)
+            if stream is self.err or self._shared:
+                self._unfinished = None if text.endswith("\n") else stream
+            if self._unfinished is None and self._status:
+                stream.raw.flush()
+                self._draw()
+            return written
+
+    def _hide(self) -> None:
+        if self._shown:
+            self.err.raw.write("\r\x1b[K")
+            self.err.raw.flush()
+            self._shown = False
+
+    def _draw(self) -> None:
+        if self._status_on and self._status:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            self.err.raw.write("\r\x1b[K" + self._status[:width])
+            self.err.raw.flush()
+            self._shown = True
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (ValueError, OSError):  # closed, or not a file
+        return False
+
+
+class ConsoleStream(io.TextIOBase):
+    """stdout or stderr through a :class:`Console` (a text stream like the one it wraps)."""
+
+    def __init__(self, console: Console, raw: IO[str]) -> None:
+        super().__init__()
+        self.console = console
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.console._write(self, text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return _isatty(self.raw)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.raw, "encoding", "utf-8")
+
+
+def console_of(stream: IO[str]) -> Console | None:
+    """The :class:`Console` ``stream`` writes through, if any."""
+    return stream.console if isinstance(stream, ConsoleStream) else None
+
+
 class Progress:
-    """The state being executed, on stderr: one rewritten line on a terminal, plain lines
-    otherwise (a log a test or a pipe can read), nothing when quiet. With ``json_lines``
-    (``--log-format json``) each state is a JSON line like the library's log lines, on a
-    terminal too, so stderr stays parseable line by line."""
+    """The state being executed, on stderr: the status line on a terminal (through the
+    command's :class:`Console`, so nothing else ever lands on it), plain lines otherwise (a
+    log a test or a pipe can read), nothing when quiet. With ``json_lines`` (``--log-format
+    json``) each state is a JSON line like the library's log lines, on a terminal too, so
+    stderr stays parseable line by line."""
 
     def __init__(self, stream: IO[str], *, enabled: bool = True, json_lines: bool = False) -> None:
         self._stream = stream
         self._enabled = enabled
         self._json = json_lines
+        console = console_of(stream)
+        self._console = console if console is not None and console.shows_status else None
         self._tty = enabled and not json_lines and stream.isatty()
         self._label = ""
         self._shown = False
@@ -326,7 +438,11 @@ class Progress:
                 fields["detail"] = detail
             stderr_note(self._stream, text, json_lines=True, event="progress", **fields)
             return
-        if self._tty:
+        if self._tty and self._console is not None:
+            self._console.status(text)
+            self._shown = True
+            return
+        if self._tty:  # a terminal stream of its own (no console): rewrite the line
             width = shutil.get_terminal_size((80, 24)).columns - 1
             self._stream.write("\r\x1b[K" + text[:width])
             self._shown = True
@@ -335,10 +451,14 @@ class Progress:
         self._stream.flush()
 
     def clear(self) -> None:
-        if self._tty and self._shown:
-            self._stream.write("\r\x1b[K")
-            self._stream.flush()
-            self._shown = False
+        if not (self._tty and self._shown):
+            return
+        self._shown = False
+        if self._console is not None:
+            self._console.status("")
+            return
+        self._stream.write("\r\x1b[K")
+        self._stream.flush()
 
 
 # --- the observed engine and the progress hooks ---------------------------------------------
@@ -589,13 +709,24 @@ def codex_config(
     model: str | None,
     offline_delay: float = 0.0,
     codex_bin: str | None = None,
+    model_base_url: str | None = None,
 ) -> Iterator[tuple[AppServerConfig, OfflineModel | None]]:
     """The app-server configuration of a command: the user's own Codex (``codex_home``, which
-    must exist, or ``$CODEX_HOME`` or ``~/.codex``), or with ``offline`` a private home and the
-    local stand-in model (started here, closed on exit)."""
+    must exist, or ``$CODEX_HOME`` or ``~/.codex``), with ``model_base_url`` a private
+    ``codex_home`` configured for that Responses endpoint, or with ``offline`` a private home
+    and the local stand-in model (started here, closed on exit)."""
     from codex_turn.harness.appserver import AppServerConfig
 
     binary = codex_binary(codex_bin)  # a missing binary: one typed error before anything
+    if model_base_url is not None:
+        assert codex_home is not None  # the command refused the flag without it
+        yield (
+            AppServerConfig.offline(
+                codex_home, model_base_url, model=model or "mock-model", codex_bin=binary
+            ),
+            None,
+        )
+        return
     if not offline:
         home = user_codex_home(codex_home)
         yield AppServerConfig.user(home, model=model, codex_bin=binary), None
@@ -749,8 +880,10 @@ def print_turn(
     calls: Iterable[EngineCall],
     *,
     timings: bool = True,
+    reply: bool = True,
 ) -> None:
-    """The human form of one turn: decision and why, projection, engine calls, timings, reply."""
+    """The human form of one turn: decision and why, projection, engine calls, timings, reply
+    (``reply=False``: shown already, as it streamed)."""
     decision = result.thread_decision
     thread = result.thread_id or "-"
     print(f"\n{title}: outcome={result.outcome.value} thread={thread}", file=out)
@@ -778,8 +911,9 @@ def print_turn(
         print(f"  time per state (ms): {', '.join(rows)}", file=out)
     for problem in (result.prompt_error, result.mirror_error):
         if problem:
-            print(f"  problem: {problem}", file=out)
-    print(f"  assistant: {result.assistant_text or '(no reply)'}", file=out)
+            print(f"  problem: {scrubbed(problem)}", file=out)
+    if reply:
+        print(f"  assistant: {result.assistant_text or '(no reply)'}", file=out)
 
 
 def _path(result: TurnResult) -> list[str]:

@@ -25,7 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from codex_turn._cli_support import (
     EXIT_INTERRUPTED,
@@ -33,6 +33,7 @@ from codex_turn._cli_support import (
     EXIT_OK,
     EXIT_SOFTWARE,
     EXIT_USAGE,
+    Console,
     UsageError,
     add_codex_bin_option,
     close_engine,
@@ -286,7 +287,8 @@ def _check_values(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _tolerant_streams()
-    out, err = sys.stdout, sys.stderr
+    console = Console(sys.stdout, sys.stderr)  # the status line never shares a line
+    out, err = cast(IO[str], console.out), cast(IO[str], console.err)
     parser = build_parser()
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -570,7 +572,7 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import anyio
 
     from codex_turn._cli_support import codex_binary, codex_config, dump_json, user_codex_home
-    from codex_turn.harness.appserver import AppServer, AppServerConfig, AppServerStartError
+    from codex_turn.harness.appserver import AppServer, AppServerStartError
     from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 
     if args.model_base_url and not args.codex_home:
@@ -606,26 +608,17 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     async def app_server(auth_profile_id: str | None) -> AsyncIterator[AppServer]:
         # Started only when native compaction really runs (a binding exists).
         try:
-            binary = codex_binary(args.codex_bin)
+            codex_binary(args.codex_bin)
         except AppServerStartError as error:
             unavailable.append(error)
             raise
-        if args.model_base_url:
-            config = AppServerConfig.offline(
-                args.codex_home,
-                args.model_base_url,
-                model=args.model or "mock-model",
-                codex_bin=binary,
-            )
-            async with AppServer.start(config) as server:
-                yield server
-            return
         with codex_config(
             offline=args.offline,
             codex_home=args.codex_home,
             session_file=session_file,
             model=args.model,
             codex_bin=args.codex_bin,
+            model_base_url=args.model_base_url,
         ) as (config, _model):
             async with AppServer.start(config) as server:
                 yield server

@@ -839,6 +839,49 @@ def test_compact_says_what_happened_to_the_whole_request(tmp_path: Path) -> None
     assert codex_only["result"]["details"]["codexNativeCompaction"]["compacted"] is True
 
 
+def test_chat_commands_change_the_next_turns_model_and_effort() -> None:
+    from codex_turn._cli_turns import _Settings, chat_command_line
+
+    settings = _Settings(model="m1", effort=None)
+    assert (
+        chat_command_line("/effort high", settings) == "reasoning effort for the next turns: high"
+    )
+    assert chat_command_line("/model  gpt-x ", settings) == "model for the next turns: gpt-x"
+    assert (settings.model, settings.effort) == ("gpt-x", "high")
+    assert "unknown effort 'huge'" in chat_command_line("/effort huge", settings)
+    assert settings.effort == "high"
+    chat_command_line("/model", settings)
+    chat_command_line("/effort", settings)
+    assert (settings.model, settings.effort) == (None, None)
+    assert "/model NAME" in chat_command_line("/help", settings)
+
+
+def test_run_and_chat_take_the_runtime_settings_of_a_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codex_turn._cli_turns import _Turns
+    from codex_turn.cli import build_parser
+
+    flags = ["--effort", "low", "--sandbox", "workspace-write", "--approval-policy", "on-request"]
+    args = build_parser().parse_args(["chat", "s.jsonl", *flags, "--model", "m"])
+    turns = _Turns(args, "s.jsonl", "s", str(tmp_path), None, None, None)  # type: ignore[arg-type]
+    params = turns.params("hi")
+    assert (params.reasoning_effort, params.sandbox, params.approval_policy, params.model) == (
+        "low",
+        "workspace-write",
+        "on-request",
+        "m",
+    )
+    monkeypatch.chdir(tmp_path)
+    code, _, err = call(monkeypatch, capsys, "run", "s.jsonl", "--prompt", "x", "--effort", "max")
+    assert code == 2
+    assert "invalid choice: 'max'" in err
+    code, _, err = call(
+        monkeypatch, capsys, "chat", "s.jsonl", "--model-base-url", "http://127.0.0.1:9/v1"
+    )
+    assert (code, "--model-base-url needs --codex-home" in err) == (2, True), err
+
+
 def test_run_chooses_the_projection_form() -> None:
     # `--projection text` keeps OpenClaw's text frame; the default is structured.
     from codex_turn.cli import build_parser

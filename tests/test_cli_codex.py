@@ -7,8 +7,11 @@ processes ever start on one fresh home at once). Nothing reaches the internet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -300,6 +303,148 @@ def test_chat_ctrl_c_interrupts_the_turn_saves_it_and_a_second_one_leaves(
             reader.join(timeout=5)
     assert "(left)" in "".join(err)
     assert "Traceback" not in "".join(err)
+
+
+def _visible_lines(raw: str) -> list[str]:
+    """What a terminal shows of ``raw``, line by line: a carriage return starts the line over
+    (the status line is redrawn that way), colours are dropped."""
+    plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", raw.replace("\r\n", "\n"))
+    return [line.rsplit("\r", 1)[-1] for line in plain.split("\n")]
+
+
+def test_chat_in_a_terminal_ctrl_c_keeps_codex_and_warnings_keep_their_own_line(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: Ctrl-C in a terminal (SIGINT to the whole foreground process group)
+    # killed the Codex process too, so the next turn restarted it; and a warning written
+    # during a turn was glued onto the status line ("[turn 1] assembling2026-...warning").
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    argv = [
+        sys.executable,
+        "-m",
+        "codex_turn",
+        "chat",
+        "s.jsonl",
+        "--offline",
+        "--offline-delay",
+        "3",
+        "--engine",
+        "myengine:bad_assemble",  # a contract violation: a warning during each turn
+        "-v",
+    ]
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the terminal's session leader, as a shell would start it
+        os.chdir(tmp_path)
+        os.execv(sys.executable, argv)
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        with contextlib.suppress(OSError):
+            while data := os.read(master, 65536):
+                chunks.append(data)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+
+    def seen(text: str) -> bool:
+        return text in b"".join(chunks).decode("utf-8", "replace")
+
+    try:
+        _wait_for(lambda: seen("chat with s.jsonl"), "the chat to start")
+        os.write(master, b"the first prompt\r")
+        _wait_for(lambda: seen("running_turn"), "the turn to run")
+        time.sleep(0.5)  # Codex waits for the (stalled) model
+        os.write(master, b"\x03")  # Ctrl-C, as the terminal sends it
+        _wait_for(lambda: seen("interrupted and saved"), "the turn to end")
+        os.write(master, b"the second prompt\r")
+        _wait_for(lambda: seen("turn 2: outcome="), "the second turn", timeout=90)
+        os.write(master, b"/quit\r")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        reader.join(timeout=5)
+        os.close(master)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    assert "turn 1: outcome=aborted" in text
+    assert "turn 2: outcome=completed" in text
+    # One Codex process for both turns: the first Ctrl-C did not reach it.
+    assert text.count("appserver.spawned") == 1, text[-3000:]
+    assert "appserver.restart" not in text
+    # Each warning on a line of its own, never after the status line's text.
+    lines = _visible_lines(text)
+    warnings = [line for line in lines if "context engine assemble failed" in line]
+    assert len(warnings) >= 2, text[-3000:]
+    assert not [line for line in warnings if "[turn " in line], warnings
+    assert "Traceback" not in text
+
+
+def test_chat_streams_the_reply_and_tool_calls_and_asks_you_to_approve(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: chat printed the reply only after the turn, showed no tool call, and
+    # every approval Codex asked for was declined without asking; there were no flags for
+    # the sandbox, the approval policy or the reasoning effort, and no way to change the
+    # model or the effort between turns.
+    from codex_turn.testing import OfflineModel, Reply
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    arguments = {
+        "cmd": "touch approved_file && echo wrote",
+        "yield_time_ms": 2000,
+        "sandbox_permissions": "require_escalated",
+        "justification": "Allow writing approved_file?",
+    }
+    with OfflineModel() as model:
+        model.script(
+            Reply.function_call("exec_command", arguments, call_id="call_1"),
+            Reply.fixed("Done: the file is there."),
+            Reply.fixed("Thought harder."),
+        )
+        env = dict(os.environ, HOME=str(tmp_path), **model.proxy_env())
+        done = run_cli(
+            "chat",
+            "s.jsonl",
+            "--model-base-url",
+            model.base_url,
+            "--codex-home",
+            str(tmp_path / "private-home"),
+            "--workspace",
+            str(workspace),
+            "--engine",
+            "none",
+            "--approval-policy",
+            "on-request",
+            "--sandbox",
+            "read-only",
+            "-q",
+            cwd=tmp_path,
+            env=env,
+            input="please write the file\ny\n/effort high\nand think\n",
+        )
+        requests = model.turn_requests()
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert (workspace / "approved_file").exists()  # approved, and run
+    assert "Codex asks to run `" in out
+    assert "touch approved_file && echo wrote" in out
+    assert "(Allow writing approved_file?)" in out
+    assert "approve? [y] yes, [s] yes for this session, [n] no (default)" in out
+    assert "  (approve)" in out
+    # The tool call and the reply as they happened, before the turn's summary.
+    summary = out.index("turn 1: outcome=completed")
+    assert -1 < out.index("  tool commandExecution: ") < out.index("  (approve)") < summary
+    assert -1 < out.index("  assistant: Done: the file is there.") < summary
+    assert out.count("Done: the file is there.") == 1  # shown once, as it streamed
+    # /effort changes the next turn's request.
+    assert "(reasoning effort for the next turns: high)" in out
+    assert "turn 2: outcome=completed" in out
+    assert requests[-1].body.get("reasoning", {}).get("effort") == "high"
+    assert requests[0].body.get("reasoning", {}).get("effort") != "high"
 
 
 def _offline_env(tmp_path: Path) -> dict[str, str]:

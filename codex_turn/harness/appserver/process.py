@@ -34,7 +34,8 @@ broken ``config.toml`` says only "exited (exit code 1)"; later lines never do (t
 quote content).
 
 The child starts with :attr:`~.config.AppServerConfig.umask` (``0o077`` for a private home:
-what Codex writes there is owner-only).
+what Codex writes there is owner-only), in a session of its own: the terminal's signals
+(Ctrl-C, Ctrl-Z, a hang-up) reach the host, which decides, and not Codex behind its back.
 
 Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
 then kill. It is shielded from cancellation so a cancelled caller never leaks a process. A
@@ -323,6 +324,11 @@ class AppServerProcess:
                     env=config.environment(),
                     cwd=str(config.codex_home),
                     umask=-1 if config.umask is None else config.umask,
+                    # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
+                    # process group) is the host's to handle (interrupt a turn, say), and
+                    # must not kill the Codex its next turn needs. The child still ends
+                    # with its host: stdin EOF, then terminate (aclose).
+                    start_new_session=True,
                 )
             finally:
                 if read_end is not None:
