@@ -42,6 +42,16 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
     assert out.count("context projected: True") == 1
     assert out.count("context projected: False") == 3
     assert out.index("compaction:") < out.index("context projected: True")
+    # Before its fix: turns 1-3 showed no memory at all ("context projected: False"), and
+    # turn 3's reply was scripted to read as the model's summary. From turn 2 on the demo
+    # shows what the model was sent of the conversation; the model pretends nothing.
+    turn_two = out[out.index("turn 2: outcome=") : out.index("turn 3: outcome=")]
+    assert "memory: with this prompt the model was sent 1 earlier prompt of this" in turn_two
+    assert "'Lisbon is my favourite city, and I trav" in turn_two
+    turn_three = out[out.index("turn 3: outcome=") : out.index("compaction:")]
+    assert "the model was sent 2 earlier prompts of this conversation and 2 replies" in turn_three
+    assert "assistant: (stand-in model, quoting its request) earlier you wrote: " in turn_three
+    assert "We talked about" not in out
     assert "engine calls: bootstrap" in out
     assert "time per state (ms): reading_history" in out
     assert "internet attempts (proxy CONNECTs): 0" in out
@@ -92,6 +102,10 @@ def test_the_demo_shows_the_compacted_context_codex_received_and_chat_goes_on(
     assert "Lisbon (in the engine summary)" in turn_four
     # The same from --json: what the model received on turn 4 holds the summary.
     report = json.loads(run_cli("demo", "--out", "again", "--json", "-q", cwd=tmp_path).stdout)
+    from codex_turn.demo import PROMPTS
+
+    assert report["turns"][1]["modelReceivedEarlier"] == [PROMPTS[0]]
+    assert report["turns"][2]["modelReceivedEarlier"] == list(PROMPTS[:2])
     received = report["turns"][3]["modelReceived"]
     assert "<summary id=" in received
     assert "Lisbon is my favourite city" in received.split("<summary", 1)[1]
