@@ -544,15 +544,17 @@ def engine_for_command(spec: str | None, session_file: str, *, create: bool) -> 
         return None
     if spec == "sqlite":
         return SqliteContextEngine.next_to(session_file)
-    return load_engine_spec(spec)
+    return load_engine_spec(spec, session_file)
 
 
-def load_engine_spec(spec: str) -> object:
+def load_engine_spec(spec: str, session_file: str | None = None) -> object:
     """``module:attr``, found on ``sys.path`` or in the current directory (the library's
-    :func:`~codex_turn.load_engine`; a bad spec is an ``EngineLoadError``, exit 2)."""
+    :func:`~codex_turn.load_engine`: a class or factory that takes a parameter gets the
+    directory of ``session_file``; a bad spec is an ``EngineLoadError``, exit 2)."""
     from codex_turn.harness.engine import load_engine
 
-    return load_engine(spec)
+    where = None if session_file is None else os.path.dirname(os.path.abspath(session_file))
+    return load_engine(spec, session_dir=where)
 
 
 def close_engine(engine: object | None) -> None:

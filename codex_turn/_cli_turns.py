@@ -286,7 +286,9 @@ def _prepare(args: argparse.Namespace) -> _Prepared:
         raise UsageError("--offline-delay needs --offline")
     if args.model_base_url and (args.offline or not args.codex_home):
         raise UsageError("--model-base-url needs --codex-home (a private home gets a new config)")
-    loaded = None if args.engine in {"sqlite", "none"} else load_engine_spec(args.engine)
+    loaded = (
+        None if args.engine in {"sqlite", "none"} else load_engine_spec(args.engine, session_file)
+    )
     codex_binary(args.codex_bin)
     if not args.offline and not args.model_base_url:
         user_codex_home(args.codex_home)

@@ -43,7 +43,8 @@ def run_turn(
 
     ``engine``: ``"sqlite"`` (the reference engine next to the session; closed afterwards),
     ``None`` (plain Codex), an engine object (used as it is, not closed) or a spec
-    ``"package.module:attr"``. ``config``: the app-server's (default: the user's own Codex,
+    ``"package.module:attr"`` (a factory in it that takes a parameter gets the session's
+    directory). ``config``: the app-server's (default: the user's own Codex,
     ``AppServerConfig.user()``). ``params``: any other :class:`~codex_turn.TurnParams` field
     (``model``, ``reasoning_effort``, ``sandbox``, ``session_id``, ``workspace_dir``, ...).
     Raises what ``run_codex_turn`` raises (``InvalidTurnParams``, ``CodexLoginRequired``,
@@ -60,7 +61,7 @@ def run_turn(
     elif isinstance(engine, str):
         from codex_turn.harness.engine import load_engine
 
-        engine = load_engine(engine)
+        engine = load_engine(engine, session_dir=path.absolute().parent)
     server_config = config if config is not None else AppServerConfig.user()
 
     async def run() -> TurnResult:

@@ -150,6 +150,16 @@ class Window:
 
 
 window = Window()
+
+
+# A durable engine of one's own: its factory gets the session's directory (--engine).
+class Durable(Window):
+    def __init__(self, directory):
+        self.path = str(directory / "my-store.json")
+
+
+def durable(directory):
+    return Durable(directory)
 """
 
 
@@ -387,6 +397,20 @@ def test_engine_specs_load_from_the_current_directory(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "engine: my-local-engine" in done.stdout
+
+
+def test_an_engine_factory_gets_the_directory_of_the_session(tmp_path: Path) -> None:
+    # Before its fix: --engine called a factory with nothing, so a durable engine could not
+    # find its store next to the session.
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    session = write_session(sessions / "s.jsonl", "hello", "hi there")
+    for spec in ("myengine:durable", "myengine:Durable"):
+        done = run_cli("inspect", str(session), "--engine", spec, "--json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        store = sessions / "my-store.json"
+        assert json.loads(done.stdout)["engine"] == f"window-4 (store {store})"
 
 
 def test_unexpected_errors_are_one_line_and_a_traceback_only_with_v(tmp_path: Path) -> None:
