@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 level="error",
                 exitCode=exit_.code,
             )
-        return int(exit_.code or 0)
+        raise SystemExit(exit_.code) from None  # as argparse itself exits (--help, usage)
     args.verbose = getattr(args, "verbose", 0) or 0
     args.quiet = bool(getattr(args, "quiet", False))
     args.log_format = getattr(args, "log_format", "console")
