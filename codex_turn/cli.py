@@ -657,8 +657,9 @@ def compaction_report(run: CompactionRun) -> dict[str, Any]:
     owning engine's result is primary) with its top saying what happened to the whole
     request: ``ok`` when every part that ran succeeded, ``compacted`` when any part compacted,
     the ``reason`` of the first part that failed; and ``parts``, each part's own outcome
-    (``ran`` false: the table did not run it, e.g. no Codex thread to compact natively).
-    With no part run (nothing was asked of anyone), the library's result stands."""
+    (``ran`` false: the table did not run it, e.g. no Codex thread to compact natively) and
+    the compaction machine's ``path``. With no part run (nothing was asked of anyone), the
+    library's result stands alone."""
     from codex_turn.harness.engine import to_json
 
     result = run.result
@@ -678,12 +679,13 @@ def compaction_report(run: CompactionRun) -> dict[str, Any]:
             reason = result.reason
         parts[name] = {"ran": True, "ok": ok, "compacted": compacted, "reason": reason}
     ran = [part for part in parts.values() if part["ran"]]
-    if ran:
-        failed = [name for name, part in parts.items() if part["ran"] and not part["ok"]]
-        data["ok"] = not failed
-        data["compacted"] = any(part["compacted"] for part in ran)
-        if failed:
-            data["reason"] = parts[failed[0]]["reason"] or f"{failed[0]} compaction failed"
+    if not ran:
+        return data  # nothing was asked of anyone: the library's result says it all
+    failed = [name for name, part in parts.items() if part["ran"] and not part["ok"]]
+    data["ok"] = not failed
+    data["compacted"] = any(part["compacted"] for part in ran)
+    if failed:
+        data["reason"] = parts[failed[0]]["reason"] or f"{failed[0]} compaction failed"
     data["parts"] = parts
     data["path"] = list(run.path)
     return data
