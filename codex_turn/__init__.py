@@ -6,9 +6,14 @@ re-exported here; everything else is reachable through the subpackages but may c
 
     async with AppServer.start(AppServerConfig.offline(home, model_url)) as server:
         result = await run_codex_turn(TurnParams(...), app_server=server, engine=my_engine)
+
+From a plain script, one blocking call (the reference engine and your own Codex):
+
+    result = run_turn("notes/s-1.jsonl", "What did we decide on Friday?")
 """
 
 from codex_turn._log import configure_logging
+from codex_turn.blocking import run_turn
 from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import (
     IllegalTransition,
@@ -247,6 +252,7 @@ __all__ = [
     "reset_session",
     "resolve_engine",
     "run_codex_turn",
+    "run_turn",
     "steer_codex_turn",
     "tool",
 ]

@@ -39,14 +39,21 @@ from codex_turn._cli_support import (
     dump_json,
     engine_for_command,
     engine_label,
+    login_hint,
     offline_home_for,
+    output_dir,
+    read_only_home,
+    scrubbed,
     session_header,
     session_identity,
+    user_path,
+    version_mismatch,
 )
 
 __all__ = ["doctor_command", "inspect_command", "read_trace", "trace_steps"]
 
 PREVIEW_CHARS = 2_000
+MAX_DETAIL_CHARS = 2_000  # a doctor line
 
 
 # --- inspect --------------------------------------------------------------------------------
@@ -85,20 +92,36 @@ def _inspect_engine(spec: str | None, session_file: str) -> tuple[object | None,
 
 
 class _NoCodex:
-    """The app-server of an inspection: the stages stop before anything would reach it. It
-    can fork and inject, as the real one can, so the preview shows the form a turn would
-    use (``codex_turn.harness.turn.structured.supports_structured``)."""
+    """The app-server of an inspection: a Codex process just started by this command, as a
+    turn in a new process would meet it. It has loaded no thread and keeps no fork, so the
+    questions the stages ask of a live process (``loaded_thread``, ``kept_fork``) get the
+    answers a fresh process gives; the stages stop before anything would be sent. It can fork
+    and inject, as the real one can, so the preview shows the form a turn would use
+    (``codex_turn.harness.turn.structured.supports_structured``). Anything else is absent
+    (``getattr`` with a default sees no such capability), and a request raises: reaching it
+    is a defect of the inspection."""
 
     can_fork = True
 
+    def loaded_thread(self, thread_id: str) -> None:
+        return None
+
+    def kept_fork(self, base_thread_id: str) -> None:
+        return None
+
+    def take_kept_fork(self, base_thread_id: str) -> None:
+        return None
+
+    def forget_thread(self, thread_id: str) -> None:
+        return None
+
     def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+    async def _request(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("inspect never talks to Codex")
 
-    async def fork_thread(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("inspect never talks to Codex")
-
-    async def inject_items(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("inspect never talks to Codex")
+    start_thread = resume_thread = fork_thread = inject_items = compact_thread = _request
 
 
 async def _preview(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,6 +291,9 @@ def _print_preview(report: dict[str, Any], out: IO[str], *, full: bool) -> None:
 
 def read_trace(path: str) -> list[dict[str, Any]]:
     """The trace entries in ``path``: ``run --json`` output, or a JSON list of entries."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A directory, a FIFO (reading one would wait for a writer forever), a device.
+        raise InputInvalid(f"trace file {path} is not a regular file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -356,9 +382,7 @@ def _inspect_trace(args: argparse.Namespace, out: IO[str]) -> int:
     steps = check_path(trace_steps(read_trace(args.trace)))
     written = None
     if args.out is not None:
-        directory = Path(args.out)
-        directory.mkdir(parents=True, exist_ok=True)
-        written = directory / "turn-path.mmd"
+        written = output_dir("--out", args.out) / "turn-path.mmd"
         written.write_text(path_mermaid(steps), encoding="utf-8")
     bad = sum(1 for step in steps if step["problems"])
     legal = bad == 0
@@ -398,14 +422,16 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except Exception as error:  # reported, not raised
         check("codex binary", False, str(error))
     if binary is not None:
-        check("codex binary", True, f"{codex_version(binary)} at {binary}", path=str(binary))
+        said = codex_version(binary)
+        mismatch = version_mismatch(said)
+        detail = f"{said} at {binary}" + (f": {mismatch}" if mismatch else "")
+        check("codex binary", mismatch is None, detail, path=str(binary), version=said)
     if args.offline:
         if args.session_file is None:
             raise UsageError("doctor --offline needs SESSION_FILE (its private home is next to it)")
         home = offline_home_for(os.fspath(args.session_file)) / "codex-home"
     else:
-        home = Path(args.codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        home = home.expanduser()
+        home = user_path(args.codex_home or os.environ.get("CODEX_HOME") or Path.home() / ".codex")
     config = home / "config.toml"
     check(
         "codex home",
@@ -424,7 +450,7 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ok, detail = anyio.run(_login_status, binary, home)
         check("codex login", ok, detail)
     elif binary is not None:
-        check("codex login", False, f"no Codex home at {home}: run `codex login`")
+        check("codex login", False, f"no Codex home at {home}: {login_hint(home)}")
     if args.session_file is not None:
         session_file = os.fspath(args.session_file)
         exists, detail = _session_file_report(session_file)
@@ -448,6 +474,8 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             path=binding_path(session_file),
         )
     healthy = all(c["ok"] is not False for c in checks)
+    for c in checks:  # what a check quotes (an error, a path) through the logs' scrubber
+        c["detail"] = scrubbed(c["detail"], limit=MAX_DETAIL_CHARS)
     if args.json:
         dump_json({"ok": healthy, "checks": checks}, out)
     else:
@@ -460,21 +488,25 @@ def doctor_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 async def _login_status(binary: Path, home: Path) -> tuple[bool | None, str]:
     """The login check a turn makes (:func:`codex_turn.harness.appserver.account.
     check_login`: ``account/read`` on a started app-server of the user's configuration),
-    so doctor and the runtime never disagree. Nothing is sent to a model."""
+    so doctor and the runtime never disagree. Nothing is sent to a model, and nothing is
+    written into ``home``: Codex runs in a temporary home that reads its configuration and
+    credentials (:func:`~codex_turn._cli_support.read_only_home`)."""
     from codex_turn.harness.appserver import AppServer, AppServerConfig
     from codex_turn.harness.appserver.account import check_login
     from codex_turn.harness.appserver.errors import AppServerError, CodexLoginRequired
 
-    config = AppServerConfig.user(home, codex_bin=binary, login_check=False)
-    try:
-        async with AppServer.start(config) as server:
-            state = await check_login(await server.client(), config)
-    except CodexLoginRequired:
-        return False, f"not logged in ({home} needs an OpenAI login): run `codex login`"
-    except (AppServerError, OSError) as error:
-        from codex_turn._log import format_error
+    with read_only_home(home) as shadow:
+        config = AppServerConfig.user(shadow, codex_bin=binary, login_check=False)
+        try:
+            async with AppServer.start(config) as server:
+                state = await check_login(await server.client(), config)
+        except CodexLoginRequired:
+            return False, f"not logged in ({home} needs an OpenAI login): {login_hint(home)}"
+        except (AppServerError, OSError) as error:
+            from codex_turn._log import format_error
 
-        return False, f"the app-server did not start: {format_error(error)}"
+            why = format_error(error).replace(str(shadow), str(home))
+            return False, f"the app-server did not start: {why}"
     if state is None:
         return None, "unknown (the binary does not answer account/read)"
     if not state.requires_openai_auth:

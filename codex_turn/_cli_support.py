@@ -17,15 +17,17 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
+import io
 import json
 import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final, TextIO
+from typing import IO, TYPE_CHECKING, Any, Final, TextIO, cast
 
 import attrs
 
@@ -79,8 +81,10 @@ EXIT_CODES: Final[dict[str, int]] = {
     "SessionLockTimeout": EXIT_BUSY,
     "SessionError": EXIT_NOT_FOUND,
     "BindingError": EXIT_NOT_FOUND,
-    # 4: Codex needs a login (``codex login``) for the configured provider.
+    # 4: Codex needs a login (``codex-turn login``) for the configured provider, or a login
+    # did not complete.
     "CodexLoginRequired": EXIT_LOGIN,
+    "LoginFailed": EXIT_LOGIN,
     # 5: Codex itself: the binary is missing or failed, the app-server closed or timed out
     # (a configuration the caller got wrong is a usage error).
     "InvalidAppServerConfig": EXIT_USAGE,
@@ -121,63 +125,151 @@ def exit_code_for(error: BaseException) -> int:
     return EXIT_SOFTWARE
 
 
-def positive_float(text: str) -> float:
-    """An argparse ``type``: a positive, finite number of seconds."""
+# --- argparse types: every value checked where it enters -----------------------------------
+#
+# A value a command cannot use is a usage error (exit 2) at the command line, never an
+# exception further in: numbers are finite and bounded (a 400-digit budget, 1e300 seconds),
+# text is text (no NUL, no lone surrogate: what a non-UTF-8 argument decodes to), a path is
+# one the OS can take (no NUL, no name longer than the file system allows).
+
+#: The largest integer a flag takes: exact as a float, and in JSON (a budget beyond it means
+#: nothing; a larger one overflowed a float further in).
+MAX_INT: Final = 2**53
+#: The longest duration a flag takes, in seconds (about 31 years; a longer one overflows the
+#: thread and event-loop timers it reaches).
+MAX_SECONDS: Final = 1e9
+_NAME_MAX: Final = 255  # bytes of one path component (Linux, macOS)
+_PATH_MAX: Final = 4096  # bytes of a whole path
+
+
+def _seconds(text: str, *, zero: bool) -> float:
     import argparse
     import math
 
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+        raise argparse.ArgumentTypeError(f"not a number: {_shown(text)}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        need = "must not be negative" if zero else "must be a positive number of seconds"
+        raise argparse.ArgumentTypeError(f"{need}: {_shown(text)}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:g} seconds")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a positive number of seconds, at most :data:`MAX_SECONDS`."""
+    return _seconds(text, zero=False)
 
 
 def non_negative_float(text: str) -> float:
-    """An argparse ``type``: a finite number of seconds, zero allowed."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
-    return value
+    """An argparse ``type``: a number of seconds, zero allowed, at most :data:`MAX_SECONDS`."""
+    return _seconds(text, zero=True)
 
 
 def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an integer from 0 to :data:`MAX_INT`."""
     import argparse
 
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an integer: {_shown(text)}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+        raise argparse.ArgumentTypeError(f"must not be negative: {_shown(text)}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
     return value
+
+
+def text_arg(text: str) -> str:
+    """An argparse ``type``: text, without NUL or a lone surrogate (a byte of the argument
+    that is not UTF-8)."""
+    import argparse
+
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("contains a NUL byte")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not UTF-8 text") from None
+    return text
+
+
+def path_arg(text: str) -> str:
+    """An argparse ``type``: a path the OS can take (any bytes but NUL, each name at most
+    255 bytes, the whole at most 4096)."""
+    import argparse
+
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("contains a NUL byte")
+    raw = os.fsencode(text)
+    if len(raw) > _PATH_MAX or any(len(name) > _NAME_MAX for name in raw.split(b"/")):
+        raise argparse.ArgumentTypeError("file name too long")
+    return text
+
+
+def user_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded, as the shell would; left as it is
+    when there is no such user (pathlib's ``expanduser`` raises then)."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
+def output_dir(flag: str, path: str | os.PathLike[str]) -> Path:
+    """The directory ``flag`` names for the command's output, created when missing. One that
+    cannot be (a file in the way, no permission, a dangling link) is a usage error."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{flag}: not a directory: {directory}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"{flag}: cannot create {directory}: {error.strerror}") from None
+    return directory
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A value quoted in an error message: short (the rest elided), printable."""
+    shown = text if len(text) <= limit else text[: limit - 1] + "…"
+    return ascii(shown) if not shown.isprintable() else repr(shown)
 
 
 # --- logging --------------------------------------------------------------------------------
 
 
-def configure_cli_logging(verbosity: int, log_format: str, stream: TextIO) -> None:
-    """Library logs to ``stream`` (stderr): warnings by default, ``-v`` info, ``-vv`` debug,
-    ``-q`` errors only."""
+def configure_cli_logging(verbosity: int, log_format: str, stream: IO[str]) -> None:
+    """Library logs to ``stream`` (stderr, through the command's :class:`Console`):
+    warnings by default, ``-v`` info, ``-vv`` debug, ``-q`` errors only."""
     from codex_turn._log import configure_logging
 
     level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(
         max(-1, min(verbosity, 2)), logging.DEBUG
     )
     configure_logging(
-        level=level, format="json" if log_format == "json" else "console", stream=stream
+        level=level,
+        format="json" if log_format == "json" else "console",
+        stream=cast(TextIO, stream),
     )
 
 
 # --- the progress line ----------------------------------------------------------------------
+
+
+#: The longest line of the command's own on stderr (a 100,000-character path in an error
+#: message is cut, after the secrets in it were masked).
+MAX_NOTE_CHARS: Final = 1_000
+
+
+def scrubbed(text: str, limit: int = MAX_NOTE_CHARS) -> str:
+    """``text`` as the command may print it: through the logs' scrubber
+    (:func:`codex_turn._log.redact_text`: secret-shaped values and credential assignments
+    masked), then cut to ``limit`` characters (after the masking, so a cut never splits a
+    secret out of its pattern)."""
+    from codex_turn._log import redact_text
+
+    text = redact_text(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def stderr_note(
@@ -190,7 +282,9 @@ def stderr_note(
     **fields: Any,
 ) -> None:
     """One line of the command's own on stderr: the text, or with ``--log-format json`` a
-    JSON object shaped like the library's log lines (so stderr stays parseable line by line)."""
+    JSON object shaped like the library's log lines (so stderr stays parseable line by line).
+    Every text goes through :func:`scrubbed`, as the library's log fields do."""
+    text = scrubbed(text)
     if json_lines:
         line = {
             "timestamp": datetime.datetime.now(datetime.UTC)
@@ -200,7 +294,7 @@ def stderr_note(
             "logger": "codex_turn.cli",
             "event": event,
             "message": text,
-            **fields,
+            **{k: scrubbed(v) if isinstance(v, str) else v for k, v in fields.items()},
         }
         err.write(json.dumps(line, ensure_ascii=False) + "\n")
     else:
@@ -208,16 +302,124 @@ def stderr_note(
     err.flush()
 
 
+class Console:
+    """The command's stdout and stderr, and the status line (the state being executed) on a
+    terminal: whatever else is written (a log line, a warning, a note, the reply streaming
+    on stdout) first clears the status line and starts on a line of its own; the status is
+    drawn again below it once a line is complete. When stdout and stderr are the same
+    terminal, a line one of them left unfinished (a reply still streaming) is ended before
+    the other writes. Thread-safe: the library logs from worker threads too."""
+
+    def __init__(self, out: IO[str], err: IO[str]) -> None:
+        self._status_on = _isatty(err)
+        self._shared = self._status_on and _isatty(out)  # one terminal for both
+        self._lock = threading.RLock()
+        self._status = ""
+        self._shown = False
+        self._unfinished: ConsoleStream | None = None  # the stream whose line is open
+        self.out = ConsoleStream(self, out)
+        self.err = ConsoleStream(self, err)
+
+    @property
+    def shows_status(self) -> bool:
+        return self._status_on
+
+    def status(self, text: str) -> None:
+        """Show ``text`` as the status line (``""``: none)."""
+        with self._lock:
+            self._status = text
+            if not text:
+                self._hide()
+            elif self._unfinished is None:
+                self._draw()
+
+    def line_ended(self) -> None:
+        """The terminal's line was ended by someone else (the user's Enter after a prompt)."""
+        with self._lock:
+            self._unfinished = None
+
+    def _write(self, stream: ConsoleStream, text: str) -> int:
+        with self._lock:
+            if not text:
+                return 0
+            self._hide()
+            open_line = self._unfinished
+            if self._shared and open_line is not None and open_line is not stream:
+                open_line.raw.write("\n")
+                open_line.raw.flush()
+                self._unfinished = None
+            written = stream.raw.write(text)
+            if stream is self.err or self._shared:
+                self._unfinished = None if text.endswith("\n") else stream
+            if self._unfinished is None and self._status:
+                stream.raw.flush()
+                self._draw()
+            return written
+
+    def _hide(self) -> None:
+        if self._shown:
+            self.err.raw.write("\r\x1b[K")
+            self.err.raw.flush()
+            self._shown = False
+
+    def _draw(self) -> None:
+        if self._status_on and self._status:
+            width = shutil.get_terminal_size((80, 24)).columns - 1
+            self.err.raw.write("\r\x1b[K" + self._status[:width])
+            self.err.raw.flush()
+            self._shown = True
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (ValueError, OSError):  # closed, or not a file
+        return False
+
+
+class ConsoleStream(io.TextIOBase):
+    """stdout or stderr through a :class:`Console` (a text stream like the one it wraps)."""
+
+    def __init__(self, console: Console, raw: IO[str]) -> None:
+        super().__init__()
+        self.console = console
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.console._write(self, text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return _isatty(self.raw)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.raw, "encoding", "utf-8")
+
+
+def console_of(stream: IO[str]) -> Console | None:
+    """The :class:`Console` ``stream`` writes through, if any."""
+    return stream.console if isinstance(stream, ConsoleStream) else None
+
+
 class Progress:
-    """The state being executed, on stderr: one rewritten line on a terminal, plain lines
-    otherwise (a log a test or a pipe can read), nothing when quiet. With ``json_lines``
-    (``--log-format json``) each state is a JSON line like the library's log lines, on a
-    terminal too, so stderr stays parseable line by line."""
+    """The state being executed, on stderr: the status line on a terminal (through the
+    command's :class:`Console`, so nothing else ever lands on it), plain lines otherwise (a
+    log a test or a pipe can read), nothing when quiet. With ``json_lines`` (``--log-format
+    json``) each state is a JSON line like the library's log lines, on a terminal too, so
+    stderr stays parseable line by line."""
 
     def __init__(self, stream: IO[str], *, enabled: bool = True, json_lines: bool = False) -> None:
         self._stream = stream
         self._enabled = enabled
         self._json = json_lines
+        console = console_of(stream)
+        self._console = console if console is not None and console.shows_status else None
         self._tty = enabled and not json_lines and stream.isatty()
         self._label = ""
         self._shown = False
@@ -229,14 +431,18 @@ class Progress:
     def state(self, state: str, detail: str = "") -> None:
         if not self._enabled:
             return
-        text = f"[{self._label}] {state}" + (f" ({detail})" if detail else "")
+        text = scrubbed(f"[{self._label}] {state}" + (f" ({detail})" if detail else ""))
         if self._json:
             fields = {"label": self._label, "state": state}
             if detail:
                 fields["detail"] = detail
             stderr_note(self._stream, text, json_lines=True, event="progress", **fields)
             return
-        if self._tty:
+        if self._tty and self._console is not None:
+            self._console.status(text)
+            self._shown = True
+            return
+        if self._tty:  # a terminal stream of its own (no console): rewrite the line
             width = shutil.get_terminal_size((80, 24)).columns - 1
             self._stream.write("\r\x1b[K" + text[:width])
             self._shown = True
@@ -245,10 +451,14 @@ class Progress:
         self._stream.flush()
 
     def clear(self) -> None:
-        if self._tty and self._shown:
-            self._stream.write("\r\x1b[K")
-            self._stream.flush()
-            self._shown = False
+        if not (self._tty and self._shown):
+            return
+        self._shown = False
+        if self._console is not None:
+            self._console.status("")
+            return
+        self._stream.write("\r\x1b[K")
+        self._stream.flush()
 
 
 # --- the observed engine and the progress hooks ---------------------------------------------
@@ -334,15 +544,17 @@ def engine_for_command(spec: str | None, session_file: str, *, create: bool) -> 
         return None
     if spec == "sqlite":
         return SqliteContextEngine.next_to(session_file)
-    return load_engine_spec(spec)
+    return load_engine_spec(spec, session_file)
 
 
-def load_engine_spec(spec: str) -> object:
+def load_engine_spec(spec: str, session_file: str | None = None) -> object:
     """``module:attr``, found on ``sys.path`` or in the current directory (the library's
-    :func:`~codex_turn.load_engine`; a bad spec is an ``EngineLoadError``, exit 2)."""
+    :func:`~codex_turn.load_engine`: a class or factory that takes a parameter gets the
+    directory of ``session_file``; a bad spec is an ``EngineLoadError``, exit 2)."""
     from codex_turn.harness.engine import load_engine
 
-    return load_engine(spec)
+    where = None if session_file is None else os.path.dirname(os.path.abspath(session_file))
+    return load_engine(spec, session_dir=where)
 
 
 def close_engine(engine: object | None) -> None:
@@ -374,7 +586,7 @@ def codex_binary(codex_bin: str | os.PathLike[str] | None = None) -> Path:
     from codex_turn.harness.appserver.errors import CodexBinaryMissing
 
     if codex_bin is not None:
-        path = Path(codex_bin).expanduser()
+        path = user_path(codex_bin)
         if not path.is_file() or not os.access(path, os.X_OK):
             raise AppServerStartError(f"--codex-bin: not an executable file: {path}")
         return path.absolute()
@@ -406,7 +618,7 @@ def user_codex_home(codex_home: str | None) -> Path:
     """The user's own Codex home: ``--codex-home`` (which must exist: a typo must not
     become a new, empty home), else ``$CODEX_HOME``, else ``~/.codex``."""
     if codex_home is not None:
-        home = Path(codex_home).expanduser()
+        home = user_path(codex_home)
         if not home.is_dir():
             raise InputNotFound(f"--codex-home: no such directory: {home}")
         return home
@@ -414,13 +626,74 @@ def user_codex_home(codex_home: str | None) -> Path:
 
 
 def codex_version(binary: Path) -> str:
-    try:
-        done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
-            [str(binary), "--version"], capture_output=True, text=True, timeout=20, check=False
+    """What ``binary --version`` says (``codex-cli 0.163.0``). Run with a throwaway
+    CODEX_HOME: the binary creates helper links under the home it is given, and looking at
+    it must not create the user's ``~/.codex``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="codex-turn-version-") as scratch:
+        env = {**os.environ, "CODEX_HOME": scratch}
+        try:
+            done = subprocess.run(  # noqa: S603 - our own pinned binary, no shell
+                [str(binary), "--version"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=20,
+                check=False,
+                env=env,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"unknown ({type(error).__name__})"
+    said = done.stdout.strip() or done.stderr.strip() or "unknown"
+    return said.splitlines()[0]
+
+
+def version_mismatch(said: str) -> str | None:
+    """Why a binary that says ``said`` (``codex-cli 0.164.0``) is not the Codex this library
+    speaks to (:data:`~codex_turn.harness.appserver.defaults.CODEX_VERSION`), or ``None``."""
+    import re
+
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    found = re.search(r"\b(\d+\.\d+\.\d+\S*)", said)
+    if found is None:
+        return f"its version is unknown; this library speaks Codex {CODEX_VERSION}'s protocol"
+    if found.group(1) != CODEX_VERSION:
+        return (
+            f"version {found.group(1)}, not {CODEX_VERSION}, whose protocol this library "
+            f"speaks (pip install 'codex-turn[codex]' pins it)"
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"unknown ({type(error).__name__})"
-    return (done.stdout.strip() or done.stderr.strip() or "unknown").splitlines()[0]
+    return None
+
+
+@contextlib.contextmanager
+def read_only_home(home: Path) -> Iterator[Path]:
+    """A private, temporary CODEX_HOME that sees ``home``'s configuration and credentials
+    (links to its ``*.toml`` files, ``auth.json`` and ``.credentials.json``) and nothing
+    else: Codex started there reads the user's settings as a turn would, and writes its own
+    state (databases, logs, helper links) into the temporary directory, removed afterwards.
+    Looking at a home this way changes nothing in it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="codex-turn-home-") as scratch:
+        shadow = Path(scratch)
+        for entry in sorted(home.iterdir()) if home.is_dir() else ():
+            wanted = entry.suffix == ".toml" or entry.name in {"auth.json", ".credentials.json"}
+            if wanted and entry.is_file():
+                (shadow / entry.name).symlink_to(entry.absolute())
+        yield shadow
+
+
+def login_hint(home: Path | None = None) -> str:
+    """How to log in from the command line (the pinned binary is not on ``PATH``)."""
+    default = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+    where = "" if home is None or home == default else f" --codex-home {home}"
+    return (
+        f"run `codex-turn login{where}` (ChatGPT, by a device code) or `codex-turn login"
+        f"{where} --with-api-key` (an API key from stdin); with a Codex of your own on PATH, "
+        "run `codex login`"
+    )
 
 
 def offline_home_for(session_file: str) -> Path:
@@ -438,13 +711,24 @@ def codex_config(
     model: str | None,
     offline_delay: float = 0.0,
     codex_bin: str | None = None,
+    model_base_url: str | None = None,
 ) -> Iterator[tuple[AppServerConfig, OfflineModel | None]]:
     """The app-server configuration of a command: the user's own Codex (``codex_home``, which
-    must exist, or ``$CODEX_HOME`` or ``~/.codex``), or with ``offline`` a private home and the
-    local stand-in model (started here, closed on exit)."""
+    must exist, or ``$CODEX_HOME`` or ``~/.codex``), with ``model_base_url`` a private
+    ``codex_home`` configured for that Responses endpoint, or with ``offline`` a private home
+    and the local stand-in model (started here, closed on exit)."""
     from codex_turn.harness.appserver import AppServerConfig
 
     binary = codex_binary(codex_bin)  # a missing binary: one typed error before anything
+    if model_base_url is not None:
+        assert codex_home is not None  # the command refused the flag without it
+        yield (
+            AppServerConfig.offline(
+                codex_home, model_base_url, model=model or "mock-model", codex_bin=binary
+            ),
+            None,
+        )
+        return
     if not offline:
         home = user_codex_home(codex_home)
         yield AppServerConfig.user(home, model=model, codex_bin=binary), None
@@ -598,8 +882,10 @@ def print_turn(
     calls: Iterable[EngineCall],
     *,
     timings: bool = True,
+    reply: bool = True,
 ) -> None:
-    """The human form of one turn: decision and why, projection, engine calls, timings, reply."""
+    """The human form of one turn: decision and why, projection, engine calls, timings, reply
+    (``reply=False``: shown already, as it streamed)."""
     decision = result.thread_decision
     thread = result.thread_id or "-"
     print(f"\n{title}: outcome={result.outcome.value} thread={thread}", file=out)
@@ -627,8 +913,9 @@ def print_turn(
         print(f"  time per state (ms): {', '.join(rows)}", file=out)
     for problem in (result.prompt_error, result.mirror_error):
         if problem:
-            print(f"  problem: {problem}", file=out)
-    print(f"  assistant: {result.assistant_text or '(no reply)'}", file=out)
+            print(f"  problem: {scrubbed(problem)}", file=out)
+    if reply:
+        print(f"  assistant: {result.assistant_text or '(no reply)'}", file=out)
 
 
 def _path(result: TurnResult) -> list[str]:

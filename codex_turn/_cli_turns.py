@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import functools
 import os
 import signal
 import sys
@@ -36,20 +37,32 @@ from codex_turn._cli_support import (
     close_engine,
     codex_binary,
     codex_config,
+    console_of,
     dump_json,
     engine_label,
     load_engine_spec,
     print_turn,
     progress_hooks,
+    scrubbed,
     session_header,
     session_identity,
     stderr_note,
     turn_to_json,
     user_codex_home,
 )
+from codex_turn.harness.hooks import TurnHooks
+from codex_turn.harness.turn.streaming import (
+    AgentMessageCompleted,
+    AgentMessageDelta,
+    ToolCall,
+    TurnEvent,
+    TurnEventStream,
+)
 
 if TYPE_CHECKING:
     from codex_turn.harness.appserver import AppServer
+    from codex_turn.harness.appserver.server_requests import ApprovalCallback
+    from codex_turn.harness.runtime_controls import ApprovalDecision, ApprovalRequest
 
 __all__ = ["add_turn_options", "chat_command", "run_command"]
 
@@ -89,7 +102,30 @@ def add_turn_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-id", help="default: the transcript header's id, else its name")
     parser.add_argument("--session-key", help="the key engines bind the session to")
     parser.add_argument("--workspace", metavar="DIR", help="default: the transcript's cwd")
+    parser.add_argument(
+        "--model-base-url",
+        metavar="URL",
+        help="a Responses API endpoint of your own (a local model server): a private "
+        "config.toml is written into --codex-home (a new or empty directory, or one prepared "
+        "this way before)",
+    )
     parser.add_argument("--model", help="the Codex model (default: your config's)")
+    parser.add_argument(
+        "--effort",
+        choices=EFFORTS,
+        help="the model's reasoning effort (default: your config's; chat: /effort)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=("read-only", "workspace-write", "danger-full-access"),
+        help="where Codex's commands may write (default: your config's)",
+    )
+    parser.add_argument(
+        "--approval-policy",
+        choices=("untrusted", "on-request", "never"),
+        help="when Codex asks before running a command (default: your config's; chat asks "
+        "you, run declines)",
+    )
     parser.add_argument("--instructions", help="base developer instructions")
     parser.add_argument("--token-budget", type=non_negative_int, metavar="TOKENS")
     parser.add_argument(
@@ -111,6 +147,13 @@ def add_turn_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The reasoning efforts Codex 0.163 takes (``turn/start``'s ``effort``).
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+#: How long chat waits for your answer to an approval before Codex is told "declined".
+CHAT_APPROVAL_TIMEOUT_S = 600.0
+
+
 # --- one turn, cancellable ------------------------------------------------------------------
 
 
@@ -129,6 +172,16 @@ class _Turns:
     #: The running turn's scope (Ctrl-C cancels it), and whether it was cancelled already.
     scope: anyio.CancelScope | None = None
     interrupting: bool = False
+    #: The model and reasoning effort of the next turns (chat's /model and /effort).
+    model: str | None = None
+    effort: str | None = None
+    #: chat: who answers Codex's approval requests, and what shows the turn as it runs.
+    approver: ApprovalCallback | None = None
+    display: TurnDisplay | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.model = self.args.model
+        self.effort = self.args.effort
 
     def params(self, prompt: str) -> Any:
         from codex_turn.harness.turn_api import TurnParams
@@ -139,13 +192,21 @@ class _Turns:
             session_file=self.session_file,
             workspace_dir=self.workspace,
             prompt=prompt,
-            model=self.args.model,
+            model=self.model,
+            reasoning_effort=self.effort,
+            sandbox=self.args.sandbox,
+            approval_policy=self.args.approval_policy,
+            approval_timeout=CHAT_APPROVAL_TIMEOUT_S if self.approver is not None else 60.0,
             base_developer_instructions=self.args.instructions,
             context_token_budget=self.args.token_budget,
             turn_timeout=self.args.turn_timeout,
             strict=self.args.strict,
             projection_format=self.args.projection,
         )
+
+    def hooks(self) -> TurnHooks:
+        observer = progress_hooks(self.progress).on_transition
+        return TurnHooks(on_transition=observer, on_approval=self.approver)
 
     async def run(self, prompt: str) -> tuple[Any, bool]:
         """(result, interrupted): the result is ``None`` only when the turn never began."""
@@ -162,16 +223,26 @@ class _Turns:
 
         self.interrupting = False
         result: Any = None
+        display = self.display
+        events = TurnEventStream() if display is not None else None
         try:
-            with anyio.CancelScope() as scope:
-                self.scope = scope
-                result = await run_codex_turn(
-                    params,
-                    app_server=self.port,
-                    engine=self.engine,
-                    hooks=progress_hooks(self.progress),
-                    on_turn_end=on_turn_end,
-                )
+            async with anyio.create_task_group() as shows:
+                if display is not None and events is not None:
+                    shows.start_soon(display.show, events)
+                try:
+                    with anyio.CancelScope() as scope:
+                        self.scope = scope
+                        result = await run_codex_turn(
+                            params,
+                            app_server=self.port,
+                            engine=self.engine,
+                            hooks=self.hooks(),
+                            on_turn_end=on_turn_end,
+                            events=events,
+                        )
+                finally:
+                    if events is not None:
+                        events.close()  # the display reads what is left, then ends
         finally:
             self.scope = None
             self.progress.clear()
@@ -213,9 +284,13 @@ def _prepare(args: argparse.Namespace) -> _Prepared:
         raise UsageError(f"--workspace: not a directory: {workspace}")
     if args.offline_delay and not args.offline:
         raise UsageError("--offline-delay needs --offline")
-    loaded = None if args.engine in {"sqlite", "none"} else load_engine_spec(args.engine)
+    if args.model_base_url and (args.offline or not args.codex_home):
+        raise UsageError("--model-base-url needs --codex-home (a private home gets a new config)")
+    loaded = (
+        None if args.engine in {"sqlite", "none"} else load_engine_spec(args.engine, session_file)
+    )
     codex_binary(args.codex_bin)
-    if not args.offline:
+    if not args.offline and not args.model_base_url:
         user_codex_home(args.codex_home)
     return _Prepared(args, session_file, session_id, workspace, loaded)
 
@@ -251,6 +326,7 @@ async def _session(prepared: _Prepared, progress: Progress) -> AsyncIterator[_Tu
             model=args.model,
             offline_delay=args.offline_delay,
             codex_bin=args.codex_bin,
+            model_base_url=args.model_base_url,
         ) as (config, _model):
             progress.label("codex")
             progress.state("starting", "codex app-server")
@@ -274,6 +350,111 @@ async def _watch_interrupts(on_interrupt: Callable[[], None]) -> None:
     with anyio.open_signal_receiver(signal.SIGINT) as signals:
         async for _ in signals:
             on_interrupt()
+
+
+# --- what chat shows while a turn runs ------------------------------------------------------
+
+
+class TurnDisplay:
+    """The reply as Codex writes it and each tool call as it starts and ends, on stdout
+    (chat): the reply is the conversation's own text, printed as it is; a tool line says
+    what runs (through the scrubber, as it is Codex's doing, not the user's words)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._item: str | None = None  # the agent message being streamed
+        self.shown_reply = False
+
+    async def show(self, events: TurnEventStream) -> None:
+        self.shown_reply = False
+        self._item = None
+        async for event in events:
+            self.on_event(event)
+        self._end_line()
+
+    def on_event(self, event: TurnEvent) -> None:
+        if isinstance(event, AgentMessageDelta):
+            if event.item_id != self._item:
+                self._end_line()
+                self._item = event.item_id
+                self._out.write("  assistant: ")
+            self._out.write(event.delta)
+            self.shown_reply = True
+        elif isinstance(event, AgentMessageCompleted):
+            if event.item_id != self._item:  # its deltas were dropped: the whole text
+                self._end_line()
+                self._out.write(f"  assistant: {event.text}")
+                self.shown_reply = True
+            self._end_line()
+        elif isinstance(event, ToolCall):
+            self._end_line()
+            what = scrubbed(" ".join((event.name or "").split()), limit=200)
+            status = event.phase if event.status is None else f"{event.phase}: {event.status}"
+            self._out.write(f"  tool {event.kind}: {what} ({status})\n")
+        else:
+            return
+        self._out.flush()
+
+    def _end_line(self) -> None:
+        if self._item is not None:
+            self._out.write("\n")
+            self._out.flush()
+            self._item = None
+
+
+def _approval_question(request: ApprovalRequest) -> str:
+    """What Codex asks to do, in one line (scrubbed: a command can carry a key)."""
+    kind = request.kind.value
+    if request.command:
+        what = f"run `{' '.join(request.command.split())}`"
+    elif request.tool_name:
+        what = f"call the MCP tool {request.server_name}.{request.tool_name}"
+    else:
+        what = f"make a {kind.replace('_', ' ')}"
+    why = f" ({' '.join(request.reason.split())})" if request.reason else ""
+    return scrubbed(f"Codex asks to {what}{why}", limit=500)
+
+
+#: The answers to an approval question, by the first letter of the line typed.
+APPROVAL_ANSWERS: dict[str, str] = {
+    "y": "approve",
+    "s": "approve_for_session",
+    "n": "decline",
+    "c": "cancel",
+}
+
+
+def approver(receive: anyio.abc.ObjectReceiveStream[str], out: IO[str]) -> ApprovalCallback:
+    """Chat's answer to Codex's approval requests: the question on stdout, the answer the
+    next line of stdin (y: approve, s: approve for the session, n or an empty line or the end
+    of input: decline, c: decline and stop the turn)."""
+    from codex_turn.harness.runtime_controls import ApprovalDecision
+
+    async def ask(request: ApprovalRequest) -> ApprovalDecision:
+        offer = ", [s] yes for this session" if request.session_approval_offered else ""
+        print(_approval_question(request), file=out)
+        print(f"  approve? [y] yes{offer}, [n] no (default), [c] no and stop: ", end="", file=out)
+        out.flush()
+        try:
+            line = await receive.receive()
+        except anyio.EndOfStream:
+            line = ""
+        _line_ended(out)
+        answer = APPROVAL_ANSWERS.get(line.strip()[:1].lower(), "decline")
+        if answer == "approve_for_session" and not request.session_approval_offered:
+            answer = "approve"
+        decision = ApprovalDecision(answer)
+        print(f"  ({decision.value.replace('_', ' ')})", file=out, flush=True)
+        return decision
+
+    return ask
+
+
+def _line_ended(out: IO[str]) -> None:
+    """The user's Enter ended the terminal's line (after a question or the prompt)."""
+    console = console_of(out)
+    if console is not None:
+        console.line_ended()
 
 
 # --- run ------------------------------------------------------------------------------------
@@ -386,10 +567,21 @@ def _stdin_lines(token: anyio.lowlevel.EventLoopToken, send: Any) -> None:
         return
 
 
+CHAT_HELP = (
+    "/model NAME, /effort LEVEL: the next turns' model and reasoning effort (alone: back to "
+    "the default); /quit or end of input leaves; Ctrl-C interrupts a turn"
+)
+
+
 async def _next_prompt(
-    receive: anyio.abc.ObjectReceiveStream[str], out: IO[str], *, interactive: bool
+    receive: anyio.abc.ObjectReceiveStream[str],
+    out: IO[str],
+    *,
+    interactive: bool,
+    settings: _Settings,
 ) -> str | None:
-    """The next non-empty line of stdin; ``None`` at EOF or ``/quit``."""
+    """The next prompt on stdin; ``None`` at EOF or ``/quit``. Empty lines are skipped and
+    chat's own commands (``/model``, ``/effort``, ``/help``) carried out."""
     while True:
         if interactive:
             print("you> ", end="", file=out, flush=True)
@@ -397,11 +589,41 @@ async def _next_prompt(
             line = await receive.receive()
         except anyio.EndOfStream:
             return None
+        _line_ended(out)
         prompt = line.strip()
         if prompt in {"/quit", "/exit"}:
             return None
+        if prompt.startswith("/") and prompt.split()[0] in CHAT_COMMANDS:
+            print(f"  ({chat_command_line(prompt, settings)})", file=out, flush=True)
+            continue
         if prompt:
             return prompt
+
+
+@attrs.define
+class _Settings:
+    """What chat's commands change: the next turns' model and reasoning effort."""
+
+    model: str | None
+    effort: str | None
+
+
+CHAT_COMMANDS = ("/model", "/effort", "/help")
+
+
+def chat_command_line(line: str, settings: _Settings) -> str:
+    """Carry out one of chat's commands on ``settings``; what it did, in a few words."""
+    name, _, value = line.partition(" ")
+    value = value.strip()
+    if name == "/model":
+        settings.model = value or None
+        return f"model for the next turns: {settings.model or 'the configured one'}"
+    if name == "/effort":
+        if value and value not in EFFORTS:
+            return f"unknown effort {value!r}: one of {', '.join(EFFORTS)}"
+        settings.effort = value or None
+        return f"reasoning effort for the next turns: {settings.effort or 'the default'}"
+    return CHAT_HELP
 
 
 def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -413,6 +635,7 @@ def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     progress = Progress(err, enabled=not args.quiet, json_lines=json_lines)
     interactive = sys.stdin.isatty()
     state: dict[str, Any] = {"left": False, "turns": None}
+    settings = _Settings(model=args.model, effort=args.effort)
 
     async def main() -> None:
         send, receive = anyio.create_memory_object_stream[str](64)
@@ -423,7 +646,7 @@ def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 if turns is not None and turns.interrupt():
                     stderr_note(
                         err,
-                        "\n(interrupting the turn; Ctrl-C again to leave)",
+                        "(interrupting the turn; Ctrl-C again to leave)",
                         json_lines=json_lines,
                         event="interrupting",
                     )
@@ -441,20 +664,24 @@ def chat_command(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             reader.start()
             print(
                 f"chat with {prepared.session_file} (engine: {_engine_label(prepared)}); "
-                "empty line ignored, /quit or EOF leaves, Ctrl-C interrupts a turn",
+                "empty line ignored, /quit or EOF leaves, Ctrl-C interrupts a turn, /help",
                 file=out,
                 flush=True,
             )
             async with receive:
-                prompt = await _next_prompt(receive, out, interactive=interactive)
+                ask = functools.partial(_next_prompt, receive, out, interactive=interactive)
+                prompt = await ask(settings=settings)
                 if prompt is not None:
                     async with _session(prepared, progress) as turns:
+                        turns.approver = approver(receive, out)
+                        turns.display = TurnDisplay(out)
                         state["turns"] = turns
                         while prompt is not None:
+                            turns.model, turns.effort = settings.model, settings.effort
                             await _chat_turn(turns, prompt, out)
                             if turns.scope is None and state["left"]:
                                 break
-                            prompt = await _next_prompt(receive, out, interactive=interactive)
+                            prompt = await ask(settings=settings)
             group.cancel_scope.cancel()
 
     anyio.run(main)
@@ -468,7 +695,15 @@ async def _chat_turn(turns: _Turns, prompt: str, out: IO[str]) -> None:
     result, interrupted = await turns.run(prompt)
     calls = turns.engine.take_calls() if turns.engine is not None else []
     if result is not None:
-        print_turn(out, f"turn {turns.count}", result, calls, timings=turns.args.verbose > 0)
+        streamed = turns.display is not None and turns.display.shown_reply
+        print_turn(
+            out,
+            f"turn {turns.count}",
+            result,
+            calls,
+            timings=turns.args.verbose > 0,
+            reply=not streamed,  # already shown as Codex wrote it
+        )
     if interrupted:
         print(
             f"(turn {turns.count} interrupted and saved; type the next prompt, or Ctrl-C to leave)",

@@ -7,6 +7,7 @@
     codex-turn inspect --trace FILE      the path a recorded turn (run --json) took
     codex-turn doctor [SESSION]          binary, Codex home and login, engine store, lock
     codex-turn compact SESSION           engine compaction, then Codex native; JSON
+    codex-turn login [--with-api-key]    log Codex in (the pinned binary's login); logout
     codex-turn diagrams [--out DIR]      render the state diagrams from the tables
 
 Every command takes ``-v``/``-q`` and ``--log-format``; ``--json`` where the output is data.
@@ -18,12 +19,13 @@ traceback with ``-v``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from codex_turn._cli_support import (
     EXIT_INTERRUPTED,
@@ -31,19 +33,28 @@ from codex_turn._cli_support import (
     EXIT_OK,
     EXIT_SOFTWARE,
     EXIT_USAGE,
+    Console,
     UsageError,
     add_codex_bin_option,
     close_engine,
     configure_cli_logging,
     engine_for_command,
     exit_code_for,
+    login_hint,
     non_negative_float,
     non_negative_int,
+    output_dir,
+    path_arg,
     positive_float,
+    scrubbed,
     session_header,
     session_identity,
     stderr_note,
+    text_arg,
 )
+
+if TYPE_CHECKING:
+    from codex_turn.harness.compaction import CompactionRun
 
 __all__ = ["main"]
 
@@ -53,9 +64,10 @@ EPILOG = """exit status: 0 ok; 1 the command ran but its result is not ok (a tur
 complete, a compaction that failed, doctor problems); 2 usage (a flag, a value, an engine
 spec); 3 an input is missing, unreadable or malformed (a session file that is not a
 transcript, a trace file, the session's directory, --codex-home); 4 Codex needs a login
-(`codex login`); 5 Codex failed (binary missing, app-server start, crash, timeout); 6 the
-session is busy (another turn, compaction or lock holder); 7 the engine broke its contract
-(--strict); 70 an unexpected error (a defect; -v shows the traceback); 130 Ctrl-C."""
+(`codex-turn login`), or a login failed; 5 Codex failed (binary missing, app-server start,
+crash, timeout); 6 the session is busy (another turn, compaction or lock holder); 7 the
+engine broke its contract (--strict); 70 an unexpected error (a defect; -v shows the
+traceback); 130 Ctrl-C."""
 
 
 def _version() -> str:
@@ -64,11 +76,25 @@ def _version() -> str:
     return __version__
 
 
+class _ParserExit(SystemExit):
+    """argparse's exit (a usage error, ``--help``, ``--version``), its message not yet
+    printed: :func:`main` prints it as every other line of the command's own (scrubbed; a
+    JSON line under ``--log-format json``)."""
+
+    def __init__(self, status: int, message: str | None) -> None:
+        super().__init__(status)
+        self.message = message
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (``codex-turn run: error: ...``), exit 2."""
+    """argparse with one-line usage errors (``codex-turn run: error: ...``), exit 2, printed
+    by :func:`main`."""
 
     def error(self, message: str) -> Any:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise _ParserExit(status, message)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -197,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
 
     _add_compact_parser(sub)
+    from codex_turn._cli_login import add_login_parsers
+
+    add_login_parsers(sub)
 
     worker = sub(
         "worker",
@@ -226,20 +255,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diagrams.add_argument("--no-svg", action="store_true", help="write only the Mermaid sources")
     diagrams.add_argument("directory", nargs="?", help=argparse.SUPPRESS)  # the old form
+    _check_values(parser)
     return parser
+
+
+#: The flags (and positionals) that name a file or directory, by ``dest``: checked as paths
+#: (:func:`~codex_turn._cli_support.path_arg`); every other value given as text is checked as
+#: text (:func:`~codex_turn._cli_support.text_arg`).
+PATH_VALUES: frozenset[str] = frozenset(
+    {"session_file", "codex_home", "codex_bin", "workspace", "out", "trace", "directory"}
+)
+
+
+def _check_values(parser: argparse.ArgumentParser) -> None:
+    """Give every value that has no type of its own (numbers and choices have theirs) the
+    path or the text check, in every command: a NUL, a lone surrogate or a name the OS
+    refuses is a usage error where it enters, never an exception further in."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _check_values(child)
+        elif (
+            isinstance(action, argparse._StoreAction)
+            and action.type is None
+            and action.choices is None
+            and action.nargs in (None, "?")
+        ):
+            action.type = path_arg if action.dest in PATH_VALUES else text_arg
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _tolerant_streams()
+    console = Console(sys.stdout, sys.stderr)  # the status line never shares a line
+    out, err = cast(IO[str], console.out), cast(IO[str], console.err)
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        # Point at the help of the command the flag was given to, not the top level's.
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            # Point at the help of the command the flag was given to, not the top level's.
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
+    except _ParserExit as exit_:
+        if exit_.message:
+            stderr_note(
+                err,
+                exit_.message.strip(),
+                json_lines=_json_lines_asked(argv),
+                event="usage" if exit_.code == EXIT_USAGE else "exit",
+                level="error",
+                exitCode=exit_.code,
+            )
+        raise SystemExit(exit_.code) from None  # as argparse itself exits (--help, usage)
     args.verbose = getattr(args, "verbose", 0) or 0
     args.quiet = bool(getattr(args, "quiet", False))
     args.log_format = getattr(args, "log_format", "console")
-    out, err = sys.stdout, sys.stderr
+    json_lines = args.log_format == "json"
     configure_cli_logging(-1 if args.quiet else args.verbose, args.log_format, err)
     command: Command = COMMANDS[args.command]
     try:
@@ -248,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         stderr_note(
             err,
             f"codex-turn {args.command}: interrupted",
-            json_lines=args.log_format == "json",
+            json_lines=json_lines,
             event="interrupted",
         )
         return EXIT_INTERRUPTED
@@ -258,34 +328,57 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, SystemExit | GeneratorExit):
             raise
         error = _unwrap(error)
-        json_lines = args.log_format == "json"
-        if isinstance(error, CodexTurnError):
-            code = exit_code_for(error)
-            stderr_note(
-                err,
-                f"codex-turn {args.command}: {_one_line(error)}",
-                json_lines=json_lines,
-                event="error",
-                level="error",
-                error=type(error).__name__,
-                exitCode=code,
-            )
-            if args.verbose > 1:
-                traceback.print_exception(error, file=err)
-            return code
+        expected = isinstance(error, CodexTurnError)
+        code = exit_code_for(error) if expected else EXIT_SOFTWARE
+        text = cli_message(error)
+        if not expected:
+            hint = "" if args.verbose else " (-v shows the traceback)"
+            text = f"unexpected error: {type(error).__name__}: {text}{hint}"
         stderr_note(
             err,
-            f"codex-turn {args.command}: unexpected error: {type(error).__name__}: "
-            f"{_one_line(error)}" + ("" if args.verbose else " (-v shows the traceback)"),
+            f"codex-turn {args.command}: {text}",
             json_lines=json_lines,
             event="error",
             level="error",
             error=type(error).__name__,
-            exitCode=EXIT_SOFTWARE,
+            exitCode=code,
         )
-        if args.verbose:
-            traceback.print_exception(error, file=err)
-        return EXIT_SOFTWARE
+        if args.verbose > (1 if expected else 0):
+            _print_traceback(error, err)
+        return code
+
+
+def _tolerant_streams() -> None:
+    """Text that cannot be encoded (a lone surrogate: a non-UTF-8 byte of an argument or a
+    file name) is printed escaped, never a UnicodeEncodeError in the middle of the output."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            # A stream that cannot change (closed, replaced) is left as it is.
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
+def _json_lines_asked(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for ``--log-format json`` (read before argparse, whose own
+    errors must be JSON lines then too; the last one given wins, as for argparse)."""
+    wanted = None
+    for index, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if len(name) < len("--log") or not "--log-format".startswith(name):
+            continue
+        if not sep:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        wanted = value
+    return wanted == "json"
+
+
+def _print_traceback(error: BaseException, err: IO[str]) -> None:
+    """The traceback (-v), each line through the same scrubber as every other line."""
+    for chunk in traceback.format_exception(error):
+        for line in chunk.rstrip("\n").split("\n"):
+            err.write(scrubbed(line) + "\n")
+    err.flush()
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -306,6 +399,21 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def cli_message(error: BaseException) -> str:
+    """What the command line says of ``error``: its message on one line, except where the
+    library's advice does not fit a command-line user (the pinned binary, which the library's
+    login advice names as ``codex``, is not on PATH: ``codex-turn login`` runs it)."""
+    from codex_turn.harness.appserver.errors import CodexLoginRequired
+
+    if isinstance(error, CodexLoginRequired):
+        said = f" (Codex said: {error.codex_said})" if error.codex_said else ""
+        return (
+            f"Codex needs an OpenAI login and {error.codex_home} has none{said}: "
+            f"{login_hint(error.codex_home)}; or configure a model provider that needs none"
+        )
+    return _one_line(error)
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -377,9 +485,11 @@ def _diagrams(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     directory = Path(target) if target else source_diagrams_dir()
     if directory is None:
         raise UsageError("--out DIR is required (this is not a source checkout)")
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"--out: not a directory: {directory}")
-    for path in write_diagrams(directory, svg=not args.no_svg):
+    try:
+        written = write_diagrams(output_dir("--out", directory), svg=not args.no_svg)
+    except OSError as error:
+        raise UsageError(f"--out: cannot write into {directory}: {error.strerror}") from None
+    for path in written:
         print(path, file=out)
     return EXIT_OK
 
@@ -395,7 +505,9 @@ def _add_compact_parser(sub: Callable[..., argparse.ArgumentParser]) -> None:
         "compact one session (owning engine first, then Codex native); print JSON",
         "Compact SESSION_FILE: an engine that owns compaction compacts first, then Codex "
         "compacts the bound thread natively (only Codex natively without such an engine). "
-        "Prints the result as camelCase JSON; exit status 0 when ok, 1 when not. Codex runs "
+        "Prints the result as camelCase JSON: each part's outcome in `parts`, and at the top "
+        "what happened to the whole request (ok when every part that ran succeeded, compacted "
+        "when any part compacted); exit status 0 when ok, 1 when not. Codex runs "
         "from your own Codex home unless --offline (the private home `run --offline` uses, "
         "and the local stand-in model) or --model-base-url (a private --codex-home pointed "
         "at another Responses endpoint).",
@@ -460,9 +572,8 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import anyio
 
     from codex_turn._cli_support import codex_binary, codex_config, dump_json, user_codex_home
-    from codex_turn.harness.appserver import AppServer, AppServerConfig, AppServerStartError
-    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session
-    from codex_turn.harness.engine import to_json
+    from codex_turn.harness.appserver import AppServer, AppServerStartError
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
 
     if args.model_base_url and not args.codex_home:
         raise UsageError("--model-base-url needs --codex-home (a private home gets a new config)")
@@ -497,43 +608,99 @@ def _compact(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     async def app_server(auth_profile_id: str | None) -> AsyncIterator[AppServer]:
         # Started only when native compaction really runs (a binding exists).
         try:
-            binary = codex_binary(args.codex_bin)
+            codex_binary(args.codex_bin)
         except AppServerStartError as error:
             unavailable.append(error)
             raise
-        if args.model_base_url:
-            config = AppServerConfig.offline(
-                args.codex_home,
-                args.model_base_url,
-                model=args.model or "mock-model",
-                codex_bin=binary,
-            )
-            async with AppServer.start(config) as server:
-                yield server
-            return
         with codex_config(
             offline=args.offline,
             codex_home=args.codex_home,
             session_file=session_file,
             model=args.model,
             codex_bin=args.codex_bin,
+            model_base_url=args.model_base_url,
         ) as (config, _model):
             async with AppServer.start(config) as server:
                 yield server
 
-    async def run() -> Any:
-        return await compact_codex_session(
+    async def run() -> CompactionRun:
+        return await compact_codex_session_traced(
             params, app_server=app_server, engine=engine, trigger=args.trigger
         )
 
     try:
-        result = anyio.run(run)
+        done = anyio.run(run)
     finally:
         close_engine(engine)
-    dump_json(to_json(result), out)
+    report = compaction_report(done)
+    dump_json(report, out)
     if unavailable:
         raise unavailable[0]
-    return EXIT_OK if result.ok else EXIT_NOT_OK
+    return EXIT_OK if report["ok"] else EXIT_NOT_OK
+
+
+#: What each step of the compaction machine that ran says of its part: by the trigger it
+#: left with, (part, ok, compacted).
+PART_OUTCOMES: dict[str, tuple[str, bool, bool]] = {
+    "engine_compacted": ("engine", True, True),
+    "engine_declined": ("engine", True, False),
+    "engine_failed": ("engine", False, False),
+    "native_compacted": ("codexNative", True, True),
+    "native_skipped": ("codexNative", True, False),
+    "native_failed": ("codexNative", False, False),
+    "native_timed_out": ("codexNative", False, False),
+}
+
+
+def compaction_report(run: CompactionRun) -> dict[str, Any]:
+    """What ``codex-turn compact`` prints: the library's result (OpenClaw's shape, where the
+    owning engine's result is primary) with its top saying what happened to the whole
+    request: ``ok`` when every part that ran succeeded, ``compacted`` when any part compacted,
+    the ``reason`` of the first part that failed; and ``parts``, each part's own outcome
+    (``ran`` false: the table did not run it, e.g. no Codex thread to compact natively) and
+    the compaction machine's ``path``. With no part run (nothing was asked of anyone), the
+    library's result stands alone."""
+    from codex_turn.harness.engine import to_json
+
+    result = run.result
+    data: dict[str, Any] = to_json(result)
+    details = result.result.details if result.result is not None else None
+    native = details.get("codexNativeCompaction") if isinstance(details, dict) else None
+    outcomes = [PART_OUTCOMES[e.trigger] for e in run.trace if e.trigger in PART_OUTCOMES]
+    owns = any(name == "engine" for name, _, _ in outcomes)  # the engine's result is primary
+    parts: dict[str, dict[str, Any]] = {
+        name: {"ran": False, "ok": None, "compacted": False, "reason": None}
+        for name in ("engine", "codexNative")
+    }
+    for name, ok, compacted in outcomes:
+        if name == "codexNative" and owns:
+            reason = native.get("reason") if isinstance(native, dict) else None
+        else:
+            reason = result.reason
+        parts[name] = {"ran": True, "ok": ok, "compacted": compacted, "reason": reason}
+    ran = [part for part in parts.values() if part["ran"]]
+    if not ran:
+        return data  # nothing was asked of anyone: the library's result says it all
+    failed = [name for name, part in parts.items() if part["ran"] and not part["ok"]]
+    data["ok"] = not failed
+    data["compacted"] = any(part["compacted"] for part in ran)
+    if failed:
+        data["reason"] = parts[failed[0]]["reason"] or f"{failed[0]} compaction failed"
+    data["parts"] = parts
+    data["path"] = list(run.path)
+    return data
+
+
+def _login(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_login import login_command
+
+    return login_command(args, out, err)
+
+
+def _logout(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_login import logout_command
+
+    return logout_command(args, out, err)
 
 
 COMMANDS: dict[str, Command] = {
@@ -545,6 +712,8 @@ COMMANDS: dict[str, Command] = {
     "compact": _compact,
     "diagrams": _diagrams,
     "worker": _worker,
+    "login": _login,
+    "logout": _logout,
 }
 
 if __name__ == "__main__":

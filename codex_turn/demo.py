@@ -11,10 +11,15 @@ Three turns, then a compaction of the session (the engine compacts its memory, w
 a new context epoch; Codex compacts the thread natively), then a fourth turn: it rotates to a
 fresh thread that receives the compacted context (``context projected: True``), and the demo
 prints an excerpt of what Codex sent the model on it: the engine's summary, framed before the
-prompt. The stand-in model's last answer is computed from that request (what it was sent),
-not scripted. Per turn the demo prints the thread decision and why, whether context was
-projected, the engine calls, the time per state and the reply, with the state being executed
-live on stderr. It ends by printing where the transcript, the engine store and the rendered
+prompt. From turn 2 on, each turn shows the memory the model was sent: on turns 2 and 3 the
+earlier prompts (and replies) that Codex's thread carries (nothing is projected: the thread
+already holds the conversation), on turn 4 the engine's compacted context. Nothing the
+stand-in model says pretends to understand: it echoes turns 1 and 2, quotes the earlier
+prompts its request carries when asked to summarise (turn 3), and on turn 4 reports which
+facts its request carries and where (in the engine's summary or in the recent messages).
+Per turn the demo prints the thread decision and why, whether context was projected, the
+engine calls, the time per state and the reply, with the state being executed live on
+stderr. It ends by printing where the transcript, the engine store and the rendered
 diagrams are (kept in ``--out DIR``, else a new temporary directory).
 
 The demo's turns register no dynamic tools, as ``codex-turn run`` and ``chat`` register none:
@@ -42,6 +47,7 @@ from codex_turn._cli_support import (
     codex_binary,
     dump_json,
     offline_home_for,
+    output_dir,
     print_turn,
     progress_hooks,
     turn_to_json,
@@ -104,6 +110,41 @@ def _received_excerpt(request: Any) -> list[str]:
     ]
 
 
+def earlier_prompts(request: Any, prompt: str) -> list[str]:
+    """The demo's earlier prompts that the model was sent again with this turn's (Codex's
+    thread carries the conversation): what the model remembers, read off its request."""
+    sent = request.user_messages
+    return [p for p in (*PROMPTS, AFTER_COMPACTION) if p != prompt and p in sent]
+
+
+def _memory_line(request: Any, prompt: str) -> str:
+    earlier = earlier_prompts(request, prompt)
+    if not earlier:
+        return "  memory: the model was sent this prompt alone (nothing earlier yet)"
+    shown = "; ".join(_quoted(text, 40) for text in earlier)
+    replies = len(request.assistant_messages)
+    return (
+        f"  memory: with this prompt the model was sent {len(earlier)} earlier "
+        f"prompt{'s' if len(earlier) > 1 else ''} of this conversation and {replies} "
+        f"repl{'ies' if replies != 1 else 'y'}, from Codex's thread: {shown}"
+    )
+
+
+def _quoted(text: str, limit: int) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 1] + "\u2026")
+
+
+def recap_from_request(request: Any) -> str:
+    """The stand-in model's answer to "summarise": no summary (it understands nothing), but
+    the earlier prompts its request carries, quoted, so what the demo shows is what the
+    model was sent."""
+    earlier = [p for p in request.user_messages[:-1] if p in PROMPTS]
+    if not earlier:
+        return "(stand-in model) my request carries no earlier message of ours."
+    quoted = "; ".join(_quoted(text, 60) for text in earlier)
+    return f"(stand-in model, quoting its request) earlier you wrote: {quoted}"
+
+
 def answer_from_request(request: Any) -> str:
     """The stand-in model's answer to the last turn, computed from what it was sent: which
     facts of turn 1 the engine's summaries in its request carry, and which the rest does."""
@@ -131,8 +172,10 @@ async def _main(
     report: dict[str, Any] = {"directory": str(workdir), "turns": []}
     model = OfflineModel().start()
     try:
+        # Nothing the model says pretends to understand: it echoes, quotes its request, or
+        # (turn 4) reports which facts its request carries and where.
         model.script(Reply.echo(), Reply.echo())
-        model.script(Reply.fixed("We talked about Lisbon, your trip there in May, its trams."))
+        model.script(Reply.computed(recap_from_request))
         model.script(Reply.computed(answer_from_request))
         session_file = workdir / "session.jsonl"
         # The private Codex home `run --offline` and `chat --offline` use for this session:
@@ -183,6 +226,7 @@ async def _main(
                     "prompt": prompt,
                     **turn_to_json(result, calls, session_file=str(session_file)),
                     "modelReceived": request.last_user_text,
+                    "modelReceivedEarlier": earlier_prompts(request, prompt),
                 }
             )
             if not as_json:
@@ -191,6 +235,8 @@ async def _main(
                 print(_model_line(request), file=out, flush=True)
                 if result.projected:
                     print("\n".join(_received_excerpt(request)), file=out, flush=True)
+                else:
+                    print(_memory_line(request, prompt), file=out, flush=True)
 
         progress.label("codex")
         progress.state("starting", "codex app-server")
@@ -358,7 +404,7 @@ def run_demo(
             from codex_turn._cli_support import UsageError
 
             raise UsageError(f"--out {out_dir}: it already holds a demo (session.jsonl)")
-        workdir.mkdir(parents=True, exist_ok=True)
+        output_dir("--out", workdir)
     shown = Progress(err, enabled=progress, json_lines=json_lines)
     code, report = anyio.run(_main, workdir, out, shown, as_json, binary)
     if as_json:

@@ -81,3 +81,52 @@ async def test_stderr_text_is_logged_redacted_on_opt_in(tmp_path: Path) -> None:
     assert "PRIVATE_PROMPT_91" in lines[0]
     assert "PRIVATE_BODY_7" in lines[2]
     assert "sk-abcdefghijklmnopqrstuvwx" not in repr(records)  # secrets are still scrubbed
+
+
+FAILING_SERVER = r"""
+import sys
+sys.stderr.write("\x1b[2m2026-05-01T10:00:00.1Z\x1b[0m \x1b[31mERROR\x1b[0m codex_app_server: "
+                 "Codex could not find bubblewrap on PATH\n")
+sys.stderr.write("Error: failed to load config: api_key = sk-abcdefghijklmnopqrstuvwx\n")
+sys.stderr.write("Stack backtrace:\n   0: <unknown>\n")
+sys.exit(1)
+"""
+
+
+async def test_a_process_that_fails_to_start_says_why_in_its_own_words(tmp_path: Path) -> None:
+    # Before its fix: "codex app-server failed to initialize: ... exited (exit code 1)", and
+    # nothing of why, even with -vv.
+    from codex_turn.harness.appserver import AppServerStartError
+
+    script = tmp_path / "failing_server.py"
+    script.write_text(FAILING_SERVER)
+    cfg = AppServerConfig(
+        codex_home=tmp_path / "home",
+        write_config=False,
+        command=(sys.executable, "-u", str(script)),
+        shutdown_timeout=2.0,
+    )
+    with pytest.raises(AppServerStartError) as failed:
+        async with AppServerClient.connect(cfg):
+            pass
+    message = str(failed.value)
+    assert "exited (exit code 1); Codex said: Error: failed to load config: api_key = " in message
+    assert "sk-abcdefghijklmnopqrstuvwx" not in message  # scrubbed
+    assert "bubblewrap" not in message  # the fatal line, not the last error
+
+
+def test_the_startup_reason_is_the_fatal_line_else_the_last_error_without_decoration() -> None:
+    from codex_turn.harness.appserver.process import startup_reason
+
+    lines = [
+        "\x1b[2m2026-12-03T20:54:25.619113Z\x1b[0m \x1b[31mERROR\x1b[0m \x1b[2mcodex_app_server"
+        "\x1b[0m\x1b[2m:\x1b[0m Invalid configuration; using defaults. config.toml:1:11: bad",
+        "2026-12-03T20:54:25.619156Z ERROR codex_app_server: Codex could not find bubblewrap",
+        "a line without a level",
+    ]
+    assert startup_reason(lines) == "Codex could not find bubblewrap"
+    assert startup_reason(lines, config_only=True) == (
+        "Invalid configuration; using defaults. config.toml:1:11: bad"
+    )
+    assert startup_reason(["INFO only", "x" * 999]) is None
+    assert len(startup_reason(["Error: " + "y" * 999]) or "") == 300

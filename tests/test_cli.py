@@ -111,6 +111,10 @@ def remember_in_store(session: Path) -> None:
 
 
 ENGINE_MODULE = """
+import copy
+import json
+
+from codex_turn import AssembleResult, CompactResult, ContextEngineInfo, IngestResult
 from codex_turn.testing import RecordingEngine
 
 engine = RecordingEngine(engine_id="my-local-engine")
@@ -125,6 +129,37 @@ broken = CloseFails(engine_id="broken-close")
 
 # assemble() returns None: a contract violation (a logged fallback; --strict: exit 7).
 bad_assemble = RecordingEngine(engine_id="bad-assemble", responses={"assemble": lambda p: None})
+
+
+# A per-turn engine of someone else's: the last four messages and an instruction.
+class Window:
+    info = ContextEngineInfo(id="window-4", name="window", version="1")
+
+    async def ingest(self, params):
+        return IngestResult(ingested=False)
+
+    async def assemble(self, params):
+        return AssembleResult(
+            messages=copy.deepcopy(list(params.messages)[-4:]),
+            estimated_tokens=len(json.dumps(list(params.messages)[-4:])) // 4,
+            system_prompt_addition="Answer briefly.",
+        )
+
+    async def compact(self, params):
+        return CompactResult(ok=True, compacted=False, reason="a window never compacts")
+
+
+window = Window()
+
+
+# A durable engine of one's own: its factory gets the session's directory (--engine).
+class Durable(Window):
+    def __init__(self, directory):
+        self.path = str(directory / "my-store.json")
+
+
+def durable(directory):
+    return Durable(directory)
 """
 
 
@@ -207,6 +242,103 @@ def test_the_exit_code_table_maps_library_errors_by_family() -> None:
     assert set(EXIT_CODES.values()) <= {1, 2, 3, 4, 5, 6, 7}
 
 
+#: A key an engine's error message quotes: the CLI must never print it.
+LEAKED_KEY = "sk-proj-CLILEAK0123456789abcdef"
+
+SECRET_ENGINE_MODULE = f"""
+raise ImportError("engine config rejected: api_key={LEAKED_KEY} (check OPENAI_API_KEY)")
+"""
+
+SECRET_DEFECT_MODULE = f"""
+from codex_turn.testing import RecordingEngine
+
+
+class Leaky(RecordingEngine):
+    def close(self):
+        raise RuntimeError("lost connection with Authorization: Bearer {LEAKED_KEY}")
+
+
+engine = Leaky(engine_id="leaky")
+"""
+
+
+def test_every_line_the_cli_prints_on_stderr_is_scrubbed_of_secrets(tmp_path: Path) -> None:
+    # Before its fix: an engine whose import error quoted a key had the key printed verbatim
+    # in the error line, in console and JSON format, and in the -v traceback.
+    (tmp_path / "secretengine.py").write_text(SECRET_ENGINE_MODULE, encoding="utf-8")
+    (tmp_path / "leakyengine.py").write_text(SECRET_DEFECT_MODULE, encoding="utf-8")
+    session = str(write_session(tmp_path / "s.jsonl", "hello"))
+    runs = {
+        "load error": ("inspect", session, "--engine", "secretengine:engine"),
+        "defect": ("inspect", session, "--engine", "leakyengine:engine"),
+    }
+    for what, args in runs.items():
+        for extra in ((), ("--log-format", "json"), ("-vv",), ("-vv", "--log-format", "json")):
+            done = run_cli(*args, *extra, cwd=tmp_path)
+            assert done.returncode in (2, 70), (what, extra, done.stderr)
+            assert LEAKED_KEY not in done.stderr + done.stdout, (what, extra)
+            assert "[redacted]" in done.stderr, (what, extra, done.stderr)
+            if "json" in extra and "-vv" not in extra:
+                (line,) = done.stderr.splitlines()
+                assert json.loads(line)["exitCode"] == done.returncode
+
+
+def test_with_json_logs_usage_errors_are_json_lines_too(tmp_path: Path) -> None:
+    # Before its fix: argparse's usage errors were plain text under --log-format json.
+    cases = [
+        (("run", "s.jsonl", "--log-format", "json"), "--prompt"),
+        (("--log-format=json", "bogus"), "invalid choice: 'bogus'"),
+        (("run", "s.jsonl", "--prompt", "hi", "--bogus", "--log-format", "json"), "--bogus"),
+        (("inspect", "s.jsonl", "--log-f", "json", "--token-budget", "-3"), "--token-budget"),
+    ]
+    for args, needle in cases:
+        done = run_cli(*args, cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (2, ""), (args, done.stderr)
+        (line,) = done.stderr.splitlines()
+        error = json.loads(line)
+        assert (error["level"], error["exitCode"], error["event"]) == ("error", 2, "usage")
+        assert needle in error["message"], (args, error)
+    plain = run_cli("run", "s.jsonl", cwd=tmp_path)
+    one_line_error(plain, 2, "the following arguments are required: --prompt")
+    assert not plain.stderr.startswith("{")
+
+
+def test_absurd_numbers_and_unusable_text_are_usage_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before its fix: a 400-digit --token-budget ended in OverflowError (exit 70); a NUL in
+    # a path in ValueError (exit 70); a non-UTF-8 argument in UnicodeEncodeError.
+    monkeypatch.chdir(tmp_path)
+    session = str(write_session(tmp_path / "s.jsonl", "hello"))
+    cases = [
+        (("compact", session, "--token-budget", "9" * 400), "--token-budget: must be at most"),
+        (("inspect", session, "--token-budget", str(2**70)), "must be at most 9007199254740992"),
+        (("run", session, "--prompt", "hi", "--turn-timeout", "1e300"), "must be at most 1e+09"),
+        (("compact", session, "--interrupt-grace", "1e12"), "--interrupt-grace"),
+        (("inspect", "a\0b.jsonl"), "SESSION_FILE: contains a NUL byte"),
+        (("inspect", session, "--trace", "t\0"), "--trace: contains a NUL byte"),
+        (("doctor", "--codex-home", "x" * 300), "--codex-home: file name too long"),
+        (("diagrams", "--out", "d/" * 2100), "--out: file name too long"),
+        (("run", session, "--prompt", "a\0b"), "--prompt: contains a NUL byte"),
+        (("run", session, "--prompt", os.fsdecode(b"caf\xe9")), "--prompt: is not UTF-8 text"),
+        (("inspect", session, "--session-key", "k\udc80"), "--session-key: is not UTF-8 text"),
+    ]
+    for args, needle in cases:
+        code, out, err = call(monkeypatch, capsys, *args)
+        assert (code, out) == (2, ""), (args, err)
+        assert needle in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+    # An unusable output directory, or a trace file one cannot read as a file: typed too.
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    code, _, err = call(monkeypatch, capsys, "diagrams", "--out", "file/sub", "--no-svg")
+    assert (code, "--out: cannot create") == (2, err[err.index("--out") :][:20]), err
+    code, _, err = call(monkeypatch, capsys, "inspect", "--trace", "fifo")  # never blocks
+    assert (code, "is not a regular file" in err) == (3, True), err
+    code, _, err = call(monkeypatch, capsys, "doctor", "--codex-home", "~nosuchuser0/x")
+    assert code == 1, err  # reported (no such home), not RuntimeError from ~user
+
+
 # --- bad inputs: one line, a non-zero exit --------------------------------------------------
 
 
@@ -267,6 +399,20 @@ def test_engine_specs_load_from_the_current_directory(tmp_path: Path) -> None:
     assert "engine: my-local-engine" in done.stdout
 
 
+def test_an_engine_factory_gets_the_directory_of_the_session(tmp_path: Path) -> None:
+    # Before its fix: --engine called a factory with nothing, so a durable engine could not
+    # find its store next to the session.
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    session = write_session(sessions / "s.jsonl", "hello", "hi there")
+    for spec in ("myengine:durable", "myengine:Durable"):
+        done = run_cli("inspect", str(session), "--engine", spec, "--json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        store = sessions / "my-store.json"
+        assert json.loads(done.stdout)["engine"] == f"window-4 (store {store})"
+
+
 def test_unexpected_errors_are_one_line_and_a_traceback_only_with_v(tmp_path: Path) -> None:
     (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
     session = write_session(tmp_path / "s.jsonl", "hello")
@@ -291,6 +437,62 @@ def test_without_the_codex_extra_every_codex_command_is_one_typed_line(tmp_path:
     checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert checks["codex binary"]["ok"] is False
     assert list(work.iterdir()) == []
+
+
+def test_doctor_reports_a_binary_of_another_version_than_the_pinned_protocol(
+    tmp_path: Path,
+) -> None:
+    # Before its fix: doctor said "ok" for any binary, whatever version it claimed.
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    fake = tmp_path / "codex"
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo "codex-cli 0.999.0" && exit 0\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    done = run_cli(
+        "doctor", "--codex-bin", str(fake), "--codex-home", str(home), "--json", cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stdout
+    binary = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex binary"]
+    assert binary["ok"] is False
+    assert binary["version"] == "codex-cli 0.999.0"
+    assert f"version 0.999.0, not {CODEX_VERSION}" in binary["detail"]
+    assert sorted(p.name for p in home.iterdir()) == []
+
+
+def test_the_pinned_codex_version_is_the_one_the_package_pins() -> None:
+    import tomllib
+
+    from codex_turn.harness.appserver.defaults import CODEX_VERSION
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert f"openai-codex-cli-bin=={CODEX_VERSION}" in extras["optional-dependencies"]["codex"]
+
+
+def test_login_refuses_what_it_cannot_use_before_running_codex(tmp_path: Path) -> None:
+    fake = tmp_path / "codex"  # never run: every case stops before it
+    fake.write_text("#!/bin/sh\ntouch ran\nexit 0\n")
+    fake.chmod(0o755)
+    bin_ = ("--codex-bin", str(fake))
+    one_line_error(
+        run_cli("login", "--with-api-key", *bin_, cwd=tmp_path, input=" \n"),
+        2,
+        "nothing on stdin (--with-api-key reads the API key from there)",
+    )
+    one_line_error(
+        run_cli("login", "--with-api-key", *bin_, cwd=tmp_path, input="sk-a b\n"),
+        2,
+        "not one line of text",
+    )
+    missing = tmp_path / "nowhere"
+    for command in ("login", "logout"):
+        done = run_cli(command, "--codex-home", str(missing), *bin_, cwd=tmp_path)
+        one_line_error(done, 3, f"--codex-home: no such directory: {missing}")
+    assert not (tmp_path / "ran").exists()
 
 
 # --- inspect --------------------------------------------------------------------------------
@@ -330,6 +532,38 @@ def test_inspect_with_engine_sqlite_never_creates_a_store(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
     usage = run_cli("inspect", "--help", cwd=tmp_path).stdout
     assert "inspect never creates one" in " ".join(usage.split())
+
+
+def test_inspect_reads_a_session_whose_thread_is_a_custom_engines_fork_base(
+    tmp_path: Path,
+) -> None:
+    # Before its fix: a session a per-turn engine of one's own had run (its thread a fork
+    # base) crashed inspect: "unexpected error: RuntimeError: inspect never talks to Codex",
+    # exit 70, when the stages asked the stand-in app-server for the fork it keeps.
+    from codex_turn.harness.binding import (
+        ContextEngineBinding,
+        ProjectionBinding,
+        ThreadBinding,
+        write_binding,
+    )
+
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    session = write_session(tmp_path / "s.jsonl", "one", "two", "three", "four", "five", "six")
+    projection = ProjectionBinding(mode="fork_base", epoch="fork-base")
+    engine = ContextEngineBinding(
+        engine_id="window-4", policy_fingerprint="p", projection=projection
+    )
+    base = ThreadBinding(thread_id="base-1", session_id="s", context_engine=engine)
+    write_binding(str(session), base)
+    done = run_cli("inspect", str(session), "--engine", "myengine:window", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["engine"] == "window-4"
+    assert report["assembled"]["messages"] == 4
+    assert report["threadDecision"]["action"] == "fork"
+    assert report["projectedItems"] == 4
+    assert report["developerInstructions"] == "Answer briefly."
+    assert report["path"][-1] == "STARTING_THREAD"
 
 
 #: A complete turn, as `run --json` records it: the happy path of the turn table.
@@ -527,6 +761,10 @@ def test_compact_uses_the_reference_engine_where_its_store_is(tmp_path: Path) ->
     opted_out = run_cli(*base, "--engine", "none", "--json", cwd=tmp_path)  # --json: accepted
     assert opted_out.returncode == 1
     assert json.loads(opted_out.stdout)["reason"] == "no codex app-server thread binding"
+    # No Codex thread: native compaction did not run, which fails no request the engine owns.
+    parts = json.loads(default.stdout)["parts"]
+    assert parts["engine"]["ran"] is True
+    assert parts["codexNative"]["ran"] is False
     assert not home.exists()  # no session binding: Codex was never started
     one_line_error(
         run_cli("compact", str(session), "--model-base-url", "http://x", cwd=tmp_path),
@@ -552,6 +790,120 @@ def test_compact_without_codex_fails_when_native_compaction_was_needed(tmp_path:
     last = done.stderr.strip().splitlines()[-1]  # after the library's warning
     assert last.startswith("codex-turn compact: the Codex binary is not installed")
     assert "Traceback" not in done.stderr
+
+
+class _Native:
+    """A started app-server as native compaction sees it: answers or fails as told."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    async def compact_thread(self, thread_id: str, **kwargs: object) -> object:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def _compaction(tmp_path: Path, *, engine_compacts: bool, native: object) -> dict[str, object]:
+    import anyio
+
+    from codex_turn import CompactResult
+    from codex_turn.cli import compaction_report
+    from codex_turn.harness.binding import ThreadBinding, write_binding
+    from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
+    from codex_turn.harness.engine.contract import CompactDetails
+    from codex_turn.testing import RecordingEngine
+
+    session = write_session(tmp_path / f"s-{engine_compacts}.jsonl", "hello")
+    write_binding(str(session), ThreadBinding(thread_id="thread-1", session_id="s"))
+    answer = (
+        CompactResult(
+            ok=True, compacted=True, result=CompactDetails(tokens_before=100, tokens_after=10)
+        )
+        if engine_compacts
+        else CompactResult(ok=True, compacted=False, reason="nothing to compact")
+    )
+    engine = RecordingEngine(owns_compaction=True, responses={"compact": answer})
+    params = CompactSessionParams(
+        session_id="s", session_file=str(session), workspace_dir=str(tmp_path)
+    )
+
+    async def run() -> object:
+        return await compact_codex_session_traced(params, app_server=_Native(native), engine=engine)
+
+    return compaction_report(anyio.run(run))  # type: ignore[arg-type]
+
+
+def test_compact_says_what_happened_to_the_whole_request(tmp_path: Path) -> None:
+    # Before its fix: the owning engine's result was the whole answer: "ok": true (exit 0)
+    # when Codex's compaction failed, and "compacted": false at the top while Codex's own
+    # part said it compacted.
+    from codex_turn.harness.appserver import AppServerClosed
+    from codex_turn.harness.appserver.native_compaction import CompactionResult
+
+    failed = _compaction(
+        tmp_path, engine_compacts=True, native=AppServerClosed("codex app-server exited")
+    )
+    assert (failed["ok"], failed["compacted"]) == (False, True)
+    assert failed["reason"] == "codex app-server exited"
+    parts = failed["parts"]
+    assert parts["engine"] == {"ran": True, "ok": True, "compacted": True, "reason": None}
+    assert parts["codexNative"]["ok"] is False
+    assert parts["codexNative"]["reason"] == "codex app-server exited"
+    native = CompactionResult(status="completed", thread_id="thread-1", signal="thread/compacted")
+    codex_only = _compaction(tmp_path, engine_compacts=False, native=native)
+    assert (codex_only["ok"], codex_only["compacted"]) == (True, True)
+    assert codex_only["parts"]["engine"]["compacted"] is False
+    assert codex_only["parts"]["codexNative"] == {
+        "ran": True,
+        "ok": True,
+        "compacted": True,
+        "reason": None,
+    }
+    assert codex_only["result"]["details"]["codexNativeCompaction"]["compacted"] is True
+
+
+def test_chat_commands_change_the_next_turns_model_and_effort() -> None:
+    from codex_turn._cli_turns import _Settings, chat_command_line
+
+    settings = _Settings(model="m1", effort=None)
+    assert (
+        chat_command_line("/effort high", settings) == "reasoning effort for the next turns: high"
+    )
+    assert chat_command_line("/model  gpt-x ", settings) == "model for the next turns: gpt-x"
+    assert (settings.model, settings.effort) == ("gpt-x", "high")
+    assert "unknown effort 'huge'" in chat_command_line("/effort huge", settings)
+    assert settings.effort == "high"
+    chat_command_line("/model", settings)
+    chat_command_line("/effort", settings)
+    assert (settings.model, settings.effort) == (None, None)
+    assert "/model NAME" in chat_command_line("/help", settings)
+
+
+def test_run_and_chat_take_the_runtime_settings_of_a_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codex_turn._cli_turns import _Turns
+    from codex_turn.cli import build_parser
+
+    flags = ["--effort", "low", "--sandbox", "workspace-write", "--approval-policy", "on-request"]
+    args = build_parser().parse_args(["chat", "s.jsonl", *flags, "--model", "m"])
+    turns = _Turns(args, "s.jsonl", "s", str(tmp_path), None, None, None)  # type: ignore[arg-type]
+    params = turns.params("hi")
+    assert (params.reasoning_effort, params.sandbox, params.approval_policy, params.model) == (
+        "low",
+        "workspace-write",
+        "on-request",
+        "m",
+    )
+    monkeypatch.chdir(tmp_path)
+    code, _, err = call(monkeypatch, capsys, "run", "s.jsonl", "--prompt", "x", "--effort", "max")
+    assert code == 2
+    assert "invalid choice: 'max'" in err
+    code, _, err = call(
+        monkeypatch, capsys, "chat", "s.jsonl", "--model-base-url", "http://127.0.0.1:9/v1"
+    )
+    assert (code, "--model-base-url needs --codex-home" in err) == (2, True), err
 
 
 def test_run_chooses_the_projection_form() -> None:

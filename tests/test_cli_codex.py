@@ -7,8 +7,11 @@ processes ever start on one fresh home at once). Nothing reaches the internet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +42,16 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
     assert out.count("context projected: True") == 1
     assert out.count("context projected: False") == 3
     assert out.index("compaction:") < out.index("context projected: True")
+    # Before its fix: turns 1-3 showed no memory at all ("context projected: False"), and
+    # turn 3's reply was scripted to read as the model's summary. From turn 2 on the demo
+    # shows what the model was sent of the conversation; the model pretends nothing.
+    turn_two = out[out.index("turn 2: outcome=") : out.index("turn 3: outcome=")]
+    assert "memory: with this prompt the model was sent 1 earlier prompt of this" in turn_two
+    assert "'Lisbon is my favourite city, and I trav" in turn_two
+    turn_three = out[out.index("turn 3: outcome=") : out.index("compaction:")]
+    assert "the model was sent 2 earlier prompts of this conversation and 2 replies" in turn_three
+    assert "assistant: (stand-in model, quoting its request) earlier you wrote: " in turn_three
+    assert "We talked about" not in out
     assert "engine calls: bootstrap" in out
     assert "time per state (ms): reading_history" in out
     assert "internet attempts (proxy CONNECTs): 0" in out
@@ -89,6 +102,10 @@ def test_the_demo_shows_the_compacted_context_codex_received_and_chat_goes_on(
     assert "Lisbon (in the engine summary)" in turn_four
     # The same from --json: what the model received on turn 4 holds the summary.
     report = json.loads(run_cli("demo", "--out", "again", "--json", "-q", cwd=tmp_path).stdout)
+    from codex_turn.demo import PROMPTS
+
+    assert report["turns"][1]["modelReceivedEarlier"] == [PROMPTS[0]]
+    assert report["turns"][2]["modelReceivedEarlier"] == list(PROMPTS[:2])
     received = report["turns"][3]["modelReceived"]
     assert "<summary id=" in received
     assert "Lisbon is my favourite city" in received.split("<summary", 1)[1]
@@ -154,6 +171,42 @@ def test_run_inspect_doctor_and_compact_on_one_offline_session(
     result = json.loads(compact.stdout)
     assert result["ok"] is True
     assert result["result"]["details"]["codexNativeCompaction"]["ok"] is True
+    # The top says what happened to the whole request: Codex compacted (before its fix the
+    # engine's "compacted": false stood at the top).
+    assert result["compacted"] is True
+    assert result["parts"]["codexNative"]["compacted"] is True
+    assert result["parts"]["engine"]["ran"] is True
+
+    # Codex's compaction fails (its model is unreachable): before its fix compact still said
+    # "ok": true and exited 0, the engine's part having succeeded.
+    home = str(tmp_path / ".codex-turn-offline" / "codex-home")
+    dead = ("--model-base-url", "http://127.0.0.1:9/v1", "--codex-home", home)
+    failed = run_cli("compact", session, *dead, "--timeout", "60", "-q", cwd=tmp_path)
+    assert failed.returncode == 1, failed.stderr
+    result = json.loads(failed.stdout)
+    assert result["ok"] is False
+    assert result["parts"]["engine"]["ok"] is True
+    assert result["parts"]["codexNative"]["ok"] is False
+    assert result["reason"] == result["parts"]["codexNative"]["reason"]
+
+
+def test_inspect_reads_a_session_a_custom_per_turn_engine_ran(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: inspect crashed (exit 70, "inspect never talks to Codex") on the
+    # session of a per-turn engine of one's own, whose thread is a fork base.
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    session = str(write_session(tmp_path / "s.jsonl", "one", "two", "three", "four"))
+    engine = ("--engine", "myengine:window")
+    ran = run_cli("run", session, "--prompt", "five", *engine, "--offline", "-q", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    done = run_cli("inspect", session, *engine, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["binding"]["contextEngine"]["projection"]["mode"] == "fork_base"
+    assert report["threadDecision"]["action"] == "fork"
+    assert report["assembled"]["messages"] == 4
+    assert report["developerInstructions"] == "Answer briefly."
 
 
 def test_run_against_a_codex_home_without_login_says_how_to_log_in(
@@ -178,6 +231,26 @@ def test_run_against_a_codex_home_without_login_says_how_to_log_in(
         env=env,
     )
     one_line_error(done, 4, "codex login")
+
+
+def test_a_broken_codex_configuration_is_reported_in_codexs_own_words(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: only "codex app-server exited (exit code 1)", even with -vv; and an
+    # invalid config.toml (Codex falls back to its defaults, which need a login) was
+    # reported as a missing login alone.
+    env = _offline_env(tmp_path)
+    home = tmp_path / "broken-home"
+    home.mkdir()
+    config = home / "config.toml"
+    run = ("run", "s.jsonl", "--prompt", "hi", "--codex-home", str(home), "--engine", "none")
+    config.write_text('sqlite_home = "/proc/nowhere"\n')
+    done = run_cli(*run, "-q", cwd=tmp_path, env=env)
+    one_line_error(done, 5, "exited (exit code 1); Codex said: Error: failed to initialize sqlite")
+    config.write_text('model = "unterminated\n')
+    done = run_cli(*run, "-q", cwd=tmp_path, env=env)
+    one_line_error(done, 4, "(Codex said: Invalid configuration; using defaults. ")
+    assert "config.toml:1:" in done.stderr
 
 
 def _reader(stream: object, into: list[str]) -> threading.Thread:
@@ -246,6 +319,148 @@ def test_chat_ctrl_c_interrupts_the_turn_saves_it_and_a_second_one_leaves(
     assert "Traceback" not in "".join(err)
 
 
+def _visible_lines(raw: str) -> list[str]:
+    """What a terminal shows of ``raw``, line by line: a carriage return starts the line over
+    (the status line is redrawn that way), colours are dropped."""
+    plain = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", raw.replace("\r\n", "\n"))
+    return [line.rsplit("\r", 1)[-1] for line in plain.split("\n")]
+
+
+def test_chat_in_a_terminal_ctrl_c_keeps_codex_and_warnings_keep_their_own_line(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: Ctrl-C in a terminal (SIGINT to the whole foreground process group)
+    # killed the Codex process too, so the next turn restarted it; and a warning written
+    # during a turn was glued onto the status line ("[turn 1] assembling2026-...warning").
+    (tmp_path / "myengine.py").write_text(ENGINE_MODULE, encoding="utf-8")
+    argv = [
+        sys.executable,
+        "-m",
+        "codex_turn",
+        "chat",
+        "s.jsonl",
+        "--offline",
+        "--offline-delay",
+        "3",
+        "--engine",
+        "myengine:bad_assemble",  # a contract violation: a warning during each turn
+        "-v",
+    ]
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the terminal's session leader, as a shell would start it
+        os.chdir(tmp_path)
+        os.execv(sys.executable, argv)
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        with contextlib.suppress(OSError):
+            while data := os.read(master, 65536):
+                chunks.append(data)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+
+    def seen(text: str) -> bool:
+        return text in b"".join(chunks).decode("utf-8", "replace")
+
+    try:
+        _wait_for(lambda: seen("chat with s.jsonl"), "the chat to start")
+        os.write(master, b"the first prompt\r")
+        _wait_for(lambda: seen("running_turn"), "the turn to run")
+        time.sleep(0.5)  # Codex waits for the (stalled) model
+        os.write(master, b"\x03")  # Ctrl-C, as the terminal sends it
+        _wait_for(lambda: seen("interrupted and saved"), "the turn to end")
+        os.write(master, b"the second prompt\r")
+        _wait_for(lambda: seen("turn 2: outcome="), "the second turn", timeout=90)
+        os.write(master, b"/quit\r")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        reader.join(timeout=5)
+        os.close(master)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    assert "turn 1: outcome=aborted" in text
+    assert "turn 2: outcome=completed" in text
+    # One Codex process for both turns: the first Ctrl-C did not reach it.
+    assert text.count("appserver.spawned") == 1, text[-3000:]
+    assert "appserver.restart" not in text
+    # Each warning on a line of its own, never after the status line's text.
+    lines = _visible_lines(text)
+    warnings = [line for line in lines if "context engine assemble failed" in line]
+    assert len(warnings) >= 2, text[-3000:]
+    assert not [line for line in warnings if "[turn " in line], warnings
+    assert "Traceback" not in text
+
+
+def test_chat_streams_the_reply_and_tool_calls_and_asks_you_to_approve(
+    tmp_path: Path, codex_binary: Path
+) -> None:
+    # Before its fix: chat printed the reply only after the turn, showed no tool call, and
+    # every approval Codex asked for was declined without asking; there were no flags for
+    # the sandbox, the approval policy or the reasoning effort, and no way to change the
+    # model or the effort between turns.
+    from codex_turn.testing import OfflineModel, Reply
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    arguments = {
+        "cmd": "touch approved_file && echo wrote",
+        "yield_time_ms": 2000,
+        "sandbox_permissions": "require_escalated",
+        "justification": "Allow writing approved_file?",
+    }
+    with OfflineModel() as model:
+        model.script(
+            Reply.function_call("exec_command", arguments, call_id="call_1"),
+            Reply.fixed("Done: the file is there."),
+            Reply.fixed("Thought harder."),
+        )
+        env = dict(os.environ, HOME=str(tmp_path), **model.proxy_env())
+        done = run_cli(
+            "chat",
+            "s.jsonl",
+            "--model-base-url",
+            model.base_url,
+            "--codex-home",
+            str(tmp_path / "private-home"),
+            "--workspace",
+            str(workspace),
+            "--engine",
+            "none",
+            "--approval-policy",
+            "on-request",
+            "--sandbox",
+            "read-only",
+            "-q",
+            cwd=tmp_path,
+            env=env,
+            input="please write the file\ny\n/effort high\nand think\n",
+        )
+        requests = model.turn_requests()
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert (workspace / "approved_file").exists()  # approved, and run
+    assert "Codex asks to run `" in out
+    assert "touch approved_file && echo wrote" in out
+    assert "(Allow writing approved_file?)" in out
+    assert "approve? [y] yes, [s] yes for this session, [n] no (default)" in out
+    assert "  (approve)" in out
+    # The tool call and the reply as they happened, before the turn's summary.
+    summary = out.index("turn 1: outcome=completed")
+    assert -1 < out.index("  tool commandExecution: ") < out.index("  (approve)") < summary
+    assert -1 < out.index("  assistant: Done: the file is there.") < summary
+    assert out.count("Done: the file is there.") == 1  # shown once, as it streamed
+    # /effort changes the next turn's request.
+    assert "(reasoning effort for the next turns: high)" in out
+    assert "turn 2: outcome=completed" in out
+    assert requests[-1].body.get("reasoning", {}).get("effort") == "high"
+    assert requests[0].body.get("reasoning", {}).get("effort") != "high"
+
+
 def _offline_env(tmp_path: Path) -> dict[str, str]:
     """HOME in the test directory, every proxy at a closed local port: nothing leaves."""
     home = tmp_path / "home"
@@ -295,6 +510,78 @@ def test_doctor_checks_the_login_as_the_runtime_does(tmp_path: Path, codex_binar
         4,
         "codex login",
     )
+
+
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    """Every path under ``root`` with its mode and size (what "changes nothing" compares)."""
+    return sorted(
+        (str(p.relative_to(root)), p.lstat().st_mode, p.lstat().st_size) for p in root.rglob("*")
+    )
+
+
+def test_doctor_changes_nothing(tmp_path: Path, codex_binary: Path) -> None:
+    # Before its fix: doctor ran `codex --version` against the user's home, which created
+    # ~/.codex (helper links), and then reported that home "ok". The binary makes them only
+    # outside the temp dir: TMPDIR is moved away from HOME to see it.
+    env = _offline_env(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "tmpdir")
+    (tmp_path / "tmpdir").mkdir()
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    write_session(work / "s.jsonl", "hello")
+    before = (_tree(home), _tree(work))
+    done = run_cli("doctor", "--json", cwd=work, env=env)
+    assert done.returncode == 1, done.stdout
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["codex home"]["ok"] is False
+    assert "does not exist" in checks["codex home"]["detail"]
+    assert "codex-turn login" in checks["codex login"]["detail"]
+    assert run_cli("doctor", "s.jsonl", cwd=work, env=env).returncode == 1
+    assert (_tree(home), _tree(work)) == before
+    assert not (home / ".codex").exists()
+    # A home that exists: the login check starts Codex, which writes nothing into it.
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text('model = "gpt-5"\n')
+    before = _tree(home)
+    done = run_cli("doctor", "--json", cwd=work, env=env)
+    login = {c["check"]: c for c in json.loads(done.stdout)["checks"]}["codex login"]
+    assert login["ok"] is False
+    assert "not logged in" in login["detail"]
+    assert _tree(home) == before
+
+
+def test_login_with_an_api_key_then_doctor_then_logout(tmp_path: Path, codex_binary: Path) -> None:
+    # Before its fix: there was no way to log in (the pinned binary is not on PATH).
+    env = _offline_env(tmp_path)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    key = "sk-test-LOGIN0123456789abcdefgh"
+    where = ("--codex-home", str(home))
+    done = run_cli("login", *where, "--with-api-key", cwd=tmp_path, env=env, input=f"{key}\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"logged in: Codex home {home}"
+    assert key not in done.stdout + done.stderr
+    auth = home / "auth.json"
+    assert auth.stat().st_mode & 0o777 == 0o600  # owner-only
+    assert key in auth.read_text()  # where Codex keeps it, and where a turn finds it
+    doctor = run_cli("doctor", *where, "--json", "-v", cwd=tmp_path, env=env)
+    assert doctor.returncode == 0, doctor.stdout
+    login = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex login"]
+    assert (login["ok"], login["detail"]) == (True, "logged in (apiKey)")
+    assert key not in doctor.stdout + doctor.stderr
+    done = run_cli("logout", *where, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not auth.exists()
+    doctor = run_cli("doctor", *where, "--json", cwd=tmp_path, env=env)
+    login = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}["codex login"]
+    assert login["ok"] is False
+    assert f"codex-turn login --codex-home {home}" in login["detail"]
+    # The device-code login needs the internet, which every proxy here refuses: it fails
+    # at once, with Codex's own reason (exit 4: still no login).
+    done = run_cli("login", *where, cwd=tmp_path, env=env)
+    assert done.returncode == 4, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("codex-turn login: codex login failed (exit 1): Error logging in")
 
 
 def test_a_contract_violation_is_named_and_strict_json_still_prints_the_turn(

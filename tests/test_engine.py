@@ -396,6 +396,13 @@ def factory():
 def failing_factory():
     raise RuntimeError("no config")
 
+class Stored(Engine):
+    def __init__(self, directory, name="store.json"):
+        self.path = directory / name
+
+def in_directory(directory, *, flavour="plain"):
+    return Stored(directory, f"{flavour}.json")
+
 class Holder:
     engine = Engine()
 
@@ -426,6 +433,21 @@ def test_load_engine_accepts_classes_instances_factories_and_dotted_paths(
     engine = load_engine(f"{engine_module}:{attr}")
     assert engine.info.id == "tmp-engine"
     assert isinstance(engine, ContextEngine)
+
+
+@pytest.mark.parametrize(
+    ("attr", "name"), [("Stored", "store.json"), ("in_directory", "plain.json")]
+)
+def test_a_factory_that_takes_a_parameter_gets_the_session_directory(
+    engine_module: str, attr: str, name: str, tmp_path: Path
+) -> None:
+    # Before its fix: a class or factory was always called with no arguments, so a durable
+    # engine loaded by spec (--engine) could not know where its session lives.
+    engine = load_engine(f"{engine_module}:{attr}", session_dir=str(tmp_path))
+    assert engine.path == tmp_path / name  # type: ignore[attr-defined]
+    assert load_engine(f"{engine_module}:factory", session_dir=tmp_path).info.id == "tmp-engine"
+    with pytest.raises(EngineLoadError, match="takes the session's directory, and there is no"):
+        load_engine(f"{engine_module}:{attr}")
 
 
 def test_load_engine_loads_the_legacy_engine() -> None:

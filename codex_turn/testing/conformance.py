@@ -48,11 +48,25 @@ history is empty (as the harness hands it when the transcript is unreadable), a 
 must do so from a new instance. The other facts are the engine's own: ``info.owns_compaction``
 and the projection its assemblies carry (``context_projection.mode``).
 
-*Applicability is a rule, stated in every result.* Each check carries its rule
-(:attr:`ConformanceCheck.applies_to`). A check that does not apply ends ``not_applicable``
-with the rule and the fact that excluded it; it is never reported as passed. A step inside an
-applicable check that depends on a capability (a bootstrap, a compaction) is listed in the
-result's ``notes`` as run or not run, with the reason.
+*Applicability is a rule, stated in every result, with its reason.* Each check carries its
+rule (:attr:`ConformanceCheck.applies_to`) and why the rule is what it is
+(:attr:`ConformanceCheck.because`). A check that does not apply ends ``not_applicable`` with
+the rule and the fact that excluded it; it is never reported as passed. Only what needs
+storage to happen at all is excused by storage "none" (a message kept twice, a restart); the
+budget, tool pairs, prefix stability and isolation are checked on every engine, on the
+assemblies it builds from the history it is handed. A step inside an applicable check that
+depends on a capability (a bootstrap, a compaction) is listed in the result's ``notes`` as
+run or not run, with the reason.
+
+*What a failure costs depends on the projection.* An engine's context reaches Codex each turn
+(``per_turn``: Responses items in a fork of the session's base thread, or the text frame) or
+once per epoch (``thread_bootstrap``). Each check states, per mode, whether a failure
+``breaks`` a session (wrong or lost context, a refused turn), ``costs`` (slower turns, a lost
+prompt cache; the context is right) or is ``harmless`` there (:attr:`CheckResult.matters`):
+a sliding window fails ``prefix_stable`` by design, which costs a per-turn engine its
+continued fork and harms a thread_bootstrap one not at all. The report observes the engine's
+mode (:attr:`ConformanceReport.projection`) and lists the failures that matter for it
+(:meth:`ConformanceReport.failures_that_matter`).
 
 *Identical means byte-identical.* Assemblies are compared as canonical JSON (sorted keys,
 fixed separators) of the whole result: messages, ``estimated_tokens``,
@@ -76,12 +90,12 @@ The checks (rules in brackets; "stores" means storage "memory" or "durable")
 
 ``storage_declaration`` [every engine]  ``results_valid`` [every engine]
 ``reingest_adds_nothing`` [stores]  ``retried_after_turn_adds_nothing`` [stores]
-``restart_adds_nothing`` [durable]  ``within_budget`` [stores]  ``tool_pairs_intact`` [stores]
-``deterministic`` [every engine]  ``prefix_stable`` [stores]
-``epoch_stable`` [assemblies carry a thread_bootstrap projection]
-``compaction_honest`` [every engine]  ``compaction_converges`` [info.owns_compaction]
-``sessions_isolated`` [stores]. :attr:`ConformanceCheck.description` says exactly what each
-one does and proves.
+``restart_adds_nothing`` [durable]  ``within_budget`` [every engine but the legacy one, which
+the harness never calls]  ``tool_pairs_intact`` [every engine]  ``deterministic`` [every
+engine]  ``prefix_stable`` [every engine]  ``epoch_stable`` [assemblies carry a
+thread_bootstrap projection]  ``compaction_honest`` [every engine]  ``compaction_converges``
+[info.owns_compaction]  ``sessions_isolated`` [every engine].
+:attr:`ConformanceCheck.description` says exactly what each one does and proves.
 
 Why one module of ~1,000 lines: it is the specification engine authors read, the checks next to
 the rules that select them; the machinery that plays the host is apart, in
@@ -105,6 +119,7 @@ import attrs
 from codex_turn._json import canonical_json
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness.engine.contract import (
+    LEGACY_ENGINE_ID,
     OPTIONAL_METHODS,
     AgentMessage,
     AssembleResult,
@@ -134,21 +149,39 @@ from codex_turn.testing._conformance_host import (
 
 __all__ = [
     "CONFORMANCE_CHECKS",
+    "PROJECTIONS",
     "CheckResult",
     "CheckStatus",
     "ConformanceCheck",
     "ConformanceFailure",
     "ConformanceReport",
     "EngineFactory",
+    "ProjectionKind",
+    "Severity",
     "Storage",
     "check_engine_conformance",
 ]
 
 CheckStatus = Literal["passed", "failed", "not_applicable"]
+#: How an engine's context reaches Codex: each turn (``per_turn``: Responses items in a fork
+#: of the session's base thread, or the text frame) or once per epoch (``thread_bootstrap``).
+ProjectionKind = Literal["per_turn", "thread_bootstrap"]
+#: What a failed check does to a session: ``breaks`` it (wrong or lost context, a refused
+#: turn), ``costs`` (slower turns, a lost prompt cache; the context is right) or is
+#: ``harmless`` in that mode.
+Severity = Literal["breaks", "costs", "harmless"]
+PROJECTIONS: Final[dict[ProjectionKind, str]] = {
+    "per_turn": "per-turn projection",
+    "thread_bootstrap": "thread_bootstrap projection",
+}
 
 DEFAULT_TIMEOUT: Final = 120.0
 
 _EVERY: Final = "every engine"
+_CALLED: Final = (
+    "every engine the harness calls (not the legacy engine: it is no engine, Codex sees what "
+    "it would without one)"
+)
 _STORES: Final = 'storage is "memory" or "durable" (declared; verified by storage_declaration)'
 _DURABLE: Final = 'storage is "durable" (declared; verified by storage_declaration)'
 _OWNS: Final = "info.owns_compaction is true"
@@ -156,8 +189,8 @@ _THREAD_BOOTSTRAP: Final = (
     'the engine\'s assemblies carry context_projection.mode == "thread_bootstrap" '
     "(observed on the first three turns)"
 )
-#: Budgets of the budget checks, as fractions of the whole conversation's assembled size.
-_BUDGET_FRACTIONS: Final = (1.0, 0.8, 0.65, 0.5, 0.4, 0.3, 0.22, 0.15, 0.1, 0.06)
+#: Budgets of the budget checks, as fractions of the whole conversation's size.
+_BUDGET_FRACTIONS: Final = (1.0, 0.8, 0.65, 0.5, 0.4, 0.3, 0.22, 0.15, 0.1, 0.06, 0.03, 0.01)
 #: An engine estimating fewer tokens than this many characters of text each is not counting.
 _CHARS_PER_TOKEN_CEILING: Final = 8
 _MAX_COMPACTIONS: Final = 16
@@ -183,12 +216,28 @@ class CheckResult:
     #: What was verified, and which capability-dependent steps ran or did not (and why).
     notes: tuple[str, ...] = ()
     seconds: float = 0.0
+    #: Why the rule is what it is (why a check applies to those engines and no others).
+    because: str = ""
+    #: What a failure of this check does to a session, per projection mode:
+    #: ``(mode, severity, what)``, severity ``breaks``, ``costs`` or ``harmless``.
+    matters: tuple[tuple[ProjectionKind, Severity, str], ...] = ()
+
+    def severity(self, projection: ProjectionKind) -> Severity:
+        """What a failure of this check does to an engine projecting in ``projection``."""
+        return next((sev for mode, sev, _ in self.matters if mode == projection), "breaks")
 
     def format(self) -> str:
         lines = [f"{self.check}: {self.status} ({self.seconds:.2f}s)", f"  applies to: {self.rule}"]
+        if self.because:
+            lines.append(f"  because: {self.because}")
         if self.reason:
             label = "why" if self.status == "not_applicable" else "failed"
             lines.append(f"  {label}: {self.reason}")
+        if self.status == "failed":
+            lines.extend(
+                f"  matters for {PROJECTIONS[mode]}: {severity}: {what}"
+                for mode, severity, what in self.matters
+            )
         lines.extend(f"  - {note}" for note in self.notes)
         return "\n".join(lines)
 
@@ -200,6 +249,8 @@ class ConformanceReport:
     engine_id: str
     storage: Storage
     results: tuple[CheckResult, ...]
+    #: How the engine's assemblies project (observed on a short session; ``None``: unknown).
+    projection: ProjectionKind | None = None
 
     def _named(self, status: CheckStatus) -> tuple[str, ...]:
         return tuple(r.check for r in self.results if r.status == status)
@@ -224,13 +275,28 @@ class ConformanceReport:
     def result(self, check: str) -> CheckResult:
         return next(r for r in self.results if r.check == check)
 
+    def failures_that_matter(self, projection: ProjectionKind | None = None) -> tuple[str, ...]:
+        """The failed checks that break or cost something for an engine projecting in
+        ``projection`` (default: the one observed)."""
+        mode = projection or self.projection or "per_turn"
+        return tuple(
+            r.check for r in self.results if r.status == "failed" and r.severity(mode) != "harmless"
+        )
+
     def format(self) -> str:
         head = (
             f"conformance of engine {self.engine_id!r} (storage {self.storage!r}): "
             f"{len(self.passed)} passed, {len(self.failed)} failed, "
             f"{len(self.not_applicable)} not applicable"
         )
-        return "\n".join([head, *(r.format() for r in self.results)])
+        lines = [head]
+        if self.projection is not None:
+            mode = PROJECTIONS[self.projection]
+            matter = self.failures_that_matter()
+            lines.append(
+                f"observed: {mode}; failures that matter there: {', '.join(matter) or 'none'}"
+            )
+        return "\n".join([*lines, *(r.format() for r in self.results)])
 
     def assert_conforms(self, *, not_applicable: Iterable[str] = ()) -> None:
         """Raise :class:`ConformanceFailure` unless no check failed and exactly the checks
@@ -288,6 +354,10 @@ class ConformanceCheck:
     applies_to: str
     _body: _Body = attrs.field(repr=False, alias="body")
     _requires: Callable[[Storage], str | None] = attrs.field(repr=False, alias="requires")
+    #: Why it applies to those engines (also in every :class:`CheckResult`).
+    because: str = ""
+    #: What a failure does, per projection mode (see :attr:`CheckResult.matters`).
+    matters: tuple[tuple[ProjectionKind, Severity, str], ...] = ()
 
     def __str__(self) -> str:
         return self.name
@@ -333,6 +403,8 @@ class ConformanceCheck:
             reason=reason,
             notes=tuple(run.notes),
             seconds=round(time.monotonic() - started, 3),
+            because=self.because,
+            matters=self.matters,
         )
 
 
@@ -362,18 +434,36 @@ async def check_engine_conformance(
         await check.run(make_engine, workdir=workdir, storage=storage, timeout=timeout)
         for check in chosen
     ]
-    return ConformanceReport(await _engine_id(make_engine, Path(workdir)), storage, tuple(results))
+    engine_id, projection = await _observe(make_engine, Path(workdir), timeout)
+    return ConformanceReport(engine_id, storage, tuple(results), projection)
 
 
-async def _engine_id(make_engine: EngineFactory, workdir: Path) -> str:
+async def _observe(
+    make_engine: EngineFactory,
+    workdir: Path,
+    timeout: float,  # noqa: ASYNC109 (the checks' bound, here too)
+) -> tuple[str, ProjectionKind | None]:
+    """The engine's id, and how its assemblies project (three turns of a short session;
+    ``None`` when the engine could not say within ``timeout``)."""
     host = Host(make_engine, workdir / "_info")
+    engine_id = "<unknown>"
+    projection: ProjectionKind | None = None
     try:
-        return (await host.start(host.new_store())).info.id
+        with anyio.move_on_after(timeout):
+            engine = await host.start(host.new_store())
+            engine_id = engine.info.id
+            session = Session(host.new_sessions_dir(), "observe", conversation("observe", 3))
+            modes = {
+                result.context_projection.mode if result.context_projection else "per_turn"
+                for result in await engine.turns(session, 3)
+            }
+            projection = "thread_bootstrap" if "thread_bootstrap" in modes else "per_turn"
     except CheckFailed:
-        return "<unknown>"
+        pass
     finally:
         with anyio.CancelScope(shield=True):
             await host.dispose_all()
+    return engine_id, projection
 
 
 # --- Helpers shared by the checks -----------------------------------------------------------
@@ -417,13 +507,25 @@ async def _long_session(run: _Run, engine: DrivenEngine, name: str = "long") -> 
 
 
 def _budgets(full: AssembleResult, session: Session) -> list[int]:
-    """Budgets from the whole size down to a few times the newest turn, in the engine's
-    own units (its estimate of the whole conversation)."""
-    # The newest turn's bytes: about four times its tokens at a generous 3-4 bytes a token.
-    floor = len(canonical_json(list(session.turns[session.mirrored - 1].messages)).encode())
-    return sorted(
-        {max(floor, int(full.estimated_tokens * f)) for f in _BUDGET_FRACTIONS}, reverse=True
-    )
+    """Budgets from the whole conversation's size down to twice the newest turn's, in the
+    engine's own units: its tokens per byte, read off its assembly of everything (an engine
+    that keeps only part of the conversation, a window, is measured against the whole, so
+    that ignoring the budget shows)."""
+    per_byte = full.estimated_tokens / max(1, _bytes(full.messages))
+    whole = _whole(full, session)
+    newest = _bytes(session.turns[session.mirrored - 1].messages)
+    floor = max(1, min(whole, int(2 * per_byte * newest)))
+    return sorted({max(floor, int(whole * f)) for f in _BUDGET_FRACTIONS}, reverse=True)
+
+
+def _whole(full: AssembleResult, session: Session) -> int:
+    """The whole conversation's size in the engine's units (see :func:`_budgets`)."""
+    per_byte = full.estimated_tokens / max(1, _bytes(full.messages))
+    return max(full.estimated_tokens, int(per_byte * _bytes(session.source())))
+
+
+def _bytes(messages: Sequence[AgentMessage]) -> int:
+    return len(canonical_json(list(messages)).encode())
 
 
 def _newest_user(session: Session) -> AgentMessage:
@@ -639,11 +741,13 @@ async def _within_budget(run: _Run) -> None:
     in it.
     """
     engine = await run.engine()
+    if engine.info.id == LEGACY_ENGINE_ID:
+        raise NotApplicable("the legacy engine is no engine: the harness never assembles with it")
     session = await _long_session(run, engine)
     full = await engine.assemble(session)
     for budget in _budgets(full, session):
         result = await engine.assemble(session, budget=budget)
-        share = f"budget {budget} ({budget / max(1, full.estimated_tokens):.0%} of the whole)"
+        share = f"budget {budget} ({budget / max(1, _whole(full, session)):.0%} of the whole)"
         if result.estimated_tokens > budget:
             raise CheckFailed(f"{share}: assembled {result.estimated_tokens} tokens")
         chars = text_chars(result.messages, result.system_prompt_addition)
@@ -654,7 +758,7 @@ async def _within_budget(run: _Run) -> None:
             )
         if missing(result.messages, [_newest_user(session)]):
             raise CheckFailed(f"{share}: the newest user message is not in the assembly")
-    run.note(f"budgets checked: {_budgets(full, session)} (whole: {full.estimated_tokens})")
+    run.note(f"budgets checked: {_budgets(full, session)} (whole: {_whole(full, session)})")
 
 
 async def _tool_pairs_intact(run: _Run) -> None:
@@ -957,9 +1061,21 @@ async def _sessions_isolated(run: _Run) -> None:
 
 
 def _check(
-    body: _Body, applies_to: str, requires: Callable[[Storage], str | None]
+    body: _Body,
+    applies_to: str,
+    requires: Callable[[Storage], str | None],
+    because: str,
+    **matters: tuple[Severity, str],
 ) -> ConformanceCheck:
+    """A check from its body (name and docs from the function), its rule and why, and what
+    a failure does per projection mode (``per_turn=...``, ``thread_bootstrap=...``; one
+    keyword ``both`` for the same in each)."""
     doc = inspect.cleandoc(body.__doc__ or "")
+    both = matters.pop("both", None)
+    impact: dict[ProjectionKind, tuple[Severity, str]] = (
+        {"per_turn": both, "thread_bootstrap": both} if both is not None else {}
+    )
+    impact.update(matters)  # type: ignore[arg-type]
     return ConformanceCheck(
         name=body.__name__.lstrip("_"),
         title=" ".join(doc.split("\n\n")[0].split()),
@@ -967,22 +1083,148 @@ def _check(
         applies_to=applies_to,
         body=body,
         requires=requires,
+        because=because,
+        matters=tuple((mode, *impact[mode]) for mode in PROJECTIONS if mode in impact),
     )
 
 
+_REFUSED: Final[tuple[Severity, str]] = (
+    "breaks",
+    "the harness refuses the result: the turn goes on without the engine's context (strict "
+    "mode fails it)",
+)
+_TWICE: Final[tuple[Severity, str]] = (
+    "breaks",
+    "the model sees a message twice (after a crash, a retry or a bootstrap)",
+)
+
 #: Every check, in the order a report lists them.
 CONFORMANCE_CHECKS: Final[tuple[ConformanceCheck, ...]] = (
-    _check(_storage_declaration, _EVERY, _always),
-    _check(_results_valid, _EVERY, _always),
-    _check(_reingest_adds_nothing, _STORES, _stores),
-    _check(_retried_after_turn_adds_nothing, _STORES, _stores),
-    _check(_restart_adds_nothing, _DURABLE, _durable),
-    _check(_within_budget, _STORES, _stores),
-    _check(_tool_pairs_intact, _STORES, _stores),
-    _check(_deterministic, _EVERY, _always),
-    _check(_prefix_stable, _STORES, _stores),
-    _check(_epoch_stable, _THREAD_BOOTSTRAP, _always),
-    _check(_compaction_honest, _EVERY, _always),
-    _check(_compaction_converges, _OWNS, _always),
-    _check(_sessions_isolated, _STORES, _stores),
+    _check(
+        _storage_declaration,
+        _EVERY,
+        _always,
+        "the declaration selects the checks below; a false one would choose the wrong ones",
+        both=("breaks", "the report checked the wrong things: it cannot be relied on"),
+    ),
+    _check(
+        _results_valid,
+        _EVERY,
+        _always,
+        "the harness validates every answer of every engine at its boundary",
+        both=_REFUSED,
+    ),
+    _check(
+        _reingest_adds_nothing,
+        _STORES,
+        _stores,
+        "an engine that keeps nothing (verified by storage_declaration) holds nothing twice",
+        both=_TWICE,
+    ),
+    _check(
+        _retried_after_turn_adds_nothing,
+        _STORES,
+        _stores,
+        "an engine that keeps nothing has nothing a retried finalize could add to",
+        both=_TWICE,
+    ),
+    _check(
+        _restart_adds_nothing,
+        _DURABLE,
+        _durable,
+        "only a store that outlives its instance meets itself again after a restart",
+        both=("breaks", "after a host restart the model sees messages twice, or misses one"),
+    ),
+    _check(
+        _within_budget,
+        _CALLED,
+        _always,
+        "every assembly the harness asks for carries the turn's token budget, however the "
+        "engine builds it (from its store or from the history it is handed)",
+        both=(
+            "breaks",
+            "the context may not fit the model's window: Codex refuses the request or "
+            "compacts the thread natively, behind the engine's back",
+        ),
+    ),
+    _check(
+        _tool_pairs_intact,
+        _EVERY,
+        _always,
+        "any engine that leaves messages out can cut a tool call from its result",
+        per_turn=(
+            "breaks",
+            "a structured turn cannot inject an orphan: it falls back to the text frame on "
+            "a fresh thread, and the model sees a call without its result",
+        ),
+        thread_bootstrap=("breaks", "the model sees a tool call without its result"),
+    ),
+    _check(
+        _deterministic,
+        _EVERY,
+        _always,
+        "the harness compares assemblies (the kept fork, the projection epoch) by their bytes",
+        per_turn=(
+            "costs",
+            "identical turns project differently: the kept fork is not continued and the "
+            "prompt cache is lost",
+        ),
+        thread_bootstrap=(
+            "costs",
+            "the projection differs for the same state: the thread can be rotated for nothing",
+        ),
+    ),
+    _check(
+        _prefix_stable,
+        _EVERY,
+        _always,
+        "a conversation that only grows is the case prompt caches and continued forks serve, "
+        "whatever the engine stores",
+        per_turn=(
+            "costs",
+            "each turn forks the session's base afresh and injects the whole assembly "
+            "instead of continuing the kept fork: slower turns, the prompt cache reused only "
+            "up to the first difference; the context itself is right (a sliding window fails "
+            "here by design)",
+        ),
+        thread_bootstrap=(
+            "harmless",
+            "the context reaches a thread once per epoch; a later assembly need not extend "
+            "an earlier one",
+        ),
+    ),
+    _check(
+        _epoch_stable,
+        _THREAD_BOOTSTRAP,
+        _always,
+        "only a thread_bootstrap projection is keyed by its epoch",
+        per_turn=("harmless", "a per-turn projection has no epoch"),
+        thread_bootstrap=(
+            "breaks",
+            "an epoch that changes rotates the thread every turn; one kept after a "
+            "compaction leaves the old context in the thread",
+        ),
+    ),
+    _check(
+        _compaction_honest,
+        _EVERY,
+        _always,
+        "the harness acts on every engine's compaction report (clears the projection, "
+        "reports it to the host)",
+        both=("breaks", "the harness and the host act on a false compaction report"),
+    ),
+    _check(
+        _compaction_converges,
+        _OWNS,
+        _always,
+        "only an engine that owns compaction is asked to compact; others leave it to Codex",
+        both=("breaks", "a forced compaction never ends, does not shrink, or damages the context"),
+    ),
+    _check(
+        _sessions_isolated,
+        _EVERY,
+        _always,
+        "one instance serves every session of a directory, stored or not",
+        both=("breaks", "one session's messages reach another's model"),
+    ),
 )

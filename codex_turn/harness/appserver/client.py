@@ -199,8 +199,11 @@ class AppServerClient(Connection):
                     timeout=config.initialize_timeout,
                 )
             except AppServerError as exc:
+                said = getattr(transport, "startup_reason", None)
+                reason = await said() if callable(said) else None
                 raise AppServerStartError(
                     f"codex app-server failed to initialize: {format_error(exc)}"
+                    + (f"; Codex said: {reason}" if reason else "")
                 ) from exc
             if spawned:
                 try:

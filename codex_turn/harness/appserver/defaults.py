@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "CODEX_VERSION",
     "INTERRUPT_GRACE_S",
     "LIVENESS_TIMEOUT_S",
     "MAX_KEPT_FORKS",
@@ -17,6 +18,10 @@ __all__ = [
     "MAX_REMEMBERED_THREADS",
     "NATIVE_COMPACTION_TIMEOUT_S",
 ]
+
+CODEX_VERSION: Final = "0.163.0"
+"""The Codex release whose app-server protocol this library speaks (the ``codex`` extra pins
+its binary, ``openai-codex-cli-bin``; the tests' schema is generated from it)."""
 
 INTERRUPT_GRACE_S: Final = 5.0
 """How long an interrupted turn may take to be acknowledged (Codex answers ``turn/interrupt``

@@ -56,6 +56,7 @@ from typing import Final
 
 from codex_turn.errors import CodexTurnError
 
+from .defaults import CODEX_VERSION
 from .logsafe import capped
 
 __all__ = [
@@ -205,7 +206,7 @@ class CodexBinaryMissing(AppServerStartError, FileNotFoundError):
     def __init__(self) -> None:
         super().__init__(
             "the Codex binary is not installed: pip install 'codex-turn[codex]' "
-            "(openai-codex-cli-bin==0.163.0)"
+            f"(openai-codex-cli-bin=={CODEX_VERSION})"
         )
 
 
@@ -236,7 +237,7 @@ class CodexLoginRequired(AppServerStartError):
     log in. A model provider that needs no OpenAI login (``AppServerConfig.offline()``, any
     custom ``model_providers`` entry, with or without ``env_key``) is never refused."""
 
-    def __init__(self, codex_home: Path) -> None:
+    def __init__(self, codex_home: Path, *, codex_said: str | None = None) -> None:
         home = shlex.quote(str(codex_home))
         super().__init__(
             f"codex app-server needs an OpenAI login and CODEX_HOME {codex_home} has none. "
@@ -244,5 +245,9 @@ class CodexLoginRequired(AppServerStartError):
             f"`printenv OPENAI_API_KEY | CODEX_HOME={home} codex login --with-api-key` "
             "(codex app-server does not read OPENAI_API_KEY from the environment); or "
             "configure a model provider that needs no OpenAI login"
+            + (f" (Codex said: {codex_said})" if codex_said else "")
         )
         self.codex_home = codex_home
+        #: Codex's own line about its configuration, when it fell back to its defaults (an
+        #: invalid config.toml): the reason the login is needed at all (scrubbed).
+        self.codex_said = codex_said

@@ -77,11 +77,11 @@ from .defaults import (
     MAX_REMEMBERED_THREADS,
     NATIVE_COMPACTION_TIMEOUT_S,
 )
-from .errors import AppServerClosed, AppServerError, AppServerRpcError
+from .errors import AppServerClosed, AppServerError, AppServerRpcError, CodexLoginRequired
 from .logsafe import capped
 from .native_compaction import CompactionResult, KeyedLocks
 from .port import AppServerPort
-from .process import LineTransport
+from .process import LineTransport, startup_reason
 from .projector import CodexTurnResult, Notification
 from .server_requests import ApprovalPolicy, TurnRequestHandlers, UserInputHandler, decline_all
 from .thread_settings import DEFAULT_SETTINGS, ThreadSettings
@@ -186,7 +186,16 @@ class AppServer:
             if should_check(self.config, injected_transport=transport is not None):
                 # Before anyone can use the process: a missing login fails the start (or the
                 # call that restarts it) in seconds, not every turn at its timeout.
-                await check_login(client, self.config)
+                try:
+                    await check_login(client, self.config)
+                except CodexLoginRequired as missing:
+                    # An invalid config.toml makes Codex fall back to its defaults, which may
+                    # need a login the user's configuration did not: say so.
+                    tail = getattr(client.transport, "stderr_tail", ())
+                    said = startup_reason(tail, config_only=True)
+                    if said is None:
+                        raise
+                    raise CodexLoginRequired(missing.codex_home, codex_said=said) from None
             for listener in self._listeners:
                 client.add_listener(listener)
             task_status.started(client)

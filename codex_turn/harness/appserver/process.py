@@ -26,11 +26,16 @@ content there, and the drain runs outside any turn's redaction context. Each lin
 record's own) and its length in ``chars``; the text itself is logged (secret-scrubbed,
 truncated) only when :attr:`~.config.AppServerConfig.log_stderr_text` opts in. Either way at
 a bounded rate (a token bucket); excess lines are counted and reported as one summary line.
-The last few lines are kept in memory for diagnostics but never put into exception messages
-(they may quote content).
+The last few lines are kept in memory for diagnostics. One of them reaches an exception
+message only when the process fails to *start* (:meth:`AppServerProcess.startup_reason`:
+Codex's own fatal or error line, ANSI and tracing prefix stripped, secrets scrubbed, cut):
+before the first request nothing of a conversation exists to be quoted, and without it a
+broken ``config.toml`` says only "exited (exit code 1)"; later lines never do (they may
+quote content).
 
 The child starts with :attr:`~.config.AppServerConfig.umask` (``0o077`` for a private home:
-what Codex writes there is owner-only).
+what Codex writes there is owner-only), in a session of its own: the terminal's signals
+(Ctrl-C, Ctrl-Z, a hang-up) reach the host, which decides, and not Codex behind its back.
 
 Shutdown is graceful first: close stdin (the app-server exits 0 on EOF), wait, then terminate,
 then kill. It is shielded from cancellation so a cancelled caller never leaks a process. A
@@ -48,14 +53,14 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from codex_turn._log import format_error, get_logger
+from codex_turn._log import format_error, get_logger, redact_text
 
 from .config import AppServerConfig
 from .errors import AppServerClosed, AppServerStartError
@@ -66,7 +71,7 @@ try:  # anyio names the async library through sniffio when it is installed
 except ImportError:  # pragma: no cover - anyio then assumes asyncio wherever a loop runs
     _sniffio = None
 
-__all__ = ["AppServerProcess", "LineTransport"]
+__all__ = ["AppServerProcess", "LineTransport", "startup_reason"]
 
 log = get_logger(__name__)
 
@@ -79,6 +84,34 @@ _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STDERR_LEVEL = re.compile(r"\b(TRACE|DEBUG|INFO|WARN|WARNING|ERROR)\b")
 _STDERR_FATAL = re.compile(r"^(?:Error|error)\b")
 _LEVEL_HEAD_CHARS = 64
+
+
+_TRACING_HEAD = re.compile(r"^\S+Z\s+(?:TRACE|DEBUG|INFO|WARN|WARNING|ERROR)\s+[\w:]+:\s*")
+_STARTUP_REASON_CHARS = 300
+
+
+def startup_reason(lines: Iterable[str], *, config_only: bool = False) -> str | None:
+    """Codex's own reason among ``lines`` of its stderr, as an error message may quote it:
+    its fatal line (``Error: ...``), else its last ``ERROR`` line, without colours and the
+    tracing prefix, secrets scrubbed (:func:`codex_turn._log.redact_text`), cut. With
+    ``config_only``, only a line about its configuration (Codex falls back to its defaults
+    on an invalid ``config.toml``, and the defaults may need a login the user's own
+    configuration did not). ``None`` when there is none."""
+    fatal: str | None = None
+    error: str | None = None
+    for raw in lines:
+        line = _ANSI_ESCAPE.sub("", raw).strip()
+        if config_only and "configuration" not in line:
+            continue
+        if _STDERR_FATAL.match(line):
+            fatal = fatal or line
+        elif stderr_level(line) == "ERROR":
+            error = line
+    chosen = fatal or error
+    if chosen is None:
+        return None
+    text = redact_text(_TRACING_HEAD.sub("", chosen))
+    return text if len(text) <= _STARTUP_REASON_CHARS else text[: _STARTUP_REASON_CHARS - 1] + "…"
 
 
 def stderr_level(line: str) -> str | None:
@@ -262,6 +295,7 @@ class AppServerProcess:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.stderr_lines = 0
         self.stderr_dropped = 0
+        self._stderr_drained = anyio.Event()
         self._closed = False
 
     @classmethod
@@ -290,6 +324,11 @@ class AppServerProcess:
                     env=config.environment(),
                     cwd=str(config.codex_home),
                     umask=-1 if config.umask is None else config.umask,
+                    # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground
+                    # process group) is the host's to handle (interrupt a turn, say), and
+                    # must not kill the Codex its next turn needs. The child still ends
+                    # with its host: stdin EOF, then terminate (aclose).
+                    start_new_session=True,
                 )
             finally:
                 if read_end is not None:
@@ -387,8 +426,22 @@ class AppServerProcess:
                 await self._process.wait()
         return self._closed_error(why)
 
+    async def startup_reason(self, *, wait: float = 1.0) -> str | None:
+        """Why the process failed to start, in Codex's own words (:func:`startup_reason`),
+        once its stderr is drained (at most ``wait`` seconds: a process that exited has
+        closed it)."""
+        with anyio.move_on_after(wait):
+            await self._stderr_drained.wait()
+        return startup_reason(self.stderr_tail)
+
     async def run_background(self) -> None:
         """Drain stderr into the log until EOF, at a bounded rate."""
+        try:
+            await self._drain_stderr()
+        finally:
+            self._stderr_drained.set()
+
+    async def _drain_stderr(self) -> None:
         if self._stderr is None:
             return
         bucket = _TokenBucket(self._config.stderr_lines_per_second, self._config.stderr_burst)

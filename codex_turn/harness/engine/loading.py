@@ -13,6 +13,7 @@ import importlib
 import inspect
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from .contract import ContextEngine, EngineContractError, EngineLoadError
@@ -37,7 +38,7 @@ def resolve_engine(engine: object | None) -> object | None:
     return engine
 
 
-def load_engine(spec: str) -> ContextEngine:
+def load_engine(spec: str, *, session_dir: str | os.PathLike[str] | None = None) -> ContextEngine:
     """Load an engine from its spec, ``"package.module:attribute"``.
 
     The one spec form (the CLI's ``--engine`` takes it too): the module's absolute dotted name,
@@ -49,9 +50,15 @@ def load_engine(spec: str) -> ContextEngine:
     later imports resolve. The attribute may be
 
     * an engine instance: used as it is (every load of the spec shares it);
-    * a class: instantiated with no arguments (a new engine per load);
-    * any other callable (a factory): called with no arguments; it must return the engine
-      itself, not an awaitable.
+    * a class: instantiated (a new engine per load);
+    * any other callable (a factory): called; it must return the engine itself, not an
+      awaitable.
+
+    A class or factory whose first parameter is a required positional one is called with
+    ``session_dir``, the directory of the session it will serve, as a
+    :class:`~pathlib.Path` (so that a durable engine can keep its store there, as the
+    reference engine does); any other is called with no arguments. With such a parameter
+    and no ``session_dir`` (a spec loaded for no session), loading fails.
 
     What it yields must pass :func:`check_engine`. Every failure raises
     :class:`EngineLoadError` (a ``ValueError``) whose one-line message names the failed step.
@@ -73,8 +80,15 @@ def load_engine(spec: str) -> ContextEngine:
             ) from err
 
     if isinstance(target, type) or (callable(target) and not _looks_like_engine(target)):
+        args: tuple[Any, ...] = ()
+        if _wants_a_directory(target):
+            if session_dir is None:
+                raise EngineLoadError(
+                    spec, f"{attr_path!r} takes the session's directory, and there is no session"
+                )
+            args = (Path(session_dir),)
         try:
-            target = target()
+            target = target(*args)
         except Exception as err:
             raise EngineLoadError(
                 spec, f"calling {attr_path!r} failed: {type(err).__name__}: {err}"
@@ -156,6 +170,19 @@ def _cwd_on_path() -> bool:
     cwd = os.path.realpath(os.getcwd())
     return any(
         isinstance(entry, str) and os.path.realpath(entry or os.curdir) == cwd for entry in sys.path
+    )
+
+
+def _wants_a_directory(factory: Any) -> bool:
+    """Whether ``factory`` (a class or a callable) has a required first positional
+    parameter: then it is handed the session's directory."""
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called with nothing
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(parameters) and (
+        parameters[0].kind in positional and parameters[0].default is inspect.Parameter.empty
     )
 
 
