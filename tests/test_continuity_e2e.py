@@ -9,6 +9,7 @@ the model twice, and the transcript holds every prompt once.
 
 from __future__ import annotations
 
+import base64
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,8 @@ from structlog.testing import capture_logs
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, run_codex_turn
 from codex_turn.harness.appserver import tool
 from codex_turn.harness.engine.contract import AssembleResult, ContextProjection
-from codex_turn.harness.session import load_session_messages
-from codex_turn.testing import OfflineModel, RecordingEngine, Reply
+from codex_turn.harness.session import load_session_messages, mirror_turn
+from codex_turn.testing import OFFLINE_PNG, OfflineModel, RecordingEngine, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.codex]
 
@@ -328,3 +329,40 @@ async def test_a_thread_that_fills_its_share_of_the_window_rotates_with_the_conv
     request = offline_model.turn_requests()[-1]
     assert times_sent(request, "small-one") == 1
     assert times_sent(request, answer("small-one")) == 1
+
+
+async def test_images_in_the_transcript_reach_a_fresh_thread_with_the_conversation(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    tmp_path: Path,
+) -> None:
+    # A host's transcript whose earlier turn carried an image (pi's image block).
+    data = base64.b64encode(OFFLINE_PNG).decode()
+    picture = {"type": "image", "data": data, "mimeType": "image/png"}
+    session = tmp_path / "session-c.jsonl"
+    mirror_turn(
+        session,
+        [
+            {"role": "user", "content": [{"type": "text", "text": "see-this"}, picture]},
+            {"role": "assistant", "content": [{"type": "text", "text": "SEEN"}]},
+        ],
+        scope="host",
+        identities=["u1", "a1"],
+        session_id="session-c",
+        cwd=str(tmp_path),
+    )
+    done = await turn(
+        offline_model, "what-was-it", params(prompt="what-was-it"), app_server=appserver
+    )
+    assert done.outcome is TurnOutcome.COMPLETED
+    request = offline_model.turn_requests()[-1]
+    assert times_sent(request, "see-this") == 1
+    images = [
+        part["image_url"]
+        for item in request.input_items
+        if item.get("role") == "user"
+        for part in item.get("content", [])
+        if part.get("type") == "input_image"
+    ]
+    assert images == [f"data:image/png;base64,{data}"]

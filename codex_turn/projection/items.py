@@ -106,6 +106,7 @@ __all__ = [
     "canonical_json",  # codex_turn._json's, where the structured turn path imports it
     "check_items",
     "convert_messages",
+    "image_url",
     "newest_items",
 ]
 
@@ -252,7 +253,8 @@ def _str_field(mapping: Mapping[str, Any], keys: Sequence[str]) -> str | None:
     return None
 
 
-def _image_url(part: Mapping[str, Any]) -> str | None:
+def image_url(part: Mapping[str, Any]) -> str | None:
+    """The URL of an image block (a ``data:`` URL of its bytes, or its own URL), else ``None``."""
     data, mime = part.get("data"), part.get("mimeType", part.get("mime_type"))
     if isinstance(data, str) and data and isinstance(mime, str) and mime.startswith("image/"):
         return f"data:{mime};base64,{data}"
@@ -402,7 +404,7 @@ def _user_message(builder: _Builder, message: Mapping[str, Any]) -> None:
             text = part.get("text")
             builder.text(text if isinstance(text, str) else "")
         elif kind == "image":
-            url = _image_url(part)
+            url = image_url(part)
             if url is None:
                 builder.text(_IMAGE)
             else:

@@ -144,6 +144,9 @@ class Projected:
     #: The conversion state ``items`` came from, carried to the session's next turn with the
     #: fork kept after this one (an unchanged prefix is not converted again).
     conversion: ConversionCache | None = None
+    #: Images of the transcript's messages the text frame stands for (it renders them as a
+    #: placeholder): sent with the prompt, newest first, within a bound.
+    images: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -73,6 +73,7 @@ from codex_turn.projection.items import (
     canonical_json,
     check_items,
     convert_messages,
+    image_url,
     newest_items,
 )
 
@@ -379,7 +380,36 @@ def transcript_context(ctx: TurnContext, decision: ThreadDecision) -> Projected:
         _, items = as_items(ctx, recent, per_turn=True, source="transcript")
         if items is not None:
             return Projected(unframed(ctx, addition), framed=False, items=items)
-    return render_frame(ctx, recent, addition, bootstrap=False)
+    framed = render_frame(ctx, recent, addition, bootstrap=False)
+    return attrs.evolve(framed, images=restored_images(recent))
+
+
+#: The bound on images restored with a text frame: how many, and their URLs' total size.
+RESTORED_IMAGES_MAX: Final = 4
+RESTORED_IMAGE_CHARS_MAX: Final = 8 << 20
+
+
+def restored_images(messages: Sequence[AgentMessage]) -> tuple[str, ...]:
+    """The images of the user messages the text frame stands for, newest first, within
+    :data:`RESTORED_IMAGES_MAX` and :data:`RESTORED_IMAGE_CHARS_MAX` (an image that does not
+    fit is left out; the frame keeps its placeholder)."""
+    found: list[str] = []
+    room = RESTORED_IMAGE_CHARS_MAX
+    for message in reversed(messages):
+        content = message.get("content") if message.get("role") == "user" else None
+        if isinstance(content, str) or not isinstance(content, Sequence):
+            continue
+        for part in reversed(content):
+            url = (
+                image_url(part)
+                if isinstance(part, Mapping) and part.get("type") == "image"
+                else None
+            )
+            if url is None or len(url) > room or len(found) >= RESTORED_IMAGES_MAX:
+                continue
+            found.append(url)
+            room -= len(url)
+    return tuple(reversed(found))
 
 
 class SettleFacts:

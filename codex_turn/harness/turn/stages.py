@@ -370,7 +370,7 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             thread.thread_id,
             plan.prompt,
             prompt=params.prompt,
-            images=params.images,
+            images=(*params.images, *_restored_images(ctx)),
             model=params.model,
             overrides=turn_start_overrides(params, thread.result),
             handlers=turn_request_handlers(params, ctx.hooks),
@@ -447,6 +447,14 @@ async def _record_accepted(
         coverage=coverage,
     )
     return attrs.evolve(thread, binding=binding, pending_projection=None, pending_coverage=None)
+
+
+def _restored_images(ctx: TurnContext) -> tuple[str, ...]:
+    """The transcript's images that go with a text frame standing for it (none otherwise)."""
+    projected, plan = ctx.projected, ctx.plan
+    if projected is None or plan is None or not plan.projected:
+        return ()
+    return projected.images
 
 
 def _mirror_prompt(ctx: TurnContext, thread_id: str) -> OSError | None:
