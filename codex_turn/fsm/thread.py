@@ -6,6 +6,11 @@ thread therefore grows the request quadratically (OpenClaw #93762: ~96% wasted i
 #149689: a 108k-char projection surviving 38 native compactions). The fix is a decision,
 made once per turn from facts, and it lives here as an ordered table of rules:
 
+* Codex reported this turn's context window exceeded: retry it on a fresh thread (the turn
+  table's ``turn_overflowed`` edge steps back once), which carries the conversation;
+* a structured session (an engine projecting per turn whose context would go as items) runs
+  every turn in a fork of one base from its first turn on, with context or without: one
+  prompt-cache key for the session;
 * no binding: start a thread (and project the engine's context into its first turn);
 * Codex refused to resume the bound thread (it no longer exists): rotate to a fresh thread,
   which has no native history and therefore gets the projected context;
@@ -41,7 +46,19 @@ made once per turn from facts, and it lives here as an ordered table of rules:
   Codex refused) a fresh thread is seeded with the transcript as the text frame and becomes
   the session's thread. A refused fork that carried the engine's context rotates to a fresh
   thread with the text frame of that context;
+* without an engine, a binding whose record of what its thread holds the transcript
+  contradicts (the host compacted or rewrote it) rotates, and so does a bound thread whose
+  native history fills more than ``native_history_share`` of the model's window (Codex's
+  reported usage; a ``thread_bootstrap`` engine's thread is kept);
 * otherwise resume the bound thread.
+
+What goes *with* the prompt is a second question, asked of every decision
+(:data:`CONTINUITY_RULES`, by :func:`decide_thread`): the engine's projected context when the
+decision sends some; else, for a fresh thread of a session with history, the transcript
+(bounded by the cap, newest kept); else, for a resumed thread the transcript outgrew (a
+transient turn, a host's appends), what it lacks (the binding records how far the thread's
+native history covers the transcript); else nothing. A session never silently restarts
+empty, and nothing is both in native history and in what is projected.
 
 The first rule whose guards hold decides. Like the turn table this module performs no I/O.
 Every table here has one shape: a tuple of :class:`Rule` rows, each naming the facts that must

@@ -41,7 +41,12 @@ context engine is a plugin and must never be able to break a turn:
   history and therefore gets the projected context; reprojecting rebuilds the prompt for it and
   returns to starting_thread. A step back made visible, never a loop inside a stage.
 * running_turn ends in exactly one of five outcomes; how Codex's own turn status maps to them
-  is :data:`RUN_END_TRIGGERS`. Codex's in-turn compactions are internal transitions, counted
+  is :data:`RUN_END_TRIGGERS`. A failed turn Codex typed as the context window exceeded
+  (``turn_overflowed``, ``may_retry_overflow``) steps back once to reprojecting: the thread
+  table rotates to a fresh thread that carries the conversation, and the turn runs again; a
+  second overflow ends it ``context_overflow``. Once the turn ran, its retry's pre-Codex
+  endings (a failed thread start, a cancellation) go to mirroring like any turn that ran.
+  Codex's in-turn compactions are internal transitions, counted
   but not leaving the state; so is each batch of messages steered into the running turn
   (``steered``, one per ``turn/steer``, counted in ``steers``).
 * Once running_turn was reached, mirroring and finalizing always follow (an engine must see

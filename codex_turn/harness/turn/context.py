@@ -463,6 +463,7 @@ def log_decision(ctx: TurnContext, plan: PromptPlan) -> None:
         reason=plan.decision.reason,
         action=plan.decision.action.value,
         projected=plan.projected,
+        context=plan.decision.context.action.value if plan.decision.context else None,
         truncated_chars=ctx.projected.projection.truncated_chars if ctx.projected else 0,
     )
 
