@@ -617,7 +617,7 @@ def check(obs: Observed) -> None:
     for call in turns:
         assert call.args["prompt"] == prompt  # the raw prompt is what gets mirrored
         if T.PROJECTED not in triggers:
-            assert call.args["text"] == prompt
+            assert is_baseline_input(result, call.args["text"], prompt)
     codex_started = ran and ex.script.turn_start_error is None
     interrupts = obs.server.methods().count("interrupt")
     interrupting = ex.script.ending in ("hang", "cancel") or (
@@ -902,6 +902,16 @@ def _max_examples() -> int:
     return min(settings().max_examples, 300)
 
 
+def is_baseline_input(result: TurnResult, text: str, prompt: str) -> bool:
+    """The turn input without an engine's context: the raw prompt, or, when the continuity
+    table read the transcript for it (a fresh thread of a session with history, or a
+    resumed one the transcript outgrew), the frame of it ending with the prompt."""
+    decision = result.thread_decision
+    if decision is not None and decision.from_transcript:
+        return text.startswith(CONTEXT_HEADER) and text.endswith(prompt.strip())
+    return text == prompt
+
+
 @settings(
     max_examples=_max_examples(),
     deadline=None,
@@ -985,7 +995,10 @@ def test_assemble_failure_uses_the_baseline_prompt(fault: Any) -> None:
     triggers = _triggers(obs)
     assert T.ASSEMBLE_FAILED in triggers
     assert T.PROJECTED not in triggers
-    assert obs.server.turn_inputs() == [obs.prompt]
+    # A fresh thread of a session with history: the baseline carries the transcript.
+    (text,) = obs.server.turn_inputs()
+    assert is_baseline_input(obs.final, text, obs.prompt)
+    assert text != obs.prompt
     (call,) = obs.server.calls_to("start_thread")
     assert call.args["developer_instructions"] == BASE  # no engine addition
     assert obs.final.outcome is TurnOutcome.COMPLETED
@@ -1234,7 +1247,10 @@ def test_no_engine_is_plain_codex(engine: EngineKind) -> None:
     assert T.ASSEMBLE_SKIPPED in triggers
     assert T.BOOTSTRAP_SKIPPED in triggers
     assert obs.final.maintenance.skip_reason == "no_engine"
-    assert obs.server.turn_inputs() == [obs.prompt]
+    # Plain Codex, whose fresh thread carries the session's transcript (never empty).
+    (text,) = obs.server.turn_inputs()
+    assert is_baseline_input(obs.final, text, obs.prompt)
+    assert text != obs.prompt
     assert obs.server.calls_to("start_thread")[0].args["developer_instructions"] == BASE
 
 
@@ -1677,7 +1693,9 @@ async def test_a_hung_engine_call_takes_its_stage_s_failure_edge(
     assert result.outcome is TurnOutcome.COMPLETED
     assert transcript_texts(session_file).count("hello there") == 1
     if method == "assemble":
-        assert server.turn_inputs()[-1] == "hello there"  # the baseline prompt
+        # The baseline prompt, on a fresh thread with the transcript before it.
+        assert is_baseline_input(result, server.turn_inputs()[-1], "hello there")
+        assert server.turn_inputs()[-1] != "hello there"
 
 
 async def test_a_turn_without_tools_gets_a_transient_thread_and_keeps_the_binding(

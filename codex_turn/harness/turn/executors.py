@@ -264,7 +264,8 @@ async def _fresh_thread(
         # context (run_turn): recorded earlier, a failed turn/start would make the next turn
         # resume a thread that never received it (OpenClaw #88355). And only when this turn
         # does carry it: a projection that failed sent the raw prompt.
-        if ctx.projected is not None and decision.project:
+        # Nor when the transcript stood in for the engine's context (a failed projection).
+        if ctx.projected is not None and decision.project and not decision.from_transcript:
             pending = current_projection(ctx)
         binding = await save_binding(
             ctx,
