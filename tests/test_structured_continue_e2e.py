@@ -78,13 +78,13 @@ async def test_a_growing_conversation_runs_in_one_continued_fork(
             )
             assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
             results.append(result)
-    # Turn 1 has no context (a plain thread); turn 2 forks the base; the rest continue it.
-    assert fork_reasons(logs) == ["no-kept-fork"] + ["context-extends-kept-fork"] * (TURNS - 2)
-    assert injected(logs)[1:] == [0] * (TURNS - 2)  # nothing re-injected: the fork holds it
-    assert len({r.thread_id for r in results[1:]}) == 1
+    # Turn 1 has no context and forks the base; the rest continue its fork.
+    assert fork_reasons(logs) == ["no-kept-fork"] + ["context-extends-kept-fork"] * (TURNS - 1)
+    assert injected(logs)[1:] == [0] * (TURNS - 1)  # nothing re-injected: the fork holds it
+    assert len({r.thread_id for r in results}) == 1
     requests = offline_model.turn_requests()
-    assert len({r.body.get("prompt_cache_key") for r in requests[1:]}) == 1
-    for previous, current in itertools.pairwise(requests[1:]):
+    assert len({r.body.get("prompt_cache_key") for r in requests}) == 1
+    for previous, current in itertools.pairwise(requests):
         # The whole previous request is a prefix of the next one (the cacheable part).
         before = [json.dumps(i, sort_keys=True) for i in previous.input_items]
         after = [json.dumps(i, sort_keys=True) for i in current.input_items]
@@ -97,10 +97,8 @@ async def test_a_growing_conversation_runs_in_one_continued_fork(
     assert asks == [f"GROW_{k}_ASK" for k in range(1, TURNS + 1)]
     for k in range(1, TURNS):
         assert sum(f"ECHO: GROW_{k}_ASK" in t for t in last.assistant_messages) == 1
-    sizes = [len(r.input_items) for r in requests[1:]]
-    assert sizes == [
-        sizes[0] + 2 * i for i in range(TURNS - 1)
-    ]  # bounded: each turn adds its exchange
+    sizes = [len(r.input_items) for r in requests]
+    assert sizes == [sizes[0] + 2 * i for i in range(TURNS)]  # bounded: each turn adds its exchange
 
 
 async def test_a_message_the_engine_adds_is_injected_once_in_place(
@@ -125,8 +123,8 @@ async def test_a_message_the_engine_adds_is_injected_once_in_place(
                 params(prompt=f"NOTE_{k}_ASK"), app_server=appserver, engine=engine
             )
             assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
-    assert fork_reasons(logs) == ["no-kept-fork"] + ["context-extends-kept-fork"] * 3
-    assert injected(logs)[1:] == [1, 0, 0]  # the note, once
+    assert fork_reasons(logs) == ["no-kept-fork"] + ["context-extends-kept-fork"] * 4
+    assert injected(logs)[1:] == [0, 1, 0, 0]  # the note, once (at turn 3)
     for request in offline_model.turn_requests()[2:]:
         users = request.user_messages
         assert users.count("ENGINE_NOTE") == 1
@@ -154,6 +152,7 @@ async def test_an_engine_that_drops_an_earlier_message_gets_a_fresh_fork(
     assert fork_reasons(logs) == [
         "no-kept-fork",
         "context-extends-kept-fork",
+        "context-extends-kept-fork",
         "context-diverged-from-kept-fork",
     ]
     assert results[3].thread_id != results[2].thread_id
@@ -179,6 +178,7 @@ async def test_changed_instructions_fork_afresh_and_reach_the_model_alone(
             assert result.outcome is TurnOutcome.COMPLETED
     assert fork_reasons(logs) == [
         "no-kept-fork",
+        "context-extends-kept-fork",
         "context-extends-kept-fork",
         "kept-fork-settings-changed",
     ]
@@ -210,7 +210,12 @@ async def test_an_interrupted_turn_leaves_no_fork_to_continue(
     assert outcomes[2] is not TurnOutcome.COMPLETED
     assert outcomes[3] is TurnOutcome.COMPLETED
     # The interrupted turn's fork was released at once (its tool handlers with it).
-    assert fork_reasons(logs) == ["no-kept-fork", "context-extends-kept-fork", "no-kept-fork"]
+    assert fork_reasons(logs) == [
+        "no-kept-fork",
+        "context-extends-kept-fork",
+        "context-extends-kept-fork",
+        "no-kept-fork",
+    ]
     last = offline_model.turn_requests()[-1]
     assert last.user_messages.count("CUT_2_ASK") == 1
     assert last.user_messages.count("CUT_3_ASK") == 1
@@ -234,7 +239,7 @@ async def test_an_evicted_fork_is_forked_afresh_with_the_whole_conversation(
                         engine=engine,
                     )
                     assert result.outcome is TurnOutcome.COMPLETED
-    assert fork_reasons(logs) == ["no-kept-fork"] * 4
+    assert fork_reasons(logs) == ["no-kept-fork"] * 6
     by_session = {
         session: [
             r for r in offline_model.turn_requests() if f"EVICT_{session}_3" in r.user_messages
@@ -264,7 +269,7 @@ async def test_a_prompt_a_hook_changed_is_not_continued(
                 params(prompt=f"HOOK_{k}_ASK"), app_server=appserver, engine=engine, hooks=hooks
             )
             assert result.outcome is TurnOutcome.COMPLETED
-    assert fork_reasons(logs) == ["no-kept-fork"] * 3
+    assert fork_reasons(logs) == ["no-kept-fork"] * 4
     last = offline_model.turn_requests()[-1]
     recalls = [t for t in last.user_messages if "RECALL_" in t]
     assert len(recalls) == 1  # this turn's only: earlier hook context does not pile up
@@ -308,7 +313,12 @@ async def test_a_fork_a_steer_went_to_unconfirmed_is_not_continued(
             assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
     assert [r.status for r in receipts] == [steering.SteerStatus.UNKNOWN]
     # Turn 3 forks afresh (the fork of turn 2 was released); turn 4 continues turn 3's.
-    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork", "context-extends-kept-fork"]
+    assert fork_reasons(logs) == [
+        "no-kept-fork",
+        "context-extends-kept-fork",
+        "no-kept-fork",
+        "context-extends-kept-fork",
+    ]
     released = [e for e in logs if e.get("event") == "codex fork released"]
     assert [e["reason"] for e in released] == ["steer_unconfirmed"]
     assert "STEER_LOST" not in repr(logs)  # the message itself is never logged
@@ -333,7 +343,12 @@ async def test_a_turn_with_tool_calls_is_not_continued(
                 tools=[lookup],
             )
             assert result.outcome is TurnOutcome.COMPLETED
-    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork", "context-extends-kept-fork"]
+    assert fork_reasons(logs) == [
+        "no-kept-fork",
+        "context-extends-kept-fork",
+        "no-kept-fork",
+        "context-extends-kept-fork",
+    ]
     later = [
         r
         for r in offline_model.turn_requests()
@@ -369,7 +384,7 @@ async def test_a_compaction_drops_the_kept_fork(
         assert run.result.ok
         after = await run_codex_turn(params(prompt="CMP_3"), app_server=appserver, engine=engine)
     assert after.outcome is TurnOutcome.COMPLETED
-    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork"]
+    assert fork_reasons(logs) == ["no-kept-fork", "context-extends-kept-fork", "no-kept-fork"]
     assert offline_model.turn_requests()[-1].user_messages.count("CMP_1") == 1
 
 
@@ -401,7 +416,7 @@ async def test_a_kept_fork_codex_no_longer_knows_is_forked_afresh_in_the_same_tu
     assert kept.user_messages[-1] == "LOST_2"
     assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
     assert "fork_failed" not in [e.trigger for e in result.trace]
-    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork"]
+    assert fork_reasons(logs) == ["no-kept-fork", "context-extends-kept-fork", "no-kept-fork"]
     binding = read_binding(params().session_file, session_id="session-s")
     assert binding is not None
     assert binding.fork_base  # the base was kept
@@ -451,7 +466,7 @@ async def test_a_kept_fork_codex_answers_unknown_to_an_injection_is_forked_afres
             )
             assert result.outcome is TurnOutcome.COMPLETED, result.prompt_error
             results.append(result)
-    assert fork_reasons(logs) == ["no-kept-fork", "no-kept-fork"]
+    assert fork_reasons(logs) == ["no-kept-fork", "context-extends-kept-fork", "no-kept-fork"]
     assert results[2].thread_id != results[1].thread_id
     last = offline_model.turn_requests()[-1]
     assert last.user_messages.count("ENGINE_NOTE") == 1
