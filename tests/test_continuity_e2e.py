@@ -24,6 +24,7 @@ from structlog.testing import capture_logs
 from codex_turn import AppServer, AppServerConfig, TurnOutcome, TurnParams, run_codex_turn
 from codex_turn.harness.appserver import tool
 from codex_turn.harness.engine.contract import AssembleResult, ContextProjection
+from codex_turn.harness.idempotency import TurnAlreadyCompleted
 from codex_turn.harness.session import load_session_messages, mirror_turn
 from codex_turn.testing import OFFLINE_PNG, OfflineModel, RecordingEngine, Reply
 
@@ -204,18 +205,29 @@ async def test_a_transient_turn_reaches_the_bound_thread_once(
     assert [r["uncovered"] for r in resumed] == [2, 0]
 
 
+@pytest.mark.parametrize("kind", sorted(ENGINES))
 async def test_an_overflow_is_retried_once_on_a_fresh_thread_with_the_conversation(
+    kind: str,
     appserver: AppServer,
     offline_model: OfflineModel,
     params: Callable[..., TurnParams],
     tmp_path: Path,
 ) -> None:
+    engine = ENGINES[kind]()
     first = await turn(
-        offline_model, "before-overflow", params(prompt="before-overflow"), app_server=appserver
+        offline_model,
+        "before-overflow",
+        params(prompt="before-overflow"),
+        app_server=appserver,
+        engine=engine,
     )
     offline_model.script(Reply.context_length_exceeded(), user_contains="overflowing")
     retried = await turn(
-        offline_model, "overflowing", params(prompt="overflowing"), app_server=appserver
+        offline_model,
+        "overflowing",
+        params(prompt="overflowing"),
+        app_server=appserver,
+        engine=engine,
     )
     assert retried.outcome is TurnOutcome.COMPLETED
     assert retried.thread_id != first.thread_id
@@ -225,7 +237,9 @@ async def test_an_overflow_is_retried_once_on_a_fresh_thread_with_the_conversati
     assert times_sent(request, "overflowing") == 1  # the prompt, not also as context
     # A second overflow on the retry ends the turn, typed; the prompt is kept.
     offline_model.script(Reply.context_length_exceeded(), user_contains="too-long", times=2)
-    failed = await turn(offline_model, "too-long", params(prompt="too-long"), app_server=appserver)
+    failed = await turn(
+        offline_model, "too-long", params(prompt="too-long"), app_server=appserver, engine=engine
+    )
     assert failed.outcome is TurnOutcome.CONTEXT_OVERFLOW
     session = tmp_path / "session-c.jsonl"
     for prompt in ("before-overflow", "overflowing", "too-long"):
@@ -366,3 +380,24 @@ async def test_images_in_the_transcript_reach_a_fresh_thread_with_the_conversati
         if part.get("type") == "input_image"
     ]
     assert images == [f"data:image/png;base64,{data}"]
+
+
+async def test_the_hosts_message_id_decides_a_repeat_not_the_words(
+    appserver: AppServer,
+    offline_model: OfflineModel,
+    params: Callable[..., TurnParams],
+    tmp_path: Path,
+) -> None:
+    def said(message_id: str) -> TurnParams:
+        return params(prompt="yes", runtime_attempt={"currentMessageId": message_id})
+
+    first = await turn(offline_model, "yes", said("m-1"), app_server=appserver)
+    assert first.outcome is TurnOutcome.COMPLETED
+    # The same message delivered again is the same turn: its recorded reply, no new turn.
+    with pytest.raises(TurnAlreadyCompleted):
+        await run_codex_turn(said("m-1"), app_server=appserver)
+    # The same words in a new message are a new turn; the earlier "yes" is its context.
+    again = await turn(offline_model, "yes", said("m-2"), app_server=appserver)
+    assert again.outcome is TurnOutcome.COMPLETED
+    assert len(offline_model.turn_requests()) == 2
+    assert prompts_in_transcript(tmp_path / "session-c.jsonl", "yes") == 2

@@ -12,6 +12,8 @@ and then sees its reply, and raises :class:`TurnAlreadyCompleted` carrying what 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, Final
@@ -21,13 +23,32 @@ import attrs
 from codex_turn.errors import CodexTurnError
 from codex_turn.harness.session import SessionError, read_session
 
-__all__ = ["CompletedTurn", "TurnAlreadyCompleted", "completed_turn", "stable_prompt_key"]
+__all__ = [
+    "CompletedTurn",
+    "TurnAlreadyCompleted",
+    "completed_turn",
+    "message_turn_key",
+    "stable_prompt_key",
+]
 
 #: The scope of a prompt keyed by the host's turn id: not the thread's, so the turn re-run on
 #: another thread (another worker's Codex home, a dropped binding) finds the prompt it made
 #: durable and appends it once (stages.py keys the prompt with it).
 STABLE_PROMPT_SCOPE: Final = "codex-turn"
 _CODEX_SCOPE: Final = "codex-app-server:"
+
+
+def message_turn_key(runtime_attempt: Mapping[str, Any]) -> str | None:
+    """The idempotency key of a turn that answers the host's message ``currentMessageId``
+    (OpenClaw's runtime-attempt fact, scoped by ``currentChannelId`` and ``messageProvider``
+    when given), else ``None``: a message delivered twice is one turn, and two messages with
+    the same words are two. Hashed, so any id fits the key's alphabet."""
+    message = runtime_attempt.get("currentMessageId")
+    if not isinstance(message, str | int) or isinstance(message, bool) or message == "":
+        return None
+    scope = [runtime_attempt.get(k) for k in ("messageProvider", "currentChannelId")]
+    text = json.dumps([*scope, message], default=str, ensure_ascii=False)
+    return "msg-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def stable_prompt_key(idempotency_key: str) -> str:

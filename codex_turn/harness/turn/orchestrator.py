@@ -67,7 +67,11 @@ from codex_turn.harness.appserver import AppServerPort, DynamicTool
 from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, step
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
-from codex_turn.harness.idempotency import TurnAlreadyCompleted, completed_turn
+from codex_turn.harness.idempotency import (
+    TurnAlreadyCompleted,
+    completed_turn,
+    message_turn_key,
+)
 from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
@@ -181,7 +185,9 @@ async def run_codex_turn(
     thread, is not written again. Once that turn's reply is in the transcript, a re-run with
     the key raises :class:`~codex_turn.harness.idempotency.TurnAlreadyCompleted` (carrying the
     recorded reply) after taking the session hold and before anything is written or sent to
-    Codex. ``None``: a run-unique identity.
+    Codex. ``None``: derived from the host's message id (``runtime_attempt``'s
+    ``currentMessageId``, see :func:`~codex_turn.harness.idempotency.message_turn_key`) when
+    there is one, else a run-unique identity.
 
     ``events``: a :class:`~codex_turn.harness.turn.streaming.TurnEventStream` the runner iterates
     meanwhile (state changes, deltas, tool calls, plans, compactions, steered messages, saved
@@ -192,6 +198,9 @@ async def run_codex_turn(
     session_file = os.fspath(params.session_file)
     live = LiveTurn(mode=params.steering, quiet_interval=params.steer_quiet_interval, events=events)
     # live.ending() closes the event stream however the call ends, a refusal included.
+    if idempotency_key is None:
+        # The host's message id decides that a message delivered twice is one turn.
+        idempotency_key = message_turn_key(params.runtime_attempt)
     with watch_contract(strict=params.strict) as contract, live.ending():
         prompt_identity = turn_context.prompt_identity_for(idempotency_key)  # before any I/O
         engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
