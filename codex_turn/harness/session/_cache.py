@@ -195,7 +195,8 @@ _cache_lock = threading.Lock()
 
 
 def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
-    """Forget cached reads (of one path, or all). Only needed to reclaim memory."""
+    """Forget cached reads (of one path, or all: with every copy built on them, such as the
+    turns' stripped histories). Only needed to reclaim memory."""
     with _cache_lock:
         if path is None:
             keys = list(_cache)
@@ -205,6 +206,8 @@ def clear_session_cache(path: str | os.PathLike[str] | None = None) -> None:
             _cache.pop(keys[0], None)
     for key in keys:
         budget.release(("read", key))
+    if path is None:
+        budget.evict_all()
 
 
 def state_for(key: str) -> FileState:

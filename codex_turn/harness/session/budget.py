@@ -118,6 +118,17 @@ class _Ledger:
             self._shrink(garbage, keep=None)
         del garbage
 
+    def evict_all(self) -> None:
+        """Evict every entry that is not busy (the ceiling stays as it is)."""
+        garbage: list[object] = []
+        with self._lock:
+            limit, self.limit = self.limit, 0
+            try:
+                self._shrink(garbage, keep=None)
+            finally:
+                self.limit = limit
+        del garbage
+
     def _shrink(self, garbage: list[object], keep: Hashable | None) -> None:
         if self.total <= self.limit:
             return
@@ -163,3 +174,9 @@ def charge(key: Hashable, nbytes: int, evict: Evictor) -> None:
 
 def release(key: Hashable) -> None:
     _ledger.release(key)
+
+
+def evict_all() -> None:
+    """Drop every cached copy the ledger accounts for (the read cache's and the stripped
+    histories built on it), but those a read holds at this moment."""
+    _ledger.evict_all()
