@@ -278,7 +278,9 @@ async def compact_codex_session_traced(
     trigger: CompactionTriggerKind | str = "manual",
 ) -> CompactionRun:
     """:func:`compact_codex_session`, returning the whole :class:`CompactionRun`."""
-    engine = resolve_engine(engine)  # before any I/O: a bad engine or spec is refused at once
+    # Before any I/O: a bad engine or spec is refused at once (a factory gets the directory).
+    session_dir = os.path.dirname(os.fspath(params.session_file)) or os.curdir
+    engine = resolve_engine(engine, session_dir=session_dir)
     with watch_contract(strict=params.strict) as contract:
         run = await _compact_session(params, app_server, engine, trigger)
     contract.raise_first(run)

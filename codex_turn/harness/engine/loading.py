@@ -22,18 +22,21 @@ from .validation import check_engine, optional_method
 __all__ = ["load_engine", "resolve_engine"]
 
 
-def resolve_engine(engine: object | None) -> object | None:
+def resolve_engine(
+    engine: object | None, *, session_dir: str | os.PathLike[str] | None = None
+) -> object | None:
     """The engine a turn or a compaction runs with, checked before it starts.
 
     ``None`` stays ``None`` (no engine); a ``str`` is a spec, loaded by :func:`load_engine`
     (:class:`EngineLoadError` when it yields no engine); any other object must pass
     :func:`check_engine` (:class:`EngineContractError`). The legacy engine passes and is
     returned as it is: it is *no engine* for the lifecycle, but it is still an engine.
+    ``session_dir``: the directory of the session a spec's factory is built for.
     """
     if engine is None:
         return None
     if isinstance(engine, str):
-        return load_engine(engine)
+        return load_engine(engine, session_dir=session_dir)
     check_engine(engine)
     return engine
 

@@ -203,7 +203,8 @@ async def run_codex_turn(
         idempotency_key = message_turn_key(params.runtime_attempt)
     with watch_contract(strict=params.strict) as contract, live.ending():
         prompt_identity = turn_context.prompt_identity_for(idempotency_key)  # before any I/O
-        engine = resolve_engine(engine)  # before the gate and any I/O: refused at once
+        # Before the gate and any I/O: refused at once (a factory gets the session's directory).
+        engine = resolve_engine(engine, session_dir=os.path.dirname(session_file) or os.curdir)
         # The session file's canonical name, resolved once: the gate, the lease, the
         # preflight, the binding and the mirror of this turn all key on it.
         with pinned_session_path(session_file):
