@@ -51,7 +51,8 @@ OpenClaw's fields, after ``sandbox``; OpenClaw's reader ignores it, and a bindin
 without it reads as unset). ``sessionFile`` is always the caller's argument, never trusted
 from the file. Structured via cattrs; types via attrs.
 
-Size (~600 lines): the record types, their JSON shape (OpenClaw's field order and names) and
+Size (~650 lines, the coverage record included): the record types, their JSON shape
+(OpenClaw's field order and names) and
 the one reader and writer of the sidecar, which check exactly those shapes: kept together so
 that a field and its check cannot drift apart.
 """

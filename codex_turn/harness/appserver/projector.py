@@ -187,6 +187,24 @@ class CodexTurnResult:
         return [f"{scope}:{m['role']}:{i}" for i, m in enumerate(self.messages_snapshot)]
 
 
+def token_usage_parts(params: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, int | None]:
+    """A ``thread/tokenUsage/updated``'s last model call (its breakdown) and the model's
+    context window, ``None`` for what it does not say."""
+    usage = params.get("tokenUsage")
+    if not isinstance(usage, Mapping):
+        return None, None
+    last = next(
+        (
+            value
+            for key in ("last", "lastCall", "lastTokenUsage", "last_token_usage")
+            if isinstance(value := usage.get(key), Mapping)
+        ),
+        None,
+    )
+    window = usage.get("modelContextWindow")
+    return last, window if isinstance(window, int) and not isinstance(window, bool) else None
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -323,16 +341,10 @@ class TurnProjector:
         self._plans[item_id] = self._plans.get(item_id, "") + str(params.get("delta", ""))
 
     def _on_token_usage(self, params: Mapping[str, Any]) -> None:
-        usage = params.get("tokenUsage")
-        if not isinstance(usage, Mapping):
-            return
-        for key in ("last", "lastCall", "lastTokenUsage", "last_token_usage"):
-            value = usage.get(key)
-            if isinstance(value, Mapping):
-                self._usage = value
-                break
-        window = usage.get("modelContextWindow")
-        if isinstance(window, int):
+        last, window = token_usage_parts(params)
+        if last is not None:
+            self._usage = last
+        if window is not None:
             self._context_window = window
 
     def _on_error(self, params: Mapping[str, Any]) -> None:

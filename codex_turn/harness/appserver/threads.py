@@ -53,7 +53,7 @@ from codex_turn._log import get_logger
 from .connection import Connection
 from .errors import AppServerRpcError, ThreadNotFound
 from .logsafe import capped
-from .projector import Notification
+from .projector import Notification, token_usage_parts
 from .thread_settings import DEFAULT_SETTINGS, ThreadSettings
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import (
@@ -540,16 +540,10 @@ class Threads:
                 raise
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def _native_size(params: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """``thread/tokenUsage/updated``'s size of the thread: its last call's total tokens and
     the context window (``None`` for what it does not say)."""
-    usage = params.get("tokenUsage")
-    if not isinstance(usage, Mapping):
-        return None, None
-    last = usage.get("last")
-    tokens = _count(last.get("totalTokens")) if isinstance(last, Mapping) else None
-    return tokens, _count(usage.get("modelContextWindow"))
+    last, window = token_usage_parts(params)
+    tokens = last.get("totalTokens") if last is not None else None
+    counted = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+    return (tokens if counted else None), (window if window is not None and window >= 0 else None)

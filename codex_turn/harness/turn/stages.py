@@ -25,7 +25,8 @@ reply; finalize from the re-read transcript (or history + snapshot when the mirr
 maintain inline, defer, or skip, as the table says.
 
 Size: one function per state, in table order, and the running_turn stage with its event
-handling (~650 lines, one seam: a state's I/O); the shared records and helpers live in
+handling (~670 lines, one seam: a state's I/O, with the record of what Codex accepted); the
+shared records and helpers live in
 :mod:`codex_turn.harness.turn.context`, the facts of the form and thread tables and the frame
 in :mod:`codex_turn.harness.turn.forms`, the thread plan's executors (start, resume, rotate,
 fork) in :mod:`codex_turn.harness.turn.executors`.
