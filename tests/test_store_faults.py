@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -199,6 +200,50 @@ def test_a_hot_journal_is_rolled_back_by_sqlite_then_judged(tmp_path: Path) -> N
         engine.close()
 
     anyio.run(use)
+
+
+class _Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+
+class _CreatedMeanwhile:
+    """A connection after whose first statement another process creates the store."""
+
+    def __init__(self, conn: sqlite3.Connection, create: Callable[[], None]) -> None:
+        self._conn = conn
+        self._create: Callable[[], None] | None = create
+
+    def execute(self, sql: str, *args: Any) -> _Rows:
+        rows = _Rows(self._conn.execute(sql, *args).fetchall())
+        if self._create is not None:
+            self._create, create = None, self._create
+            create()
+        return rows
+
+
+def test_the_schema_check_reads_one_snapshot_while_another_process_creates_the_store(
+    tmp_path: Path,
+) -> None:
+    # Four processes opening a new store at once: one creates the tables and sets the
+    # version in one transaction; another's check, read in two statements, saw "version 0"
+    # and then the new tables, and refused the store as another program's.
+    store = tmp_path / "context.sqlite"
+    store.write_bytes(b"")
+
+    def create() -> None:
+        _schema.Pool(str(store), busy_timeout_s=5.0).close()
+
+    conn = sqlite3.connect(store, isolation_level=None)
+    try:
+        version = _schema._check_schema(cast(sqlite3.Connection, _CreatedMeanwhile(conn, create)))
+        assert version in (0, _schema.SCHEMA_VERSION)
+        assert _schema._check_schema(conn) == _schema.SCHEMA_VERSION
+    finally:
+        conn.close()
 
 
 async def test_a_refusal_by_the_writable_open_keeps_nothing_open(

@@ -250,15 +250,19 @@ def _is_store_fault(error: sqlite3.DatabaseError) -> bool:
 
 def _check_schema(conn: sqlite3.Connection) -> int:
     """The store's schema version; :class:`StoreError` when the file is not this engine's
-    (a newer version, or tables of another program). Reads only."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    (a newer version, or tables of another program). Reads only.
+
+    One statement, so one snapshot: read apart, outside a transaction, another process
+    creating the store between the two reads shows "version 0" beside its new tables."""
+    version, tables = conn.execute(
+        "SELECT (SELECT user_version FROM pragma_user_version),"
+        " (SELECT count(*) FROM sqlite_master WHERE type='table')"
+    ).fetchone()
     if version > SCHEMA_VERSION:
         raise StoreError(f"store schema {version} is newer than this engine's ({SCHEMA_VERSION})")
-    if version == 0:
-        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()
-        if tables[0]:
-            raise StoreError("the file holds tables that are not this engine's")
-    return version
+    if version == 0 and tables:
+        raise StoreError("the file holds tables that are not this engine's")
+    return int(version)
 
 
 def _read_only(path: str, busy_timeout_s: float, *, immutable: bool = False) -> sqlite3.Connection:
