@@ -77,7 +77,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.engines import _doctor, _store
+from codex_turn.engines import _commit, _doctor, _store
 from codex_turn.engines._compaction import Compactor
 from codex_turn.engines._messages import (
     PathIndex,
@@ -119,7 +119,9 @@ from codex_turn.harness.engine.contract import (
     IngestResult,
     MaintainParams,
     MaintenanceResult,
+    TranscriptSemantics,
 )
+from codex_turn.harness.engine.durable import CommitTurnParams, CommitTurnResult
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import SessionError, iter_session_messages
 
@@ -259,6 +261,7 @@ class SqliteContextEngine:
             version=ENGINE_VERSION,
             owns_compaction=self.healthy,
             turn_maintenance_mode="background",
+            transcript_semantics=TranscriptSemantics.v1(),
         )
 
     @property
@@ -562,6 +565,49 @@ class SqliteContextEngine:
             else:
                 await self._sync_path(key, conv.id, messages)
         await self._note_pressure(conv.id, budget)
+
+    async def commit_turn(self, params: CommitTurnParams) -> CommitTurnResult:
+        """Durable turns: the session through this turn, applied once per advancement key in
+        one transaction (:mod:`codex_turn.engines._commit`); ``duplicate`` for a key seen."""
+        target = params.session_target
+        key = target.session_key or target.session_id
+        messages = params.messages
+        budget = self._budget(params.token_budget, params.runtime_context)
+        await self._ready()
+        async with self._hold("ingest", key):
+            conv = await self._conversation(key)
+            index = self._path_index(key)
+            start, ids = await self._db(index.plan, messages, conv.synced_len, conv.synced_anchor)
+            committed = await self._db(
+                self._commit_sync, conv.id, params.advancement_key, messages, index, start, ids
+            )
+        if committed:
+            await self._note_pressure(conv.id, budget)
+        return CommitTurnResult(status="committed" if committed else "duplicate")
+
+    def _commit_sync(
+        self,
+        conversation_id: int,
+        advancement_key: str,
+        messages: Sequence[AgentMessage],
+        index: PathIndex,
+        start: int,
+        ids: Sequence[str],
+    ) -> bool:
+        """The commit's worker-thread part: prepare what the store lacks, then the one
+        transaction (which checks again what it holds, and the key)."""
+        held = _store.held_ids(self._require_pool(), conversation_id, ids)
+        fresh = [(i, s) for i, s in enumerate(ids) if s not in held]
+        stored = index.stored(start, len(messages))
+        prepared = self._prepare(
+            [s for _, s in fresh],
+            [messages[start + i] for i, _ in fresh],
+            [stored[i] for i, _ in fresh],
+        )
+        synced = (len(messages), ids[-1]) if ids else None
+        return _commit.commit_turn(
+            self._require_pool(), conversation_id, advancement_key, prepared, synced=synced
+        )
 
     async def _note_pressure(self, conversation_id: int, budget: int) -> bool:
         """Record compaction debt when stored context exceeds the threshold."""

@@ -26,6 +26,7 @@ from codex_turn.harness.session import SessionError, read_session
 __all__ = [
     "CompletedTurn",
     "TurnAlreadyCompleted",
+    "advancement_key_for",
     "completed_turn",
     "message_turn_key",
     "stable_prompt_key",
@@ -49,6 +50,14 @@ def message_turn_key(runtime_attempt: Mapping[str, Any]) -> str | None:
     scope = [runtime_attempt.get(k) for k in ("messageProvider", "currentChannelId")]
     text = json.dumps([*scope, message], default=str, ensure_ascii=False)
     return "msg-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def advancement_key_for(prompt_identity: str) -> str:
+    """The advancement key of a turn (durable turns, ``commit_turn``) from its prompt's
+    identity: the host's idempotency key for ``turn-<K>:prompt`` (stable across retries: the
+    scale layer's turn id, the host's message key), else the run's own ``run-<hex>``."""
+    identity = prompt_identity.removesuffix(":prompt")
+    return identity.removeprefix("turn-") if identity.startswith("turn-") else identity
 
 
 def stable_prompt_key(idempotency_key: str) -> str:

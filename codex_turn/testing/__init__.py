@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from .conformance import (
     CONFORMANCE_CHECKS,
+    DURABLE_TURN_CHECKS,
     CheckResult,
     CheckStatus,
     ConformanceCheck,
@@ -68,6 +69,7 @@ from .strict import run_strict_turn
 
 __all__ = [
     "CONFORMANCE_CHECKS",
+    "DURABLE_TURN_CHECKS",
     "OFFLINE_PNG",
     "Call",
     "CheckResult",

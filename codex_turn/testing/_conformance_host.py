@@ -71,6 +71,14 @@ from codex_turn.harness.engine.contract import (
     MaintainParams,
     MaintenanceResult,
 )
+from codex_turn.harness.engine.durable import (
+    CommitTurnParams,
+    CommitTurnResult,
+    SessionTarget,
+    TurnAdmission,
+    TurnTerminal,
+    declares_durable_turns,
+)
 from codex_turn.harness.engine.shapes import to_json
 from codex_turn.harness.engine.validation import (
     check_engine,
@@ -110,7 +118,7 @@ __all__ = [
 Storage = Literal["none", "memory", "durable"]
 #: Makes a new engine instance whose store lives at the given path (may return an awaitable).
 EngineFactory = Callable[[Path], object]
-FinalizePath = Literal["after_turn", "ingest_batch", "ingest"]
+FinalizePath = Literal["commit_turn", "after_turn", "ingest_batch", "ingest"]
 
 #: A budget no scripted conversation comes near: nothing needs to be left out.
 HUGE_BUDGET: Final = 1_000_000
@@ -478,7 +486,14 @@ class DrivenEngine:
         return optional_method(self.engine, method) is not None
 
     @property
+    def durable_turns(self) -> bool:
+        """The engine declared transcript semantics: the harness settles it with commit_turn."""
+        return declares_durable_turns(self.info)
+
+    @property
     def finalize_path(self) -> FinalizePath:
+        if self.durable_turns:
+            return "commit_turn"
         if self.has("after_turn"):
             return "after_turn"
         return "ingest_batch" if self.has("ingest_batch") else "ingest"
@@ -535,12 +550,20 @@ class DrivenEngine:
         return result
 
     async def finalize(
-        self, session: Session, before: list[AgentMessage], after: list[AgentMessage]
+        self,
+        session: Session,
+        before: list[AgentMessage],
+        after: list[AgentMessage],
+        *,
+        path: FinalizePath | None = None,
     ) -> FinalizePath:
-        """Hand a finished turn over by the harness's preference; returns the path used."""
-        path = self.finalize_path
+        """Hand a finished turn over by the harness's preference (or by ``path``, one the
+        engine has); returns the path used."""
+        path = path or self.finalize_path
         new = after[len(before) :]
-        if path == "after_turn":
+        if path == "commit_turn":
+            await self.commit_turn(session, before, after)
+        elif path == "after_turn":
             result = await _checked(
                 "after_turn()",
                 self.engine.after_turn(
@@ -563,6 +586,37 @@ class DrivenEngine:
             for message in new:
                 await self.ingest(session, message)
         return path
+
+    async def commit_turn(
+        self,
+        session: Session,
+        before: list[AgentMessage],
+        after: list[AgentMessage],
+        *,
+        key: str | None = None,
+    ) -> CommitTurnResult:
+        """``commit_turn`` of the turn at ``after[len(before):]`` (its prompt first), as the
+        harness settles it; the key is the turn's place in the session unless given (stable
+        across retries, as the host's advancement key is)."""
+        start = len(before)
+        if start >= len(after):
+            raise CheckFailed("no turn to commit (the harness never commits an empty one)")
+        params = CommitTurnParams(
+            advancement_key=key or f"conformance-{session.id}-{start}",
+            admission=TurnAdmission(message=freeze(after[start])),
+            terminal=TurnTerminal(
+                status="completed", messages=[freeze(m) for m in after[start + 1 :]]
+            ),
+            messages=[freeze(m) for m in after],
+            pre_prompt_message_count=start,
+            session_target=SessionTarget(
+                session_id=session.id, session_file=os.fspath(session.file), session_key=session.key
+            ),
+            runtime_context=self._runtime(session, self.budget),
+            token_budget=self.budget,
+        )
+        raw = await _checked("commit_turn()", self.engine.commit_turn(params))
+        return _validated(raw, CommitTurnResult, engine=self.info.id, method="commit_turn")
 
     async def ingest(self, session: Session, message: AgentMessage) -> IngestResult:
         raw = await _checked(

@@ -94,7 +94,8 @@ The checks (rules in brackets; "stores" means storage "memory" or "durable")
 the harness never calls]  ``tool_pairs_intact`` [every engine]  ``deterministic`` [every
 engine]  ``prefix_stable`` [every engine]  ``epoch_stable`` [assemblies carry a
 thread_bootstrap projection]  ``compaction_honest`` [every engine]  ``compaction_converges``
-[info.owns_compaction]  ``sessions_isolated`` [every engine].
+[info.owns_compaction]  ``sessions_isolated`` [every engine]; and, for an engine that
+declares transcript semantics only (:data:`DURABLE_TURN_CHECKS`), ``commit_turn_exactly_once``.
 :attr:`ConformanceCheck.description` says exactly what each one does and proves.
 
 Why one module of ~1,000 lines: it is the specification engine authors read, the checks next to
@@ -140,6 +141,7 @@ from codex_turn.testing._conformance_host import (
     epoch_pattern,
     first_difference,
     is_prefix,
+    message_key,
     missing,
     replay_json,
     result_json,
@@ -149,6 +151,7 @@ from codex_turn.testing._conformance_host import (
 
 __all__ = [
     "CONFORMANCE_CHECKS",
+    "DURABLE_TURN_CHECKS",
     "PROJECTIONS",
     "CheckResult",
     "CheckStatus",
@@ -185,6 +188,9 @@ _CALLED: Final = (
 _STORES: Final = 'storage is "memory" or "durable" (declared; verified by storage_declaration)'
 _DURABLE: Final = 'storage is "durable" (declared; verified by storage_declaration)'
 _OWNS: Final = "info.owns_compaction is true"
+_COMMITS: Final = (
+    "the engine declares info.transcript_semantics (durable turns: it implements commit_turn)"
+)
 _THREAD_BOOTSTRAP: Final = (
     'the engine\'s assemblies carry context_projection.mode == "thread_bootstrap" '
     "(observed on the first three turns)"
@@ -420,11 +426,16 @@ async def check_engine_conformance(
     another on engines made by ``make_engine(path)``; every check gets fresh store paths.
 
     ``storage`` is the author's declaration (see the module docstring); ``timeout`` bounds each
-    check. Never raises for what the engine does: everything is in the report.
+    check. An engine that declares transcript semantics is checked by
+    :data:`DURABLE_TURN_CHECKS` too. Never raises for what the engine does: everything is in
+    the report.
     """
-    by_name = {check.name: check for check in CONFORMANCE_CHECKS}
+    by_name = {check.name: check for check in (*CONFORMANCE_CHECKS, *DURABLE_TURN_CHECKS)}
     chosen: list[ConformanceCheck] = []
-    for item in checks or CONFORMANCE_CHECKS:
+    default = CONFORMANCE_CHECKS
+    if not checks and await _declares_durable_turns(make_engine, Path(workdir), timeout):
+        default = (*CONFORMANCE_CHECKS, *DURABLE_TURN_CHECKS)
+    for item in checks or default:
         if isinstance(item, str):
             if item not in by_name:
                 raise ValueError(f"no conformance check named {item!r}")
@@ -436,6 +447,24 @@ async def check_engine_conformance(
     ]
     engine_id, projection = await _observe(make_engine, Path(workdir), timeout)
     return ConformanceReport(engine_id, storage, tuple(results), projection)
+
+
+async def _declares_durable_turns(
+    make_engine: EngineFactory,
+    workdir: Path,
+    timeout: float,  # noqa: ASYNC109 (the checks' bound, here too)
+) -> bool:
+    """Whether the engine declares transcript semantics (``False`` when it cannot be made)."""
+    host = Host(make_engine, workdir / "_declaration")
+    try:
+        with anyio.move_on_after(timeout):
+            return (await host.start(host.new_store())).durable_turns
+    except CheckFailed:
+        pass
+    finally:
+        with anyio.CancelScope(shield=True):
+            await host.dispose_all()
+    return False
 
 
 async def _observe(
@@ -646,7 +675,7 @@ async def _reingest_adds_nothing(run: _Run) -> None:
         _same("bootstrap over a transcript it holds", expected, await engine.assemble(session))
         ran.append("bootstrap")
     if engine.has("after_turn"):
-        await engine.finalize(session, [], history)
+        await engine.finalize(session, [], history, path="after_turn")
         _same("after_turn with the whole session as new", expected, await engine.assemble(session))
         ran.append("after_turn")
     if engine.has("ingest_batch"):
@@ -1060,6 +1089,66 @@ async def _sessions_isolated(run: _Run) -> None:
         run.note("the forced compaction of one session compacted nothing: not shown to isolate")
 
 
+async def _commit_turn_exactly_once(run: _Run) -> None:
+    """Each turn is applied once per advancement key, and assembled behind the current-turn
+    fence.
+
+    Three turns are settled with ``commit_turn``; before each, the assembly of the history
+    before its entry holds no message of that turn (the fence: the current prompt is never
+    both in history and in the prompt). Turn 4 is mirrored and never committed (the host was
+    killed between the reply and the commit); its commit (on a new instance when the storage
+    is durable: the host's recovery after a restart) answers ``committed``, a replay of it
+    ``duplicate``, and the replay leaves the assembly byte-identical. Turn 5 is committed
+    twice concurrently (two hosts recovering it): one ``committed``, one ``duplicate``. The
+    final assembly has no duplicate, lacks nothing, and equals (epoch aside) a replay of the
+    five turns on a fresh store.
+    """
+    store = run.host.new_store()
+    engine = await run.engine(store)
+    if not engine.durable_turns:
+        raise NotApplicable("info.transcript_semantics is not declared")
+    session = run.session("commit", 5)
+    for index in range(3):
+        assembled = await engine.turn(session)
+        held = {message_key(m) for m in assembled.messages}
+        if any(message_key(m) in held for m in session.turns[index].messages):
+            raise CheckFailed(f"turn {index + 1}'s assembly holds its own prompt or reply")
+    before = await session.history()
+    await engine.turn(session, finalize=False)  # killed between the reply and the commit
+    after = await session.history()
+    if run.storage == "durable":
+        engine = await run.engine(store)
+        run.note("turn 4 was committed by a new instance on the same store (a restart)")
+    first = await engine.commit_turn(session, before, after)
+    if first.status != "committed":
+        raise CheckFailed(f"the first commit of turn 4 answered {first.status!r}")
+    once = await engine.assemble(session)
+    again = await engine.commit_turn(session, before, after)
+    if again.status != "duplicate":
+        raise CheckFailed(f"a replayed commit of turn 4 answered {again.status!r}")
+    _same("after a replayed commit", once, await engine.assemble(session))
+    before = await session.history()
+    await engine.turn(session, finalize=False)
+    after = await session.history()
+    statuses: list[str] = []
+
+    async def commit() -> None:
+        statuses.append((await engine.commit_turn(session, before, after)).status)
+
+    await concurrently(commit, commit)
+    if sorted(statuses) != ["committed", "duplicate"]:
+        raise CheckFailed(f"two concurrent commits of turn 5 answered {sorted(statuses)}")
+    final = await engine.assemble(session)
+    _no_duplicates("after the commits", final, session.source())
+    lost = missing(final.messages, session.source())
+    if lost:
+        raise CheckFailed(f"after the commits, lost: {lost[0]}")
+    replay_session = run.fresh_copy(session)
+    replay = await run.engine()
+    await replay.turns(replay_session, len(session.turns))
+    _alike("compared with a replay without crashes", await replay.assemble(replay_session), final)
+
+
 def _check(
     body: _Body,
     applies_to: str,
@@ -1226,5 +1315,23 @@ CONFORMANCE_CHECKS: Final[tuple[ConformanceCheck, ...]] = (
         _always,
         "one instance serves every session of a directory, stored or not",
         both=("breaks", "one session's messages reach another's model"),
+    ),
+)
+
+#: The checks of durable turns (``commit_turn``), run by :func:`check_engine_conformance` for
+#: an engine that declares transcript semantics, and only for one: they are part of what such
+#: an engine promises, and say nothing of the others (which keep after_turn and the ingests).
+DURABLE_TURN_CHECKS: Final[tuple[ConformanceCheck, ...]] = (
+    _check(
+        _commit_turn_exactly_once,
+        _COMMITS,
+        _always,
+        "only an engine that declares transcript semantics is settled with commit_turn; the "
+        "others keep after_turn, ingest_batch or ingest (checked above)",
+        both=(
+            "breaks",
+            "a turn recovered after a crash is applied twice or lost, or the model sees the "
+            "current prompt twice",
+        ),
     ),
 )

@@ -7,6 +7,8 @@
 * :mod:`.validation`: checking an engine before it is used and what it returns at the
   boundary, :func:`optional_method` (the one way to reach an engine's method) and
   :class:`EngineHandle`;
+* :mod:`.durable`: durable turns, the engine's side (``commit_turn``, its records, the check
+  of an engine's transcript-semantics declaration);
 * :mod:`.loading`: a spec ``"package.module:attribute"`` made an engine
   (:func:`load_engine`), and :func:`resolve_engine`, which every turn and compaction calls
   first.
@@ -56,6 +58,16 @@ from .contract import (
     TranscriptRewriteReplacement,
     TranscriptRewriteRequest,
     TranscriptRewriteResult,
+    TranscriptSemantics,
+)
+from .durable import (
+    CommitTurnParams,
+    CommitTurnResult,
+    SessionTarget,
+    SupportsCommitTurn,
+    TurnAdmission,
+    TurnTerminal,
+    declares_durable_turns,
 )
 from .loading import load_engine, resolve_engine
 from .shapes import converter, from_json, json_type_name, to_json
@@ -83,6 +95,8 @@ __all__ = [
     "AssembleResult",
     "BootstrapParams",
     "BootstrapResult",
+    "CommitTurnParams",
+    "CommitTurnResult",
     "CompactDetails",
     "CompactParams",
     "CompactResult",
@@ -105,17 +119,23 @@ __all__ = [
     "MaintainParams",
     "MaintenanceResult",
     "RuntimeContext",
+    "SessionTarget",
     "SupportsAfterTurn",
     "SupportsBootstrap",
+    "SupportsCommitTurn",
     "SupportsDispose",
     "SupportsIngestBatch",
     "SupportsMaintain",
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
+    "TranscriptSemantics",
+    "TurnAdmission",
+    "TurnTerminal",
     "check_engine",
     "coerce_result",
     "converter",
+    "declares_durable_turns",
     "engine_capabilities",
     "engine_id",
     "engine_info",

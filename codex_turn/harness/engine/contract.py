@@ -46,9 +46,13 @@ from codex_turn._json import AgentMessage
 from codex_turn.errors import CodexTurnError
 
 __all__ = [
+    "CURRENT_TURN_FENCE_V1",
+    "KNOWN_CURRENT_TURN_FENCES",
+    "KNOWN_TURN_ADVANCEMENT_IDEMPOTENCY",
     "LEGACY_ENGINE_ID",
     "OPTIONAL_METHODS",
     "REQUIRED_METHODS",
+    "TURN_ADVANCEMENT_IDEMPOTENCY_V1",
     "AfterTurnParams",
     "AgentMessage",
     "AssembleParams",
@@ -83,6 +87,7 @@ __all__ = [
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
+    "TranscriptSemantics",
 ]
 
 #: The open bag of host facts an engine receives (OpenClaw's ``ContextEngineRuntimeContext``).
@@ -194,6 +199,34 @@ class EngineUnavailable(EngineError):
 # --- Info, params and results ---------------------------------------------------------------
 
 
+# --- Transcript semantics (the durable-turn declaration) ----------------------------------
+
+#: The transcript semantics an engine may declare (OpenClaw's ``info.transcriptSemantics``):
+#: assemble sees history *before* the current turn's entry, and the engine applies each turn
+#: once per advancement key, atomically. The host's side is :mod:`.durable`.
+CURRENT_TURN_FENCE_V1: Final = "before-current-turn-entry-v1"
+TURN_ADVANCEMENT_IDEMPOTENCY_V1: Final = "atomic-idempotent-v1"
+KNOWN_CURRENT_TURN_FENCES: Final = frozenset({CURRENT_TURN_FENCE_V1})
+KNOWN_TURN_ADVANCEMENT_IDEMPOTENCY: Final = frozenset({TURN_ADVANCEMENT_IDEMPOTENCY_V1})
+
+
+@attrs.frozen
+class TranscriptSemantics:
+    """An engine's durable-turn declaration; an engine with it implements ``commit_turn``.
+
+    Plain strings, checked at load against the known versions (:mod:`.validation`): an
+    engine written for a later contract is refused with a clear error, never half-served.
+    """
+
+    current_turn_fence: str
+    turn_advancement_idempotency: str
+
+    @classmethod
+    def v1(cls) -> TranscriptSemantics:
+        """The semantics this host serves: the fence and atomic, idempotent advancement."""
+        return cls(CURRENT_TURN_FENCE_V1, TURN_ADVANCEMENT_IDEMPOTENCY_V1)
+
+
 @attrs.frozen
 class ContextEngineInfo:
     """Who the engine is and which host policies it asks for."""
@@ -205,6 +238,9 @@ class ContextEngineInfo:
     owns_compaction: bool = False
     #: ``"background"`` defers turn maintenance to a scheduler instead of awaiting it inline.
     turn_maintenance_mode: TurnMaintenanceMode = "foreground"
+    #: Declared: the host settles each turn with ``commit_turn`` (durable turns) instead of
+    #: ``after_turn`` / ``ingest_batch`` / ``ingest``.
+    transcript_semantics: TranscriptSemantics | None = None
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ from .contract import (
     EngineContractError,
     InvalidEngineResult,
 )
+from .durable import durable_turn_problems
 from .shapes import converter, json_type_name, strict_int
 
 __all__ = [
@@ -305,9 +306,11 @@ def _contract_problems(engine: object) -> list[str]:
             problems.append(f"{name} is present but not callable (got {type(value).__name__})")
     if "info" not in missing and info_error is None:
         try:
-            engine_info(engine)
+            checked = engine_info(engine)
         except InvalidEngineResult as err:
             problems.append(f"invalid info: {err.problem}")
+        else:
+            problems.extend(durable_turn_problems(engine, checked))
     return problems
 
 

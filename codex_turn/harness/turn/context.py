@@ -46,7 +46,12 @@ from codex_turn.harness.binding import (
     context_engine_policy_fingerprint,
     write_binding,
 )
-from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
+from codex_turn.harness.engine import (
+    AgentMessage,
+    AssembleResult,
+    EngineHandle,
+    declares_durable_turns,
+)
 from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.hooks import (
     PromptBuildResult,
@@ -54,7 +59,7 @@ from codex_turn.harness.hooks import (
     compose_prompt,
     join_sections,
 )
-from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
+from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE, advancement_key_for
 from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
@@ -323,6 +328,17 @@ class TurnContext:
             return self.durable_prompt_key
         # = idempotency.stable_prompt_key(the host's key)
         return f"{STABLE_PROMPT_SCOPE}:{self.prompt_identity}"
+
+    @property
+    def durable_turns(self) -> bool:
+        """The engine declared transcript semantics: it is settled with ``commit_turn``,
+        from the outbox (:mod:`codex_turn.harness.durable_turns`), and assembles fenced."""
+        return self.engine is not None and declares_durable_turns(self.engine.info)
+
+    @property
+    def advancement_key(self) -> str:
+        """This logical turn's advancement key (stable across retries of the turn)."""
+        return advancement_key_for(self.prompt_identity)
 
     @property
     def pre_prompt_count(self) -> int:

@@ -65,14 +65,18 @@ from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
 from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, step
+from codex_turn.harness.durable_turns import durable_engine, recover_pending_turns
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
 from codex_turn.harness.idempotency import (
+    CompletedTurn,
     TurnAlreadyCompleted,
+    advancement_key_for,
     completed_turn,
     message_turn_key,
 )
 from codex_turn.harness.maintenance import BackgroundMaintenance
+from codex_turn.harness.runtime_context import harness_runtime_context
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
 from codex_turn.harness.turn.stages import TurnContext
@@ -214,12 +218,17 @@ async def run_codex_turn(
                 wait=params.concurrency,
                 wait_timeout=params.session_wait_timeout,
             ):
+                completed = None
                 if idempotency_key is not None:
                     # Under the hold, before any stage: a re-run that overlapped the attempt that
                     # completed this turn waited for it above, and now finds its reply.
                     completed = await run_in_worker(completed_turn, session_file, idempotency_key)
-                    if completed is not None:
-                        raise TurnAlreadyCompleted(completed)
+                if durable_engine(engine):
+                    # Turns an earlier host left unsettled are committed first (this one's own
+                    # too when its reply is there already: it will not run again).
+                    await _recover(params, engine, session_file, prompt_identity, completed)
+                if completed is not None:
+                    raise TurnAlreadyCompleted(completed)
                 with sensitive(params.prompt), live.serving(session_file):
                     ctx, turn = await prepare_turn(
                         params,
@@ -235,6 +244,34 @@ async def run_codex_turn(
                     result = await _drive(ctx, turn, on_turn_end)
         contract.raise_first(result)  # strict: the typed error, once the turn is delivered
         return result
+
+
+async def _recover(
+    params: TurnParams,
+    engine: object,
+    session_file: str,
+    prompt_identity: str,
+    completed: CompletedTurn | None,
+) -> None:
+    """Settle the outbox's pending turns before this one runs (durable turns)."""
+    await recover_pending_turns(
+        engine=engine,
+        session_file=session_file,
+        session_id=params.session_id,
+        session_key=params.session_key or params.session_id,
+        current_key=None if completed is not None else advancement_key_for(prompt_identity),
+        runtime_context=harness_runtime_context(
+            session_key=params.session_key or params.session_id,
+            sandbox_session_key=params.sandbox_session_key,
+            model=params.model,
+            auth_profile_id=params.auth_profile_id,
+            workspace_dir=os.fspath(params.workspace_dir),
+            token_budget=params.context_token_budget,
+            attempt=params.runtime_attempt,
+        ),
+        token_budget=params.context_token_budget,
+        engine_timeout=params.engine_timeout,
+    )
 
 
 def _engine_handle(engine: object | None) -> EngineHandle | None:

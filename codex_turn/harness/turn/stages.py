@@ -44,6 +44,7 @@ import attrs
 
 from codex_turn._log import format_error
 from codex_turn.fsm import TurnTrigger
+from codex_turn.fsm.outbox import TERMINAL_OF_OUTCOME
 from codex_turn.fsm.thread import ThreadAction, ThreadDecision
 from codex_turn.fsm.turn import (
     ASSEMBLE_TRIGGERS,
@@ -64,6 +65,7 @@ from codex_turn.harness.appserver import (
     TurnHandlePort,
 )
 from codex_turn.harness.binding import ContextEngineBinding, ThreadBinding, read_binding
+from codex_turn.harness.durable_turns import admit_turn, fence_history, settle_turn
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
@@ -220,7 +222,13 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             engine=ctx.engine.engine,
             session_id=params.session_id,
             session_key=ctx.session_key,
-            messages=ctx.messages,
+            # The current-turn fence, for an engine that declared it: history before this
+            # turn's entry (a retried turn's prompt may be in the transcript already).
+            messages=(
+                fence_history(ctx.messages, ctx.known_prompt_key)
+                if ctx.durable_turns
+                else ctx.messages
+            ),
             token_budget=params.context_token_budget,
             available_tools=[t.name for t in ctx.tools],
             citations_mode=params.citations_mode,
@@ -466,6 +474,11 @@ def _mirror_prompt(ctx: TurnContext, thread_id: str) -> OSError | None:
     scope = f"codex-app-server:{thread_id}"
     if ctx.durable_prompt_key is None and ctx.known_prompt_key is None:
         ctx.durable_prompt_key = f"{scope}:{ctx.prompt_identity}"  # as mirror_prompt keys it
+    if ctx.durable_turns and ctx.known_prompt_key is not None:
+        # Admitted before the prompt is written: a crash from here on is recovered.
+        unadmitted = admit_turn(ctx.session_file, ctx.advancement_key, ctx.known_prompt_key)
+        if unadmitted is not None:
+            ctx.log.warning("turn outbox admission failed", error=format_error(unadmitted))
     written = mirror_prompt(
         ctx.session_file,
         _with_prompt_key(ctx, [prompt])[0],
@@ -609,6 +622,8 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
     if snapshot is None:
         snapshot = [*ctx.messages, *codex.messages_snapshot]
     outcome = ctx.outcome()
+    if ctx.durable_turns:
+        return await _settle(ctx, snapshot, fallback)
     finalized = await engine_call(
         ctx,
         "finalize",
@@ -637,6 +652,42 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
         fallback_snapshot=fallback,
     )
     return FINALIZE_TRIGGERS[finalized.succeeded]
+
+
+async def _settle(ctx: TurnContext, snapshot: list[AgentMessage], fallback: bool) -> TurnTrigger:
+    """Finalize for an engine with durable turns: settle the turn from the outbox with
+    ``commit_turn`` (``duplicate`` is success); a commit that fails or times out leaves the
+    entry for recovery, and the turn takes the finalize failure edge."""
+    assert ctx.engine is not None
+    assert ctx.ran is not None
+    codex = ctx.ran.codex
+    outcome = ctx.outcome()
+    settled = await engine_call(
+        ctx,
+        "finalize",
+        settle_turn(
+            engine=ctx.engine.engine,
+            advancement_key=ctx.advancement_key,
+            prompt_key=ctx.known_prompt_key,
+            messages=snapshot,
+            fallback_start=len(ctx.messages) if fallback else ctx.pre_prompt_count,
+            terminal=TERMINAL_OF_OUTCOME[outcome] if outcome is not None else "interrupted",
+            error=codex.prompt_error,
+            session_id=ctx.params.session_id,
+            session_key=ctx.session_key,
+            session_file=ctx.session_file,
+            runtime_context=runtime_context(ctx, usage=codex.usage),
+            token_budget=ctx.params.context_token_budget,
+        ),
+    )
+    succeeded = settled is not None and settled.succeeded
+    ctx.log.info(
+        "codex context engine turn " + ("committed" if succeeded else "not committed"),
+        status=settled.status if settled is not None else "timed_out",
+        advancement_key=ctx.advancement_key,
+        fallback_snapshot=fallback,
+    )
+    return FINALIZE_TRIGGERS[succeeded]
 
 
 async def maintain(ctx: TurnContext) -> TurnTrigger:
