@@ -465,7 +465,16 @@ class Progress:
 
 #: The engine's lifecycle methods that are recorded.
 ENGINE_METHODS: Final = frozenset(
-    {"bootstrap", "assemble", "after_turn", "ingest_batch", "ingest", "maintain", "compact"}
+    {
+        "bootstrap",
+        "assemble",
+        "after_turn",
+        "commit_turn",
+        "ingest_batch",
+        "ingest",
+        "maintain",
+        "compact",
+    }
 )
 
 

@@ -17,6 +17,9 @@ already holds the conversation), on turn 4 the engine's compacted context. Nothi
 stand-in model says pretends to understand: it echoes turns 1 and 2, quotes the earlier
 prompts its request carries when asked to summarise (turn 3), and on turn 4 reports which
 facts its request carries and where (in the engine's summary or in the recent messages).
+Then a second host runs one more turn on the session and is SIGKILLed between the model's
+reply and the engine's commit (a real child process; :mod:`codex_turn._demo_durable`): the
+next start recovers the turn from the outbox, and the engine holds it exactly once.
 Per turn the demo prints the thread decision and why, whether context was projected, the
 engine calls, the time per state and the reply, with the state being executed live on
 stderr. It ends by printing where the transcript, the engine store and the rendered
@@ -52,6 +55,7 @@ from codex_turn._cli_support import (
     progress_hooks,
     turn_to_json,
 )
+from codex_turn._demo_durable import crash_between_reply_and_commit
 from codex_turn.engines import EngineSettings, SqliteContextEngine
 from codex_turn.harness.appserver import AppServer, AppServerConfig
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
@@ -272,6 +276,29 @@ async def _main(
 
             await turn(server, len(PROMPTS) + 1, AFTER_COMPACTION)
 
+        # A second host on this session (its own app-server on the same home, once this one
+        # has ended) is killed between the reply and the commit; the next start recovers.
+        progress.label("durable turn")
+        progress.state("running", "a second host, killed before its commit")
+        try:
+            durable = await crash_between_reply_and_commit(
+                spec={
+                    "home": str(home),
+                    "baseUrl": model.base_url,
+                    "env": model.proxy_env(),
+                    "codexBin": str(codex_bin),
+                    "sessionFile": str(session_file),
+                    "sessionId": "demo-session",
+                    "workspace": str(workspace),
+                },
+                engine=engine,
+                store=store,
+                out=None if as_json else out,
+            )
+        finally:
+            progress.clear()
+        report["durableTurn"] = {**durable, "engineCalls": [c.method for c in engine.take_calls()]}
+
         doctor = await store.doctor(repair=False)
         store.close()
         lines = session_file.read_text(encoding="utf-8").splitlines()
@@ -315,6 +342,7 @@ async def _main(
             not model.proxy_attempts
             and all(r.outcome.value == "completed" for r in results)
             and results[-1].projected
+            and durable["exactlyOnce"]
         )
         return (0 if ok else 1), report
     finally:
