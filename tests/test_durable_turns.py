@@ -54,7 +54,11 @@ from codex_turn.harness.engine import (
     from_json,
     to_json,
 )
-from codex_turn.harness.idempotency import TurnAlreadyCompleted, advancement_key_for
+from codex_turn.harness.idempotency import (
+    TurnAlreadyCompleted,
+    advancement_key_for,
+    completed_turn,
+)
 from codex_turn.harness.outbox import SETTLED_KEPT, TurnOutbox
 from codex_turn.harness.session import mirror_prompt, mirror_turn
 from codex_turn.harness.turn.context import stripped_histories
@@ -512,3 +516,20 @@ async def test_the_kit_checks_commit_turn_only_for_engines_that_declare_it(tmp_p
         "not_applicable",
         "info.transcript_semantics is not declared",
     )
+
+
+async def test_a_queued_turn_recovered_as_mirrored_is_committed_under_its_turn_id() -> None:
+    from codex_turn.scale._catch_up import catch_up_engine  # the scale extra (DBOS)
+
+    engine = DurableEngine()
+    with temporary_session_file("durable-") as session_file:
+        _transcript(session_file, [("q0", "a0")])
+        completed = completed_turn(session_file, "k0")
+        assert completed is not None
+        params = turn_params(session_file, "q0")
+        assert await catch_up_engine(params, engine, completed) == "finalized"
+        assert await catch_up_engine(params, engine, completed) == "finalized"  # duplicate
+    assert engine.commits == ["k0", "k0"]
+    assert list(engine.committed) == ["k0"]
+    assert engine.ingested == 0
+    assert [_text(m) for m in engine.committed["k0"].messages] == ["q0", "a0"]

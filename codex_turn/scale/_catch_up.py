@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Sequence
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 
 from codex_turn._log import format_error, get_logger, sensitive
 from codex_turn.harness._gates import SessionBusy, hold_session
+from codex_turn.harness.durable_turns import commit_context_engine_turn, durable_engine
 from codex_turn.harness.engine import (
     AgentMessage,
     engine_log_fields,
@@ -145,6 +146,32 @@ async def _finalize(params: TurnParams, engine: object, completed: CompletedTurn
             token_budget=params.context_token_budget,
             attempt=params.runtime_attempt,
         )
+        if durable_engine(engine):
+            # Durable turns: the turn's own commit, under its advancement key (the turn id);
+            # ``duplicate`` when the turn's run, or its recovery, committed it already.
+            committed = await _bounded(
+                params,
+                commit_context_engine_turn(
+                    engine=engine,
+                    advancement_key=completed.idempotency_key,
+                    messages=history,
+                    start=start,
+                    end=end,
+                    terminal="completed",
+                    error=None,
+                    session_id=params.session_id,
+                    session_key=session_key,
+                    session_file=session_file,
+                    runtime_context=context,
+                    token_budget=params.context_token_budget,
+                ),
+            )
+            if committed is None:
+                return "timed_out"
+            if not committed.succeeded:
+                return "finalize_failed"
+            await _maintain(params, engine, session_file, session_key, context)
+            return "finalized"
         finalized = await _bounded(
             params,
             finalize_context_engine_turn(
@@ -167,19 +194,30 @@ async def _finalize(params: TurnParams, engine: object, completed: CompletedTurn
         if not finalized.succeeded:
             return "finalize_failed"
         if finalized.maintenance_skip_reason is None:
-            # No scheduler here: inline, as a worker's turn maintains (never fails the turn).
-            await _bounded(
-                params,
-                run_context_engine_maintenance(
-                    engine=engine,
-                    reason="turn",
-                    session_id=params.session_id,
-                    session_key=session_key,
-                    session_file=session_file,
-                    runtime_context=context,
-                ),
-            )
+            await _maintain(params, engine, session_file, session_key, context)
         return "finalized"
+
+
+async def _maintain(
+    params: TurnParams,
+    engine: object,
+    session_file: str,
+    session_key: str,
+    context: dict[str, Any],
+) -> None:
+    """Turn maintenance, bounded. No scheduler here: inline, as a worker's turn maintains
+    (never fails the turn)."""
+    await _bounded(
+        params,
+        run_context_engine_maintenance(
+            engine=engine,
+            reason="turn",
+            session_id=params.session_id,
+            session_key=session_key,
+            session_file=session_file,
+            runtime_context=context,
+        ),
+    )
 
 
 async def _bounded(params: TurnParams, call: Awaitable[_T]) -> _T | None:
