@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-class OutboxState(enum.StrEnum):
+class OutboxState(enum.Enum):
     ADMITTED = "admitted"
     ACCEPTED = "accepted"
     READY = "ready"
