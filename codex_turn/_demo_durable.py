@@ -25,14 +25,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import anyio
 
 from codex_turn.harness.durable_turns import recover_turns
 from codex_turn.harness.outbox import TurnOutbox
 
-__all__ = ["CRASH_KEY", "CRASH_PROMPT", "crash_between_reply_and_commit"]
+__all__ = ["CRASH_KEY", "CRASH_PROMPT", "crash_between_reply_and_commit", "describe"]
 
 CRASH_PROMPT: Final = "One more thing: I prefer a window seat on the train."
 CRASH_KEY: Final = "demo-window-seat"
@@ -169,12 +169,12 @@ async def crash_between_reply_and_commit(
     spec: dict[str, Any],
     engine: Any,
     store: Any,
-    out: IO[str] | None,
 ) -> dict[str, Any]:
     """Run the child host, kill it at the commit, then recover as the next host's start.
 
     ``engine`` is the demo's (observed) reference engine on the same store; ``store`` the
-    engine itself (its doctor counts the stored messages). Returns the report's section."""
+    engine itself (its doctor counts the stored messages). Returns the report's section
+    (:func:`describe` says it in words)."""
     from codex_turn.harness.idempotency import completed_turn
 
     session_file = spec["sessionFile"]
@@ -208,30 +208,24 @@ async def crash_between_reply_and_commit(
         and final == recovered
         and section["outboxAfterRecovery"] == "ready"
     )
-    if out is not None:
-        print("\ndurable turn (a host killed between the reply and the commit):", file=out)
-        print(
-            f"  a second host ran turn {CRASH_KEY!r} and was killed with SIGKILL as its engine "
-            "was about to commit it",
-            file=out,
-        )
-        print(
-            f"  after the kill: reply in the transcript: {replied}; outbox entry: "
-            f"{section['outboxAfterKill']}; engine store: {after_kill} messages (was {before})",
-            file=out,
-        )
-        print(
-            f"  next start, recover_turns: committed {list(first.settled)}; engine store: "
-            f"{recovered} messages (+{recovered - before}: the turn's prompt and reply)",
-            file=out,
-        )
-        print(
-            f"  again: committed {list(second.settled)}; store: {final} messages; outbox "
-            f"entry: {section['outboxAfterRecovery']} (exactly once: {section['exactlyOnce']})",
-            file=out,
-            flush=True,
-        )
     return section
+
+
+def describe(section: dict[str, Any]) -> list[str]:
+    """The demo's lines for :func:`crash_between_reply_and_commit`'s section."""
+    before, after_kill, recovered, final = section["storeMessages"]
+    return [
+        "",
+        "durable turn (a host killed between the reply and the commit):",
+        f"  a second host ran turn {section['advancementKey']!r} and was killed with "
+        f"{section['killedWith']} as its engine was about to commit it",
+        f"  after the kill: reply in the transcript: {section['replyInTranscript']}; outbox "
+        f"entry: {section['outboxAfterKill']}; engine store: {after_kill} messages (was {before})",
+        f"  next start, recover_turns: committed {section['firstRecovery']}; engine store: "
+        f"{recovered} messages (+{recovered - before}: the turn's prompt and reply)",
+        f"  again: committed {section['secondRecovery']}; store: {final} messages; outbox "
+        f"entry: {section['outboxAfterRecovery']} (exactly once: {section['exactlyOnce']})",
+    ]
 
 
 def main() -> None:

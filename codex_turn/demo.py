@@ -55,7 +55,7 @@ from codex_turn._cli_support import (
     progress_hooks,
     turn_to_json,
 )
-from codex_turn._demo_durable import crash_between_reply_and_commit
+from codex_turn._demo_durable import crash_between_reply_and_commit, describe
 from codex_turn.engines import EngineSettings, SqliteContextEngine
 from codex_turn.harness.appserver import AppServer, AppServerConfig
 from codex_turn.harness.compaction import CompactSessionParams, compact_codex_session_traced
@@ -293,7 +293,6 @@ async def _main(
                 },
                 engine=engine,
                 store=store,
-                out=None if as_json else out,
             )
         finally:
             progress.clear()
@@ -320,6 +319,7 @@ async def _main(
                 f"{len(model.proxy_attempts)}",
                 file=out,
             )
+            print("\n".join(describe(durable)), file=out)
             print("\nwhere everything is:", file=out)
             transcript = f"{session_file} ({len(lines)} lines, OpenClaw JSONL v3)"
             print(f"  transcript:   {transcript}", file=out)

@@ -55,6 +55,14 @@ def test_the_demo_shows_decisions_projection_compaction_and_where_it_all_is(
     assert "engine calls: bootstrap" in out
     assert "time per state (ms): reading_history" in out
     assert "internet attempts (proxy CONNECTs): 0" in out
+    # A second host killed between the reply and the commit; the next start recovers it.
+    durable = out[out.index("durable turn (a host killed between the reply and the commit)") :]
+    assert "was killed with SIGKILL (9)" in durable
+    assert "outbox entry: accepted; engine store: 8 messages (was 8)" in durable
+    assert "committed ['demo-window-seat']; engine store: 10 messages" in durable
+    assert "again: committed []; store: 10 messages; outbox entry: ready (exactly once: True)" in (
+        durable
+    )
     # Live progress: the state being executed, as plain lines (stderr is not a terminal).
     assert "progress: [turn 2] running_turn" in done.stderr
     assert "progress: [compaction] compacting (engine, then Codex native)" in done.stderr
