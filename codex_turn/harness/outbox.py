@@ -8,8 +8,9 @@ move: :meth:`TurnOutbox.fire` only applies it), the transcript key of its prompt
 the run returned, how it ended. Synchronous; call it from a worker thread.
 
 * **Written whole, atomically** (:func:`~codex_turn.harness._fs.atomic_write`: temp file,
-  fsync, rename, directory fsync; ``0600`` whatever the umask). A host killed mid-write
-  leaves the previous outbox. Writers are the turns of the session, serialised by the
+  rename; ``0600`` whatever the umask). A host killed mid-write leaves the previous outbox.
+  The admission is also fsynced (file and directory); the later moves need not be
+  (:data:`_SYNCED_TRIGGERS` says why). Writers are the turns of the session, serialised by the
   session hold (gate and lease), so a read-modify-write never races another writer.
 * **Bounded.** Unsettled entries are all kept; of the settled ones, the newest
   :data:`SETTLED_KEPT` (for inspection), the rest dropped: the engine's own idempotency per
@@ -48,6 +49,12 @@ OUTBOX_VERSION: Final = 1
 SETTLED_KEPT: Final = 16
 #: An outbox larger than this is not this library's (it holds keys and states only).
 _MAX_OUTBOX_BYTES: Final = 4 * 1024 * 1024
+
+#: The moves written with fsyncs. Only the admission must survive an OS crash (the turn is
+#: then recovered); a later move an OS crash loses leaves the entry where it was, and its
+#: recovery ends the same way (a turn ``admitted`` is recovered from the transcript; a commit
+#: replayed answers ``duplicate``). Every write is atomic all the same.
+_SYNCED_TRIGGERS: Final = frozenset({OutboxTrigger.ADMITTED})
 
 _log = get_logger(__name__)
 
@@ -159,12 +166,12 @@ class TurnOutbox:
             current = OutboxEntry(advancement_key, OutboxState.ADMITTED)  # (re)starts fresh
         updated = attrs.evolve(current, state=state, updated_at=time.time(), **changes)
         entries.append(updated)
-        self._write(entries)
+        self._write(entries, durable=trigger in _SYNCED_TRIGGERS)
         return updated
 
-    def _write(self, entries: list[OutboxEntry]) -> None:
+    def _write(self, entries: list[OutboxEntry], *, durable: bool) -> None:
         settled = [e for e in entries if e.state in SETTLED_STATES]
         dropped = {id(e) for e in settled[: max(0, len(settled) - SETTLED_KEPT)]}
         kept = [e for e in entries if id(e) not in dropped]
         document = {"version": OUTBOX_VERSION, "turns": [e.to_json() for e in kept]}
-        atomic_write(self.path, (json.dumps(document, indent=2) + "\n").encode())
+        atomic_write(self.path, (json.dumps(document, indent=2) + "\n").encode(), durable=durable)
