@@ -439,14 +439,13 @@ async def recover_turns(
     resolved = resolve_engine(engine, session_dir=os.path.dirname(path) or os.curdir)
     if not durable_engine(resolved):
         return RecoveryReport()
-    async with hold_session(
-        path, lane=session_key or session_id, wait="wait", wait_timeout=session_wait_timeout
-    ):
+    key = session_key or session_id  # the key a turn binds the engine to
+    async with hold_session(path, lane=key, wait="wait", wait_timeout=session_wait_timeout):
         return await recover_pending_turns(
             engine=resolved,
             session_file=path,
             session_id=session_id,
-            session_key=session_key,
+            session_key=key,
             token_budget=token_budget,
             engine_timeout=engine_timeout,
         )

@@ -610,7 +610,8 @@ async def mirror(ctx: TurnContext) -> TurnTrigger:
 
 
 async def finalize(ctx: TurnContext) -> TurnTrigger:
-    """Hand the turn to the engine (after_turn, else ingest_batch, else ingest)."""
+    """Hand the turn to the engine: ``commit_turn`` from the outbox for an engine with
+    durable turns (:func:`_settle`), else after_turn, else ingest_batch, else ingest."""
     engine = ctx.engine
     if engine is None:
         return T.FINALIZED
