@@ -9,18 +9,25 @@ the two never meet), the turn's messages the store does not hold are inserted wi
 path identities, the path checkpoint advances and the key is recorded. A host killed at any
 point leaves either all of it or none of it; two hosts committing one key are serialised by
 SQLite's write lock, and the second sees the first's ledger row.
+
+*The current-turn fence holds in the store too.* A transcript that ends with a user message
+ends with a turn in flight: its prompt was made durable before the model ran, and its host
+died, or runs it now (a retry of the same turn). Bootstrap does not import that prompt
+(:func:`without_turn_in_flight`): otherwise the retry's assembly would hold its own prompt,
+which the model is sent as the prompt too. The turn's commit (or ``after_turn``, or an
+assembly handed a history that holds it) brings it, with its reply.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
 
 from codex_turn.engines import _store
 from codex_turn.engines._schema import Pool
 
-__all__ = ["ADVANCE_PREFIX", "commit_turn"]
+__all__ = ["ADVANCE_PREFIX", "commit_turn", "without_turn_in_flight"]
 
 #: The ledger namespace of advancement keys (``after_turn`` keys are bare hex digests).
 ADVANCE_PREFIX: Final = "advance:"
@@ -57,3 +64,24 @@ def commit_turn(
             (conversation_id, turn_key, len(prepared), inserted, time.time()),
         )
         return True
+
+
+def without_turn_in_flight(
+    batches: Iterator[list[dict[str, Any]]],
+) -> Iterator[list[dict[str, Any]]]:
+    """``batches`` of a transcript's messages, less its last message when that is a user
+    message (a turn in flight, see the module docstring). Closing it closes ``batches``."""
+    try:
+        held: list[dict[str, Any]] | None = None
+        for batch in batches:
+            if held:
+                yield held
+            held = batch
+        if held and held[-1].get("role") == "user":
+            held = held[:-1]
+        if held:
+            yield held
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()

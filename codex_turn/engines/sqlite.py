@@ -435,7 +435,9 @@ class SqliteContextEngine:
         await anyio.to_thread.run_sync(scan.vouch, *synced)
         imported = 0
         size = min(_READ_BATCH, self.settings.sync_chunk)
-        batches = await anyio.to_thread.run_sync(iter_session_messages, session_file, size)
+        batches = _commit.without_turn_in_flight(
+            await anyio.to_thread.run_sync(iter_session_messages, session_file, size)
+        )
         try:
             while True:
                 try:

@@ -426,19 +426,23 @@ class Session:
         messages = await anyio.to_thread.run_sync(load_session_messages, self.file)
         return [freeze(m) for m in messages]
 
-    async def mirror(self, turn: ScriptedTurn) -> None:
-        """Append ``turn`` to the transcript (idempotent, as the harness's mirror is)."""
+    async def mirror(self, turn: ScriptedTurn, *, prompt_only: bool = False) -> None:
+        """Append ``turn`` to the transcript (idempotent, as the harness's mirror is).
+        ``prompt_only``: its prompt alone, as the harness makes it durable before the model
+        runs (a host that dies then leaves a turn in flight); it is not counted mirrored."""
+        count = 1 if prompt_only else len(turn.messages)
         await anyio.to_thread.run_sync(
             lambda: mirror_turn(
                 self.file,
-                turn.messages,
+                turn.messages[:count],
                 scope=f"codex-app-server:conformance-{self.id}",
-                identities=turn.identities,
+                identities=turn.identities[:count],
                 session_id=self.id,
                 cwd=os.fspath(self.root),
             )
         )
-        self.mirrored = max(self.mirrored, turn.index + 1)
+        if not prompt_only:
+            self.mirrored = max(self.mirrored, turn.index + 1)
 
 
 async def concurrently(*calls: Callable[[], Coroutine[Any, Any, object]]) -> None:

@@ -1094,14 +1094,15 @@ async def _commit_turn_exactly_once(run: _Run) -> None:
     fence.
 
     Three turns are settled with ``commit_turn``; before each, the assembly of the history
-    before its entry holds no message of that turn (the fence: the current prompt is never
-    both in history and in the prompt). Turn 4 is mirrored and never committed (the host was
-    killed between the reply and the commit); its commit (on a new instance when the storage
-    is durable: the host's recovery after a restart) answers ``committed``, a replay of it
-    ``duplicate``, and the replay leaves the assembly byte-identical. Turn 5 is committed
-    twice concurrently (two hosts recovering it): one ``committed``, one ``duplicate``. The
-    final assembly has no duplicate, lacks nothing, and equals (epoch aside) a replay of the
-    five turns on a fresh store.
+    before its entry holds no message of that turn (the fence: the current prompt is never both
+    in history and in the prompt). Turn 4's prompt is made durable and its host dies; its
+    retry's assembly (after a bootstrap) holds no copy of that prompt either. Turn 4 is then
+    mirrored and never committed (the host was killed between the reply and the commit); its
+    commit (on a new instance when the storage is durable: the host's recovery after a restart)
+    answers ``committed``, a replay of it ``duplicate``, and the replay leaves the assembly
+    byte-identical. Turn 5 is committed twice concurrently (two hosts recovering it): one
+    ``committed``, one ``duplicate``. The final assembly has no duplicate, lacks nothing, and
+    equals (epoch aside) a replay of the five turns on a fresh store.
     """
     store = run.host.new_store()
     engine = await run.engine(store)
@@ -1114,6 +1115,15 @@ async def _commit_turn_exactly_once(run: _Run) -> None:
         if any(message_key(m) in held for m in session.turns[index].messages):
             raise CheckFailed(f"turn {index + 1}'s assembly holds its own prompt or reply")
     before = await session.history()
+    # Turn 4's first host died once its prompt was durable: its retry assembles (after a
+    # bootstrap, as the harness does) behind the fence, its own prompt in the transcript.
+    turn = session.turns[session.mirrored]
+    await session.mirror(turn, prompt_only=True)
+    if engine.has("bootstrap") or engine.has("maintain"):
+        await engine.bootstrap(session)
+    fenced = await engine.assemble(session, messages=before, prompt=turn.prompt)
+    if message_key(turn.messages[0]) in {message_key(m) for m in fenced.messages}:
+        raise CheckFailed("the retry of a turn in flight assembled its own prompt")
     await engine.turn(session, finalize=False)  # killed between the reply and the commit
     after = await session.history()
     if run.storage == "durable":
