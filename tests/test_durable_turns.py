@@ -533,3 +533,23 @@ async def test_a_queued_turn_recovered_as_mirrored_is_committed_under_its_turn_i
     assert list(engine.committed) == ["k0"]
     assert engine.ingested == 0
     assert [_text(m) for m in engine.committed["k0"].messages] == ["q0", "a0"]
+
+
+async def test_without_a_turn_id_the_key_is_the_hosts_message_key_else_the_runs() -> None:
+    engine = DurableEngine()
+    server = FakeAppServer()
+    with temporary_session_file("durable-") as session_file:
+        await run_codex_turn(turn_params(session_file, "one"), app_server=server, engine=engine)
+        await run_codex_turn(
+            turn_params(session_file, "two", runtime_attempt={"currentMessageId": "m-2"}),
+            app_server=server,
+            engine=engine,
+        )
+    run_key, message_key = engine.committed
+    assert run_key.startswith("run-")
+    assert message_key.startswith("msg-")
+    first, second = engine.committed[run_key], engine.committed[message_key]
+    assert first.admission.entry_key == f"codex-app-server:thread-1:{run_key}:prompt"
+    assert second.admission.entry_key == f"codex-turn:turn-{message_key}:prompt"
+    assert [_text(m) for m in second.messages] == ["one", "Done.", "two", "Done."]
+    assert (first.pre_prompt_message_count, second.pre_prompt_message_count) == (0, 2)
