@@ -226,7 +226,8 @@ async def run_codex_turn(
                 if durable_engine(engine):
                     # Turns an earlier host left unsettled are committed first (this one's own
                     # too when its reply is there already: it will not run again).
-                    await _recover(params, engine, session_file, prompt_identity, completed)
+                    with sensitive(params.prompt):
+                        await _recover(params, engine, session_file, prompt_identity, completed)
                 if completed is not None:
                     raise TurnAlreadyCompleted(completed)
                 with sensitive(params.prompt), live.serving(session_file):
