@@ -21,9 +21,10 @@ from support.turns import temporary_session_file, turn_params
 
 from codex_turn import run_codex_turn
 from codex_turn.engines import SqliteContextEngine
-from codex_turn.fsm import IllegalTransition
+from codex_turn.fsm import IllegalTransition, TurnOutcome
 from codex_turn.fsm.outbox import (
     OUTBOX_TABLE,
+    TERMINAL_OF_OUTCOME,
     OutboxState,
     OutboxTrigger,
     needs_settling,
@@ -185,6 +186,7 @@ def test_the_outbox_table_moves_admitted_accepted_ready_or_blocked() -> None:
     with pytest.raises(IllegalTransition):
         next_outbox_state(s.ADMITTED, t.COMMITTED)  # never committed before it ran
     assert set(OUTBOX_TABLE) == set(s)
+    assert set(TERMINAL_OF_OUTCOME) == set(TurnOutcome)  # every ending has a terminal
     # Recovery settles what a crash left, never the running turn's own admission.
     assert needs_settling(s.ADMITTED, current=False)
     assert not needs_settling(s.ADMITTED, current=True)

@@ -596,17 +596,15 @@ class DrivenEngine:
         session: Session,
         before: list[AgentMessage],
         after: list[AgentMessage],
-        *,
-        key: str | None = None,
     ) -> CommitTurnResult:
         """``commit_turn`` of the turn at ``after[len(before):]`` (its prompt first), as the
-        harness settles it; the key is the turn's place in the session unless given (stable
-        across retries, as the host's advancement key is)."""
+        harness settles it; its key is the turn's place in the session (stable across
+        retries, as the host's advancement key is)."""
         start = len(before)
         if start >= len(after):
             raise CheckFailed("no turn to commit (the harness never commits an empty one)")
         params = CommitTurnParams(
-            advancement_key=key or f"conformance-{session.id}-{start}",
+            advancement_key=f"conformance-{session.id}-{start}",
             admission=TurnAdmission(message=freeze(after[start])),
             terminal=TurnTerminal(
                 status="completed", messages=[freeze(m) for m in after[start + 1 :]]
