@@ -45,6 +45,7 @@ from codex_turn.harness.engine import (
     CompactResult,
     ContextEngineInfo,
     EngineContractError,
+    EngineLoadError,
     IngestParams,
     IngestResult,
     InvalidEngineResult,
@@ -53,6 +54,7 @@ from codex_turn.harness.engine import (
     check_engine,
     coerce_result,
     from_json,
+    load_engine,
     to_json,
 )
 from codex_turn.harness.idempotency import (
@@ -109,6 +111,12 @@ class DurableEngine:
         return CommitTurnResult(status="committed")
 
 
+class NoCommitEngine(DurableEngine):
+    """Declares transcript semantics, has no commit_turn: refused at load."""
+
+    commit_turn = None  # type: ignore[assignment]
+
+
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, str):
@@ -133,12 +141,10 @@ def test_the_declaration_and_the_records_are_openclaws_camel_case() -> None:
 
 def test_a_declaration_without_commit_turn_or_with_unknown_semantics_is_refused() -> None:
     assert check_engine(DurableEngine()).id == "durable-test"
-
-    class NoCommit(DurableEngine):
-        commit_turn = None  # type: ignore[assignment]
-
     with pytest.raises(EngineContractError, match="declares transcript semantics but has no"):
-        check_engine(NoCommit())
+        check_engine(NoCommitEngine())
+    with pytest.raises(EngineLoadError, match="has no callable commit_turn"):
+        load_engine("test_durable_turns:NoCommitEngine")
     later = DurableEngine(
         semantics=TranscriptSemantics("before-current-turn-entry-v2", "atomic-idempotent-v1")
     )
@@ -151,14 +157,11 @@ def test_a_declaration_without_commit_turn_or_with_unknown_semantics_is_refused(
 
 
 async def test_a_turn_refuses_a_bad_declaration_before_any_io(tmp_path: Path) -> None:
-    class NoCommit(DurableEngine):
-        commit_turn = None  # type: ignore[assignment]
-
     server = FakeAppServer()
     session_file = tmp_path / "s.jsonl"
     with pytest.raises(EngineContractError, match="commit_turn"):
         await run_codex_turn(
-            turn_params(str(session_file), "hi"), app_server=server, engine=NoCommit()
+            turn_params(str(session_file), "hi"), app_server=server, engine=NoCommitEngine()
         )
     assert not session_file.is_file()
     assert server.calls == []
