@@ -52,6 +52,9 @@ context engine is a plugin and must never be able to break a turn:
 * Once running_turn was reached, mirroring and finalizing always follow (an engine must see
   every turn that ran, OpenClaw bug #121515); a failed mirror finalizes from the fallback
   snapshot, and turns a completed outcome into ``unsaved`` (maintenance is not gated by it).
+  An engine with durable turns is settled in finalizing by ``commit_turn``, from the outbox
+  whose own table is :mod:`codex_turn.fsm.outbox`: the same two exits (``duplicate`` is
+  ``finalized``; a commit that fails, ``finalize_failed``), so the course is the same.
 * After finalizing the table, not the orchestrator, chooses between maintaining and skipping;
   a skip records one :class:`SkipReason`. Whether maintenance runs inline or is deferred to a
   scheduler is a fact fixed when the turn begins (:meth:`TurnFacts.gather`); a scheduler that
