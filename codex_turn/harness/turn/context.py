@@ -46,7 +46,12 @@ from codex_turn.harness.binding import (
     context_engine_policy_fingerprint,
     write_binding,
 )
-from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
+from codex_turn.harness.engine import (
+    AgentMessage,
+    AssembleResult,
+    EngineHandle,
+    TranscriptReadFence,
+)
 from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.hooks import (
     PromptBuildResult,
@@ -54,8 +59,10 @@ from codex_turn.harness.hooks import (
     compose_prompt,
     join_sections,
 )
+from codex_turn.harness.host_llm import CodexHostLlm, host_capabilities
 from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE
 from codex_turn.harness.lifecycle import (
+    AssembleFacts,
     BackgroundMaintenance,
     harness_runtime_context,
 )
@@ -343,7 +350,14 @@ Stage = Callable[[TurnContext], Awaitable[TurnTrigger]]
 
 def runtime_context(ctx: TurnContext, *, usage: Usage | None = None) -> dict[str, Any]:
     params = ctx.params
+    workspace = os.fspath(params.workspace_dir)
+    llm = None
+    if "runtime-llm-complete" in host_capabilities(ctx.app_server):
+        # The session's own app-server, on an ephemeral thread per call (host_llm).
+        llm = CodexHostLlm(ctx.app_server, model=params.model, cwd=workspace)  # type: ignore[arg-type]
     return harness_runtime_context(
+        cwd=workspace,
+        llm=llm,
         session_key=ctx.session_key,
         sandbox_session_key=params.sandbox_session_key,
         model=params.model,
@@ -352,6 +366,34 @@ def runtime_context(ctx: TurnContext, *, usage: Usage | None = None) -> dict[str
         token_budget=params.context_token_budget,
         usage=usage,
         attempt=params.runtime_attempt,
+    )
+
+
+def assemble_facts(ctx: TurnContext) -> AssembleFacts:
+    """The host's facts of this turn for ``assemble`` (the model and provider ids, the
+    host's fallback and degraded reasons from ``runtime_attempt``, the sandbox, the runtime
+    context, and the read fence: how much of the transcript ``messages`` is)."""
+    params = ctx.params
+    attempt = params.runtime_attempt
+    messages = ctx.messages
+    last = messages[-1] if messages else None
+    entry = last.get("idempotencyKey") if isinstance(last, dict) else None
+
+    def text(key: str) -> str | None:
+        value = attempt.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return AssembleFacts(
+        model_id=params.model,
+        provider_id=text("provider") or "codex",
+        requested_model_id=text("requestedModelId"),
+        fallback_reason=text("fallbackReason"),
+        degraded_reason=text("degradedReason"),
+        sandboxed=None if params.sandbox is None else params.sandbox != "danger-full-access",
+        runtime_context=runtime_context(ctx),
+        transcript_read_fence=TranscriptReadFence(
+            message_count=len(messages), last_entry_id=entry if isinstance(entry, str) else None
+        ),
     )
 
 

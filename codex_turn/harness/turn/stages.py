@@ -99,6 +99,7 @@ from codex_turn.harness.turn.context import (
     Stage,
     ThreadReady,
     TurnContext,
+    assemble_facts,
     engine_binding,
     engine_call,
     log_decision,
@@ -120,6 +121,7 @@ from codex_turn.harness.turn.forms import (
     unframed,
 )
 from codex_turn.harness.turn_api import MaintenanceReport
+from codex_turn.harness.violations import tolerated_violation
 
 __all__ = [
     "Stage",
@@ -226,6 +228,7 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             citations_mode=params.citations_mode,
             model=params.model,
             prompt=params.prompt,
+            facts=assemble_facts(ctx),
         ),
     )
     if outcome is None or outcome.status != "assembled" or outcome.result is None:
@@ -240,7 +243,20 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
         has_system_prompt_addition=bool(
             result.system_prompt_addition and result.system_prompt_addition.strip()
         ),
+        prompt_authority=result.prompt_authority,
     )
+    budget = params.context_token_budget
+    if result.prompt_authority == "assembled" and budget and result.estimated_tokens > budget:
+        # The engine vouched for its assembly and it does not fit: sent as it is (the
+        # engine's word), reported as the contract violation it is.
+        tolerated_violation(
+            ctx.log,
+            engine=ctx.engine.engine,
+            method="assemble",
+            problem=f"promptAuthority assembled, yet {result.estimated_tokens} estimated "
+            f"tokens exceed the budget of {budget}",
+            session_key=ctx.session_key,
+        )
     return ASSEMBLE_TRIGGERS[outcome.status]
 
 
