@@ -36,10 +36,19 @@ from codex_turn.harness.engine import (
     CompactResult,
     ContextEngineInfo,
     ContextProjection,
+    ControlCapabilities,
+    ControlRequest,
+    ControlResult,
     IngestBatchParams,
     IngestBatchResult,
     IngestParams,
     IngestResult,
+    SessionEndParams,
+    SessionResetParams,
+    SessionResetResult,
+    SubagentEndedParams,
+    SubagentSpawnParams,
+    SubagentSpawnPreparation,
 )
 from codex_turn.harness.session import load_session_messages
 from codex_turn.testing import (
@@ -94,6 +103,8 @@ class ToyStore:
         self.instance = next(_instances)
         # session -> items: {"kind": "message", "key", "message"} | {"kind": "summary", ...}
         self.sessions: dict[str, list[dict[str, Any]]] = {}
+        #: The outcomes of the subagents each session ran (folded into its addition).
+        self.results: dict[str, list[str]] = {}
         if path is not None and path.exists():
             self.sessions = json.loads(path.read_text())
 
@@ -201,11 +212,13 @@ class ToyStore:
             estimated_tokens=used,
             system_prompt_addition=f"as of {time.time_ns()}"
             if self.defects.clock_in_prompt
-            else None,
+            else (", ".join(self.results.get(params.session_id, ())) or None),
             context_projection=ContextProjection("thread_bootstrap", self._epoch(items)),
         )
 
     async def compact(self, params: CompactParams) -> CompactResult:
+        if params.abort_signal is not None and params.abort_signal.aborted:
+            return CompactResult(ok=True, compacted=False, reason="aborted")
         items = self._items(params.session_id)
         before = sum(tokens(self._render(item, False)) for item in items)
         if self.defects.lies_about_compaction:
@@ -250,6 +263,35 @@ class ToyStore:
         after = sum(tokens(self._render(item, False)) for item in items)
         details = CompactDetails(tokens_before=before, tokens_after=after)
         return CompactResult(ok=True, compacted=after < before, result=details)
+
+    # --- the contract's later hooks ----------------------------------------------------
+
+    async def before_session_reset(self, params: SessionResetParams) -> SessionResetResult:
+        self.sessions.pop(params.session_id, None)
+        self.results.pop(params.session_id, None)
+        self._save()
+        return SessionResetResult(action="archived")
+
+    async def session_end(self, params: SessionEndParams) -> None:
+        return None
+
+    async def prepare_subagent_spawn(self, params: SubagentSpawnParams) -> SubagentSpawnPreparation:
+        held = len(self._items(params.parent_session_id))
+        return SubagentSpawnPreparation(system_prompt_addition=f"the parent holds {held} items")
+
+    async def on_subagent_ended(self, params: SubagentEndedParams) -> None:
+        if params.outcome != "spawn_failed":
+            self.results.setdefault(params.parent_session_id, []).append(params.outcome)
+
+    def control_capabilities(self) -> ControlCapabilities:
+        return ControlCapabilities(actions=frozenset({"status", "rotate"}))
+
+    async def control(self, request: ControlRequest) -> ControlResult:
+        if request.action == "rotate":
+            session = (request.session_key or "").rpartition(":")[2]
+            self.sessions.pop(session, None)
+            self._save()
+        return ControlResult(ok=True, action=request.action, summary=f"{len(self.sessions)}")
 
     async def dispose(self) -> None:
         return None
