@@ -263,7 +263,7 @@ class ScriptedModel:
     released: list[str] = attrs.Factory(list)
 
     async def start_thread(
-        self, settings: ThreadSettings, *, ephemeral: bool | None = None
+        self, settings: ThreadSettings, *, config: Any = None, ephemeral: bool | None = None
     ) -> ThreadResult:
         self.started.append((settings, ephemeral))
         return ThreadResult(thread=ThreadInfo(id=f"eph-{len(self.started)}"), model="m")
