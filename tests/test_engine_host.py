@@ -261,6 +261,7 @@ class ScriptedModel:
     started: list[tuple[ThreadSettings, bool | None]] = attrs.Factory(list)
     inputs: list[str] = attrs.Factory(list)
     released: list[str] = attrs.Factory(list)
+    hang: bool = False
 
     async def start_thread(
         self, settings: ThreadSettings, *, config: Any = None, ephemeral: bool | None = None
@@ -270,6 +271,8 @@ class ScriptedModel:
 
     async def run_turn(self, thread_id: str, input: str, **kwargs: Any) -> Any:
         self.inputs.append(input)
+        if self.hang:
+            await anyio.sleep_forever()
         return attrs.make_class("R", ["outcome", "final_text", "error_info"])(
             self.outcome, self.text, None
         )
@@ -308,6 +311,14 @@ async def test_a_model_that_does_not_answer_raises_a_typed_error_and_the_thread_
     server = ScriptedModel(outcome=outcome)
     with pytest.raises(error):
         await CodexHostLlm(server, timeout=1).complete(_request())  # type: ignore[arg-type]
+    assert server.released == ["eph-1"]
+
+
+async def test_a_cancelled_completion_releases_its_thread() -> None:
+    server = ScriptedModel(hang=True)
+    with anyio.move_on_after(0.05) as scope:
+        await CodexHostLlm(server).complete(_request())  # type: ignore[arg-type]
+    assert scope.cancelled_caught
     assert server.released == ["eph-1"]
 
 

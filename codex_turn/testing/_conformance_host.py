@@ -13,7 +13,11 @@ with the turn's prompt kept out of it, the mirror (the real :func:`mirror_turn`,
 carry the ``idempotencyKey`` a real transcript gives them), then finalize by the harness's
 preference (``after_turn`` with the whole session and the pre-prompt count, else
 ``ingest_batch`` of the new messages, else ``ingest`` of each) and turn maintenance.
-Background maintenance is awaited where the scheduler would have drained it. Every result is
+Background maintenance is awaited where the scheduler would have drained it. Every runtime
+context carries ``cwd`` and the kit's model (:class:`KitLlm`: a fixed answer per request,
+each request recorded and checked as the harness checks it), as a host that lends its model
+does; the later hooks (reset, end, subagents, control) are called as
+:mod:`codex_turn.harness.session_lifecycle` calls them. Every result is
 checked with the harness's own boundary validation; an exception or an invalid result fails
 the check with the method's name. The host is *strict*, as a turn with
 ``TurnParams(strict=True)``: the engine is checked as every turn checks it before it starts
