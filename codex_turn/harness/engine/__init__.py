@@ -14,7 +14,7 @@
   (:func:`load_engine`), and :func:`resolve_engine`, which every turn and compaction calls
   first.
 
-The dependency order is ``contract`` <- ``shapes`` <- ``validation`` <- ``loading``. This
+The dependency order is ``contract`` <- ``host``, ``shapes`` <- ``validation`` <- ``loading``. This
 package re-exports what callers import from it (``codex_turn.harness.engine``); modules of the
 harness import from the submodule a name lives in.
 """

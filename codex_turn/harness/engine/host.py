@@ -24,7 +24,7 @@ the cache is expected to lapse).
 *Lifecycle hooks.* ``before_session_reset`` (the engine archives or keeps a session's state
 when the host resets it), ``session_end``, ``prepare_subagent_spawn`` / ``on_subagent_ended``
 (the engine seeds a child session and folds its result back; the host side is
-:mod:`codex_turn.harness.sessions`) and ``control`` / ``control_capabilities`` (operator
+:mod:`codex_turn.harness.session_lifecycle`) and ``control`` / ``control_capabilities`` (operator
 actions: status, doctor, rotate). Each is optional (:data:`HOST_HOOK_METHODS`), found with
 :func:`~.validation.optional_method` like the others.
 """
