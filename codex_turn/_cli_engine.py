@@ -2,9 +2,10 @@
 
 The engine's own ``control`` (:mod:`codex_turn.harness.engine.host`): ``status`` (read-only
 facts), ``doctor`` (the engine's check; ``--repair`` fixes), ``rotate`` (the session's
-conversation archived, the next turn starts a new one). The engine is chosen as ``doctor``
-and ``inspect`` choose it (``--engine``; by default the reference engine when its store is
-next to the session: this command never creates one). An action the engine does not declare
+conversation archived, the next turn starts a new one). The engine is chosen as ``inspect``
+and ``compact`` choose it (``--engine``; by default the reference engine only when its store
+is next to the session: without the flag no store is created; ``--engine sqlite`` opens, or
+creates, the store next to the session). An action the engine does not declare
 is a usage error (exit 2) that lists the ones it does; a result that is not ok exits 1.
 Output is the engine's one-line summary (``--json``: the whole result), never message text.
 """

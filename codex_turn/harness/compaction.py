@@ -452,7 +452,7 @@ class _Run:
         )
         signal = p.abort_signal
         try:
-            raw = None
+            raw, aborted = None, False
             # compact() is required by the contract, checked before any I/O (resolve_engine).
             with anyio.move_on_after(_bound(p.engine_timeout)) as bounded:
                 raw, aborted = await _unless_aborted(self.engine.compact(compact_params), signal)
