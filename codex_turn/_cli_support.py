@@ -74,6 +74,8 @@ EXIT_CODES: Final[dict[str, int]] = {
     "InvalidTurnParams": EXIT_USAGE,
     "EngineLoadError": EXIT_USAGE,
     "EngineContractError": EXIT_USAGE,  # the engine given is not a context engine
+    "HostRequirementsUnmet": EXIT_USAGE,  # the engine given needs what this host lacks
+    "ControlUnsupported": EXIT_USAGE,  # an action the engine does not offer
     "CodexHomeNotPrivate": EXIT_USAGE,  # --offline --codex-home names a user's home
     # 3: an input is missing or unreadable (the session file, its binding, a trace file).
     "InputNotFound": EXIT_NOT_FOUND,

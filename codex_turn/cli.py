@@ -7,6 +7,7 @@
     codex-turn inspect --trace FILE      the path a recorded turn (run --json) took
     codex-turn doctor [SESSION]          binary, Codex home and login, engine store, lock
     codex-turn compact SESSION           engine compaction, then Codex native; JSON
+    codex-turn engine ACTION SESSION     the engine's control: status, doctor, rotate
     codex-turn login [--with-api-key]    log Codex in (the pinned binary's login); logout
     codex-turn diagrams [--out DIR]      render the state diagrams from the tables
 
@@ -223,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
 
     _add_compact_parser(sub)
+    from codex_turn._cli_engine import add_engine_parser
+
+    add_engine_parser(sub)
     from codex_turn._cli_login import add_login_parsers
 
     add_login_parsers(sub)
@@ -455,6 +459,12 @@ def _doctor(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from codex_turn._cli_inspect import doctor_command
 
     return doctor_command(args, out, err)
+
+
+def _engine(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_engine import engine_command
+
+    return engine_command(args, out, err)
 
 
 def _worker(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -710,6 +720,7 @@ COMMANDS: dict[str, Command] = {
     "inspect": _inspect,
     "doctor": _doctor,
     "compact": _compact,
+    "engine": _engine,
     "diagrams": _diagrams,
     "worker": _worker,
     "login": _login,

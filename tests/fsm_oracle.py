@@ -221,6 +221,7 @@ COMPACTION_TRIGGERS = (
     "engine_compacted",
     "engine_declined",
     "engine_failed",
+    "engine_aborted",
     "maintenance_ran",
     "maintenance_failed",
     "native_compacted",
@@ -246,6 +247,8 @@ def compaction_oracle(
             return "COMPACTION_MAINTENANCE"
         if trigger in ("engine_declined", "engine_failed"):
             return after_engine
+        if trigger == "engine_aborted":  # the caller aborted: nothing more, native neither
+            return "REPORTED"
     if state == "COMPACTION_MAINTENANCE" and trigger in ("maintenance_ran", "maintenance_failed"):
         return after_engine
     if state == "NATIVE_COMPACTING" and trigger in (

@@ -47,6 +47,7 @@ def _base(command: str, root: Path) -> list[str]:
         "inspect": ["inspect", session],
         "doctor": ["doctor", session, "--codex-bin", missing],
         "compact": ["compact", session, "--codex-bin", missing],
+        "engine": ["engine", "status", session, "--engine", "sqlite"],
         "diagrams": ["diagrams", "--out", str(root / "diagrams"), "--no-svg"],
         "login": ["login", "--with-api-key", "--codex-bin", missing],
         "logout": ["logout", "--codex-bin", missing],

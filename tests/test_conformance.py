@@ -47,6 +47,12 @@ STATELESS_NOT_APPLICABLE: dict[str, str] = {
     "restart_adds_nothing": "declared storage 'none', not durable",
     "epoch_stable": "observed projection modes: none",
     "compaction_converges": "info.owns_compaction is false",
+    # The later hooks: an engine without them is not asked (neither of these has them).
+    "reset_archives_or_keeps": "the engine has no before_session_reset",
+    "session_end_releases_only": "the engine has no session_end",
+    "subagent_round_trip": "the engine has neither prepare_subagent_spawn nor on_subagent_ended",
+    "control_answers": "the engine has no control",
+    "compaction_abortable": "info.owns_compaction is false",
 }
 #: The engine-specific outcomes. The legacy engine is no engine (the harness never calls
 #: it): it keeps no budget, and none is asked of it. The recording engine's default answer
@@ -97,6 +103,8 @@ def test_every_check_that_can_pass_a_stateless_engine_is_expected_to() -> None:
         "prefix_stable",
         "compaction_honest",
         "sessions_isolated",
+        "host_requirements_met",
+        "model_access_declared",
     }
 
 

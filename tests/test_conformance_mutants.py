@@ -36,10 +36,22 @@ from codex_turn.harness.engine import (
     CompactResult,
     ContextEngineInfo,
     ContextProjection,
+    ControlCapabilities,
+    ControlRequest,
+    ControlResult,
     IngestBatchParams,
     IngestBatchResult,
     IngestParams,
     IngestResult,
+    LlmMessage,
+    LlmRequest,
+    SessionEndParams,
+    SessionResetParams,
+    SessionResetResult,
+    SubagentEndedParams,
+    SubagentSpawnParams,
+    SubagentSpawnPreparation,
+    runtime_llm,
 )
 from codex_turn.harness.session import load_session_messages
 from codex_turn.testing import (
@@ -71,6 +83,14 @@ class Defects:
     forgets: bool = False  # never writes its file (declared durable anyway)
     mutates_input: bool = False  # edits a message it was handed
     hangs_in_assemble: bool = False
+    # The contract's later part:
+    undeclared_model: bool = False  # asks the host's model without declaring it
+    needs_the_moon: bool = False  # requires a capability no host offers
+    reset_lies: bool = False  # answers "archived" to a reset and keeps everything
+    end_forgets: bool = False  # session_end drops the session
+    fold_damages_parent: bool = False  # a child's end drops the parent's oldest message
+    rotate_keeps: bool = False  # control(rotate) answers and changes nothing
+    ignores_abort: bool = False  # compacts although the host aborted
 
 
 def tokens(message: Any) -> int:
@@ -91,9 +111,13 @@ class ToyStore:
     def __init__(self, path: Path | None, defects: Defects = Defects()) -> None:
         self.path = path
         self.defects = defects
+        if defects.needs_the_moon:
+            self.info = attrs.evolve(self.info, host_requirements=frozenset({"the-moon"}))
         self.instance = next(_instances)
         # session -> items: {"kind": "message", "key", "message"} | {"kind": "summary", ...}
         self.sessions: dict[str, list[dict[str, Any]]] = {}
+        #: The outcomes of the subagents each session ran (folded into its addition).
+        self.results: dict[str, list[str]] = {}
         if path is not None and path.exists():
             self.sessions = json.loads(path.read_text())
 
@@ -139,6 +163,9 @@ class ToyStore:
         return IngestBatchResult(ingested_count=self._add(params.session_id, params.messages))
 
     async def after_turn(self, params: AfterTurnParams) -> None:
+        llm = runtime_llm(params.runtime_context)
+        if self.defects.undeclared_model and llm is not None:
+            await llm.complete(LlmRequest(messages=(LlmMessage("user", "hi"),), purpose="summary"))
         if self.defects.trusts_counts:
             new = params.messages[params.pre_prompt_message_count :]
             self._add(params.session_id, list(new), dedupe=False)
@@ -201,11 +228,14 @@ class ToyStore:
             estimated_tokens=used,
             system_prompt_addition=f"as of {time.time_ns()}"
             if self.defects.clock_in_prompt
-            else None,
+            else (", ".join(self.results.get(params.session_id, ())) or None),
             context_projection=ContextProjection("thread_bootstrap", self._epoch(items)),
         )
 
     async def compact(self, params: CompactParams) -> CompactResult:
+        aborted = params.abort_signal is not None and params.abort_signal.aborted
+        if aborted and not self.defects.ignores_abort:
+            return CompactResult(ok=True, compacted=False, reason="aborted")
         items = self._items(params.session_id)
         before = sum(tokens(self._render(item, False)) for item in items)
         if self.defects.lies_about_compaction:
@@ -250,6 +280,40 @@ class ToyStore:
         after = sum(tokens(self._render(item, False)) for item in items)
         details = CompactDetails(tokens_before=before, tokens_after=after)
         return CompactResult(ok=True, compacted=after < before, result=details)
+
+    # --- the contract's later hooks ----------------------------------------------------
+
+    async def before_session_reset(self, params: SessionResetParams) -> SessionResetResult:
+        if self.defects.reset_lies:
+            return SessionResetResult(action="archived")
+        self.sessions.pop(params.session_id, None)
+        self.results.pop(params.session_id, None)
+        self._save()
+        return SessionResetResult(action="archived")
+
+    async def session_end(self, params: SessionEndParams) -> None:
+        if self.defects.end_forgets:
+            self.sessions.pop(params.session_id, None)
+
+    async def prepare_subagent_spawn(self, params: SubagentSpawnParams) -> SubagentSpawnPreparation:
+        held = len(self._items(params.parent_session_id))
+        return SubagentSpawnPreparation(system_prompt_addition=f"the parent holds {held} items")
+
+    async def on_subagent_ended(self, params: SubagentEndedParams) -> None:
+        if params.outcome != "spawn_failed":
+            self.results.setdefault(params.parent_session_id, []).append(params.outcome)
+        if self.defects.fold_damages_parent:
+            del self._items(params.parent_session_id)[0]
+
+    def control_capabilities(self) -> ControlCapabilities:
+        return ControlCapabilities(actions=frozenset({"status", "rotate"}))
+
+    async def control(self, request: ControlRequest) -> ControlResult:
+        if request.action == "rotate" and not self.defects.rotate_keeps:
+            session = (request.session_key or "").rpartition(":")[2]
+            self.sessions.pop(session, None)
+            self._save()
+        return ControlResult(ok=True, action=request.action, summary=f"{len(self.sessions)}")
 
     async def dispose(self) -> None:
         return None
@@ -318,6 +382,15 @@ async def test_a_correct_memory_engine_passes_all_but_the_restart_check(tmp_path
         # Not restart_adds_nothing: its bootstrap re-imports the transcript, so a restart is
         # invisible; only its declaration ("durable") is false.
         pytest.param(Defects(forgets=True), {"storage_declaration"}, id="forgets"),
+        pytest.param(
+            Defects(undeclared_model=True), {"model_access_declared"}, id="undeclared-model"
+        ),
+        pytest.param(Defects(needs_the_moon=True), {"host_requirements_met"}, id="needs-moon"),
+        pytest.param(Defects(reset_lies=True), {"reset_archives_or_keeps"}, id="reset-lies"),
+        pytest.param(Defects(end_forgets=True), {"session_end_releases_only"}, id="end-forgets"),
+        pytest.param(Defects(fold_damages_parent=True), {"subagent_round_trip"}, id="fold-damages"),
+        pytest.param(Defects(rotate_keeps=True), {"control_answers"}, id="rotate-keeps"),
+        pytest.param(Defects(ignores_abort=True), {"compaction_abortable"}, id="ignores-abort"),
     ],
 )
 async def test_each_defect_fails_the_check_meant_to_catch_it(

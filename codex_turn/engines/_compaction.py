@@ -278,7 +278,11 @@ class Compactor:
         force: bool,
         allow_model: bool,
         custom_instructions: str | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> SweepReport:
+        """Compact ``conversation_id`` toward ``budget`` in passes; ``stop`` (the host's
+        abort signal) is asked before each pass: once it says so, the sweep ends there with
+        what it committed (``reason`` "aborted")."""
         s = self.settings
         pool = self._pool()
         threshold = int(budget * s.threshold)
@@ -299,6 +303,9 @@ class Compactor:
             return s.leaf_fanout if depth == 0 else s.condensed_fanout
 
         while True:
+            if stop is not None and stop():
+                reason = "aborted"
+                break
             if passes + conflicts >= s.max_passes:
                 reason = "pass limit reached"
                 break

@@ -69,7 +69,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
@@ -77,7 +77,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from codex_turn._log import format_error, get_logger, mask_session_key
-from codex_turn.engines import _commit, _doctor, _store
+from codex_turn.engines import _commit, _doctor, _host_hooks, _store
 from codex_turn.engines._compaction import Compactor
 from codex_turn.engines._messages import (
     PathIndex,
@@ -102,6 +102,7 @@ from codex_turn.engines.summarizers import (
 )
 from codex_turn.frozen import freeze
 from codex_turn.harness.engine.contract import (
+    AbortSignal,
     AfterTurnParams,
     AgentMessage,
     AssembleParams,
@@ -122,6 +123,17 @@ from codex_turn.harness.engine.contract import (
     TranscriptSemantics,
 )
 from codex_turn.harness.engine.durable import CommitTurnParams, CommitTurnResult
+from codex_turn.harness.engine.host import (
+    ControlCapabilities,
+    ControlRequest,
+    ControlResult,
+    SessionEndParams,
+    SessionResetParams,
+    SessionResetResult,
+    SubagentEndedParams,
+    SubagentSpawnParams,
+    SubagentSpawnPreparation,
+)
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import SessionError, iter_session_messages
 
@@ -172,6 +184,13 @@ def _close(batches: Iterator[list[AgentMessage]]) -> None:
     close = getattr(batches, "close", None)  # a generator; an empty read is a plain iterator
     if close is not None:
         close()
+
+
+def _aborted(signal: AbortSignal | None) -> Callable[[], bool] | None:
+    """The sweep's stop condition for the host's abort signal (``None``: never stops)."""
+    if signal is None:
+        return None
+    return lambda: signal.aborted
 
 
 def _positive_int(value: object) -> int | None:
@@ -226,6 +245,8 @@ class SqliteContextEngine:
             db=self._access.run,
             pool=self._access.require,
         )
+        #: The subagent results folded into each parent session (``_host_hooks``).
+        self.subagents = _host_hooks.SubagentLedger(target)
 
     @classmethod
     def next_to(cls, session_file: str | os.PathLike[str], **kwargs: Any) -> SqliteContextEngine:
@@ -243,6 +264,7 @@ class SqliteContextEngine:
         this engine's. The copy holds the whole store in memory."""
         engine = cls(path, **kwargs)
         engine._access.copy = True  # nothing is opened before the first call
+        engine.subagents.in_memory = True
         return engine
 
     @staticmethod
@@ -262,6 +284,7 @@ class SqliteContextEngine:
             owns_compaction=self.healthy,
             turn_maintenance_mode="background",
             transcript_semantics=TranscriptSemantics.v1(),
+            host_requirements=_host_hooks.HOST_REQUIREMENTS,
         )
 
     @property
@@ -665,10 +688,15 @@ class SqliteContextEngine:
             conv.id,
             functools.partial(self._assemble_from, budget),
         )
-        return AssembleResult(
+        result = AssembleResult(
             messages=messages,
             estimated_tokens=tokens,
             context_projection=ContextProjection(mode="thread_bootstrap", epoch=epoch),
+            # The assembly is the whole context, fitted to the budget by the engine.
+            prompt_authority="assembled",
+        )
+        return await anyio.to_thread.run_sync(
+            _host_hooks.with_subagent_results, self.subagents, key, result
         )
 
     # -- compaction ----------------------------------------------------------------------
@@ -697,6 +725,7 @@ class SqliteContextEngine:
                 force=params.force,
                 allow_model=True,
                 custom_instructions=params.custom_instructions,
+                stop=_aborted(params.abort_signal),
             )
         (_log.info if report.passes else _log.debug)(
             "sqlite context engine compaction",
@@ -827,9 +856,40 @@ class SqliteContextEngine:
             self._access.error = None
         return report
 
+    # -- reset, end, subagents, control (the hooks live in _host_hooks) --------------------
+
+    async def before_session_reset(self, params: SessionResetParams) -> SessionResetResult:
+        """Archive the session's conversation (see ``_host_hooks``)."""
+        return await _host_hooks.before_session_reset(self, params)
+
+    async def session_end(self, params: SessionEndParams) -> None:
+        await _host_hooks.session_end(self, params)
+
+    async def prepare_subagent_spawn(self, params: SubagentSpawnParams) -> SubagentSpawnPreparation:
+        return await _host_hooks.prepare_subagent_spawn(self, params)
+
+    async def on_subagent_ended(self, params: SubagentEndedParams) -> None:
+        await _host_hooks.on_subagent_ended(self, params)
+
+    def control_capabilities(self) -> ControlCapabilities:
+        return _host_hooks.control_capabilities()
+
+    async def control(self, request: ControlRequest) -> ControlResult:
+        return await _host_hooks.control(self, request)
+
+    def forget_session(self, session_key: str) -> None:
+        """Drop what this instance caches for ``session_key`` (the store keeps it)."""
+        self._paths.pop(session_key, None)
+
+    async def has_session(self, session_key: str) -> bool:
+        """Whether the store holds an active conversation for ``session_key``."""
+        await self._ready()
+        return await self._existing(session_key) is not None
+
     async def dispose(self) -> None:
         """Release pooled connections and cached path identities; the engine stays usable."""
         self._paths.clear()
+        self.subagents.forget_all()
         with self._decoded_lock:
             self._decoded.clear()
         if self._access.pool is not None:

@@ -16,6 +16,8 @@ Theory of operation:
   compaction runs as a best-effort secondary step. An engine failure still goes to native
   compaction; a native failure never turns a successful engine result into a failure (that
   is the result-building code's job, but the table guarantees native runs after either).
+  An engine compaction the caller aborted (the host's abort signal) is reported at once:
+  an abort is not a failure to fall back from.
 * A non-owning engine, or none: a *manual* request (a user's ``/compact``) runs native
   compaction only, exactly as Codex does it. A budget request (``budget``/``overflow``/
   ``threshold``) is left to Codex's own automatic compaction (the runtime contract: automatic
@@ -72,6 +74,7 @@ class CompactionTrigger(enum.StrEnum):
     ENGINE_COMPACTED = "engine_compacted"
     ENGINE_DECLINED = "engine_declined"  # ok, but nothing compacted (e.g. below threshold)
     ENGINE_FAILED = "engine_failed"
+    ENGINE_ABORTED = "engine_aborted"  # the host's abort signal fired: no native either
     MAINTENANCE_RAN = "maintenance_ran"
     MAINTENANCE_FAILED = "maintenance_failed"
     NATIVE_COMPACTED = "native_compacted"
@@ -111,6 +114,8 @@ COMPACTION_TABLE: dict[CompactionState, tuple[Edge, ...]] = {
         Edge(T.ENGINE_DECLINED, S.REPORTED, unless=_THEN_NATIVE),
         Edge(T.ENGINE_FAILED, S.NATIVE_COMPACTING, when=_THEN_NATIVE),
         Edge(T.ENGINE_FAILED, S.REPORTED, unless=_THEN_NATIVE),
+        # The caller aborted the compaction: nothing more is done, native included.
+        Edge(T.ENGINE_ABORTED, S.REPORTED),
     ),
     # State: compaction_maintenance (only after the engine compacted; never fatal)
     S.COMPACTION_MAINTENANCE: (

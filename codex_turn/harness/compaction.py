@@ -84,6 +84,7 @@ from codex_turn.harness.appserver.errors import AppServerError
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding, write_binding
 from codex_turn.harness.driver import Row, drive, stage_table
 from codex_turn.harness.engine import (
+    AbortSignal,
     CompactDetails,
     CompactParams,
     CompactResult,
@@ -207,6 +208,13 @@ class CompactSessionParams:
     prompt_cache: Mapping[str, Any] | None = None
     attempt: Mapping[str, Any] = attrs.field(factory=dict)
     transcript_rewriter: TranscriptRewriter | None = None
+    #: Why the compaction is forced (``CompactParams.force_reason``; default: the trigger of
+    #: a manual request), what made the host compact before a turn (a preflight), and the
+    #: signal the caller sets to abort it (the engine's compact is cancelled, nothing more
+    #: runs; the result says ``aborted``).
+    force_reason: str | None = None
+    preflight_trigger: str | None = None
+    abort_signal: AbortSignal | None = attrs.field(default=None, eq=False)
     #: Raise the engine's first contract violation (see ``TurnParams.strict``) as
     #: :class:`~codex_turn.harness.engine.EngineContractViolation` once the compaction ran
     #: to its report (native compaction included); operational faults keep the fallback.
@@ -315,6 +323,36 @@ async def _compact_session(
             return run.report()
 
 
+async def _unless_aborted(
+    call: Awaitable[object], signal: AbortSignal | None
+) -> tuple[object, bool]:
+    """``await call``, cancelled when ``signal`` is aborted first: ``(result, aborted)``."""
+    if signal is None:
+        return await call, False
+    if signal.aborted:
+        close = getattr(call, "close", None)
+        if callable(close):
+            close()  # a coroutine never started: no "never awaited" warning
+        return None, True
+    box: list[object] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            try:
+                box.append(await call)
+            except Exception as error:  # re-raised below, as the call's own
+                failure.append(error)
+            group.cancel_scope.cancel()
+
+        group.start_soon(run)
+        await signal.wait()
+        group.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    return (box[0], False) if box else (None, True)
+
+
 def _engine_owns_compaction(engine: object | None) -> bool:
     # The engine (its info included) was checked before any I/O (resolve_engine).
     return is_active_engine(engine) and engine_info(engine).owns_compaction
@@ -408,12 +446,21 @@ class _Run:
             custom_instructions=p.custom_instructions,
             force=manual,
             runtime_context=self.runtime_context,
+            force_reason=p.force_reason or (self.trigger if manual else None),
+            preflight_trigger=p.preflight_trigger,
+            abort_signal=p.abort_signal,
         )
+        signal = p.abort_signal
         try:
-            raw = None
+            raw, aborted = None, False
             # compact() is required by the contract, checked before any I/O (resolve_engine).
             with anyio.move_on_after(_bound(p.engine_timeout)) as bounded:
-                raw = await self.engine.compact(compact_params)
+                raw, aborted = await _unless_aborted(self.engine.compact(compact_params), signal)
+            if aborted:
+                assert signal is not None
+                self.primary_error = f"{_ENGINE_FAILED}: aborted ({signal.reason})"
+                _log.info("context engine compaction aborted", **self._fields())
+                return T.ENGINE_ABORTED
             if bounded.cancelled_caught:
                 raise TimeoutError(f"compact() exceeded {p.engine_timeout}s")
             primary = coerce_result(

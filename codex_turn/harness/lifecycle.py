@@ -88,6 +88,7 @@ from codex_turn.harness.engine.contract import (
     IngestResult,
     InvalidEngineResult,
     RuntimeContext,
+    TranscriptReadFence,
 )
 from codex_turn.harness.engine.shapes import json_type_name
 from codex_turn.harness.engine.validation import (
@@ -120,6 +121,7 @@ from codex_turn.harness.violations import engine_fault, tolerated_violation
 __all__ = [
     "ASSEMBLE_FAILED_WARNING",
     "RUNTIME_CONTEXT_CUSTOM_TYPE",
+    "AssembleFacts",
     "AssembleOutcome",
     "BackgroundMaintenance",
     "BootstrapOutcome",
@@ -152,6 +154,21 @@ _INGEST_FAILED: Final = "context engine ingest failed"
 
 
 # --- Outcomes -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AssembleFacts:
+    """The host's facts of a turn that :class:`AssembleParams` carries beyond the original
+    contract (the same names; see there)."""
+
+    model_id: str | None = None
+    provider_id: str | None = None
+    requested_model_id: str | None = None
+    fallback_reason: str | None = None
+    degraded_reason: str | None = None
+    sandboxed: bool | None = None
+    runtime_context: RuntimeContext | None = None
+    transcript_read_fence: TranscriptReadFence | None = None
 
 
 @attrs.frozen
@@ -312,14 +329,17 @@ async def assemble_context_engine(
     citations_mode: str | None = None,
     model: str | None = None,
     prompt: str | None = None,
+    facts: AssembleFacts | None = None,
 ) -> AssembleOutcome:
     """Ask the engine for this turn's context; a failure means "use the baseline prompt".
 
     ``messages`` is the mirrored history (hidden runtime-context messages are stripped here);
     ``available_tools`` the names of the dynamic tools built for this turn (pass an empty
     iterable when tools are disabled: the engine then knows there are none); ``prompt`` the raw
-    user prompt. An exception or an invalid result (:class:`InvalidEngineResult`) is logged as
-    OpenClaw's ``"context engine assemble failed; using Codex baseline prompt"``.
+    user prompt; ``facts`` the host's further facts of the turn (model and provider ids,
+    fallback and degraded reasons, sandbox, runtime context, transcript read fence). An
+    exception or an invalid result (:class:`InvalidEngineResult`) is logged as OpenClaw's
+    ``"context engine assemble failed; using Codex baseline prompt"``.
     """
     if not is_active_engine(engine):
         return AssembleOutcome(status="skipped")
@@ -334,6 +354,7 @@ async def assemble_context_engine(
         citations_mode=citations_mode or None,
         model=model,
         prompt=prompt,
+        **(attrs.asdict(facts, recurse=False) if facts is not None else {}),
     )
     try:
         assemble = optional_method(engine, "assemble")

@@ -16,25 +16,38 @@ own, shared and read-only: never copied per reader).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from codex_turn.frozen import FrozenList
 from codex_turn.harness.engine.contract import AgentMessage, RuntimeContext
 from codex_turn.harness.usage import Usage
 
+if TYPE_CHECKING:
+    from codex_turn.harness.engine.host import HostLlm, PromptCacheObservation
+
 __all__ = [
+    "PROMPT_CACHE_RETENTION",
+    "PROMPT_CACHE_TTL_S",
     "RUNTIME_CONTEXT_CUSTOM_TYPE",
     "FrozenHistory",
     "RuntimeContextFree",
     "build_runtime_context",
     "build_runtime_context_from_usage",
     "harness_runtime_context",
+    "prompt_cache_observation",
     "strip_runtime_context_messages",
 ]
 
 #: The custom message type OpenClaw uses for hidden runtime context; never shown to engines.
 RUNTIME_CONTEXT_CUSTOM_TYPE: Final = "openclaw.runtime-context"
+#: How long Codex's model path keeps a prompt cache, as the runtime context says it
+#: (``promptCache.retention``): OpenAI's in-memory prompt cache, minutes after the last use.
+PROMPT_CACHE_RETENTION: Final = "short"
+PROMPT_CACHE_TTL_S: Final = 300
+#: A call that read at least this share of its prompt from the cache observed a ``hit``.
+_CACHE_HIT_SHARE: Final = 0.9
 
 
 # --- Helpers --------------------------------------------------------------------------------
@@ -173,6 +186,8 @@ def harness_runtime_context(
     current_token_count: float | None = None,
     prompt_cache: Mapping[str, Any] | None = None,
     attempt: Mapping[str, Any] | None = None,
+    cwd: str | None = None,
+    llm: HostLlm | None = None,
 ) -> RuntimeContext:
     """The runtime context of this harness, for turns and compactions alike (one builder).
 
@@ -180,8 +195,11 @@ def harness_runtime_context(
     "codex-app-server", the session and sandbox keys, model, auth profile) come first and the
     host's ``attempt`` facts override them. ``usage`` (the last model call's) sets
     ``currentTokenCount`` and, unless ``prompt_cache`` is given, ``promptCache.lastCallUsage``
-    from Codex's cached-input counts when Codex reported them; otherwise ``promptCache`` is
-    omitted, never zeroed.
+    from Codex's cached-input counts when Codex reported them, with ``retention``,
+    ``observation`` (hit, partial, miss) and ``expiresAt`` (epoch ms; see
+    :class:`~codex_turn.harness.engine.host.PromptCacheFacts`); otherwise ``promptCache`` is
+    omitted, never zeroed. ``cwd`` is the turn's working directory; ``llm`` the model the host
+    lends the engine (``runtime_context["llm"]``, see :mod:`codex_turn.harness.host_llm`).
     """
     facts: dict[str, Any] = {
         "sessionKey": session_key,
@@ -200,9 +218,12 @@ def harness_runtime_context(
                 "cacheRead": usage.cache_read,
                 "cacheWrite": usage.cache_write,
                 "total": usage.total_tokens,
-            }
+            },
+            "retention": PROMPT_CACHE_RETENTION,
+            "observation": prompt_cache_observation(usage),
+            "expiresAt": int((time.time() + PROMPT_CACHE_TTL_S) * 1000),
         }
-    return build_runtime_context(
+    context = build_runtime_context(
         attempt=facts,
         workspace_dir=workspace_dir,
         agent_dir=agent_dir,
@@ -210,3 +231,19 @@ def harness_runtime_context(
         current_token_count=usage.prompt_tokens if usage is not None else current_token_count,
         prompt_cache=prompt_cache,
     )
+    if cwd is not None:
+        context.setdefault("cwd", cwd)
+    if llm is not None:
+        context["llm"] = llm
+    return context
+
+
+def prompt_cache_observation(usage: Usage) -> PromptCacheObservation:
+    """What a call saw of the prompt cache: ``hit`` (nearly all its prompt cached),
+    ``partial``, ``miss``, or ``unknown`` (Codex reported no cache counts)."""
+    if not usage.cache_reported:
+        return "unknown"
+    prompt = usage.prompt_tokens or 0
+    if usage.cache_read <= 0 or prompt <= 0:
+        return "miss"
+    return "hit" if usage.cache_read >= _CACHE_HIT_SHARE * prompt else "partial"

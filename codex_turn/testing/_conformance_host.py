@@ -13,7 +13,11 @@ with the turn's prompt kept out of it, the mirror (the real :func:`mirror_turn`,
 carry the ``idempotencyKey`` a real transcript gives them), then finalize by the harness's
 preference (``after_turn`` with the whole session and the pre-prompt count, else
 ``ingest_batch`` of the new messages, else ``ingest`` of each) and turn maintenance.
-Background maintenance is awaited where the scheduler would have drained it. Every result is
+Background maintenance is awaited where the scheduler would have drained it. Every runtime
+context carries ``cwd`` and the kit's model (:class:`KitLlm`: a fixed answer per request,
+each request recorded and checked as the harness checks it), as a host that lends its model
+does; the later hooks (reset, end, subagents, control) are called as
+:mod:`codex_turn.harness.session_lifecycle` calls them. Every result is
 checked with the harness's own boundary validation; an exception or an invalid result fails
 the check with the method's name. The host is *strict*, as a turn with
 ``TurnParams(strict=True)``: the engine is checked as every turn checks it before it starts
@@ -55,6 +59,7 @@ from codex_turn._json import canonical_json
 from codex_turn.frozen import freeze
 from codex_turn.harness.engine.contract import (
     REQUIRED_METHODS,
+    AbortSignal,
     AfterTurnParams,
     AgentMessage,
     AssembleParams,
@@ -79,6 +84,19 @@ from codex_turn.harness.engine.durable import (
     TurnTerminal,
     declares_durable_turns,
 )
+from codex_turn.harness.engine.host import (
+    ControlRequest,
+    ControlResult,
+    LlmCompletion,
+    LlmRequest,
+    SessionEndParams,
+    SessionResetParams,
+    SessionResetResult,
+    SubagentEndedParams,
+    SubagentOutcome,
+    SubagentSpawnParams,
+    SubagentSpawnPreparation,
+)
 from codex_turn.harness.engine.shapes import to_json
 from codex_turn.harness.engine.validation import (
     check_engine,
@@ -87,6 +105,7 @@ from codex_turn.harness.engine.validation import (
     ensure_assemble_result,
     optional_method,
 )
+from codex_turn.harness.host_llm import check_request
 from codex_turn.harness.runtime_context import build_runtime_context
 from codex_turn.harness.session import load_session_messages, mirror_turn
 
@@ -96,6 +115,7 @@ __all__ = [
     "DrivenEngine",
     "EngineFactory",
     "Host",
+    "KitLlm",
     "NotApplicable",
     "ScriptedTurn",
     "Session",
@@ -477,6 +497,27 @@ def _validated(value: object, cls: type[T], *, engine: str, method: str) -> T:
         raise CheckFailed(str(err)) from err
 
 
+@attrs.define(eq=False)
+class KitLlm:
+    """The model the kit lends in every runtime context (``runtime_context["llm"]``): it
+    answers each request with a short fixed text, deterministically, and records the
+    requests (checked as the harness checks them; an invalid one is recorded as its
+    problem)."""
+
+    requests: list[LlmRequest] = attrs.Factory(list)
+    problems: list[str] = attrs.Factory(list)
+
+    async def complete(self, request: LlmRequest) -> LlmCompletion:
+        try:
+            checked = check_request(request)
+        except Exception as err:
+            self.problems.append(str(err))
+            raise
+        self.requests.append(checked)
+        digest = hashlib.sha256(canonical_json(to_json(checked)).encode()).hexdigest()[:8]
+        return LlmCompletion(text=f"kit answer {digest}", model="conformance-kit")
+
+
 @attrs.define
 class DrivenEngine:
     """One engine instance ("one process") and the harness's calls on it."""
@@ -484,6 +525,7 @@ class DrivenEngine:
     engine: Any
     info: ContextEngineInfo
     budget: int = HUGE_BUDGET
+    llm: KitLlm = attrs.Factory(KitLlm)
 
     def has(self, method: str) -> bool:
         """Whether the engine has ``method`` (:func:`optional_method`, as the harness asks)."""
@@ -503,7 +545,90 @@ class DrivenEngine:
         return "ingest_batch" if self.has("ingest_batch") else "ingest"
 
     def _runtime(self, session: Session, budget: int) -> dict[str, Any]:
-        return build_runtime_context(workspace_dir=os.fspath(session.root), token_budget=budget)
+        context = build_runtime_context(workspace_dir=os.fspath(session.root), token_budget=budget)
+        context["cwd"] = os.fspath(session.root)
+        context["llm"] = self.llm
+        return context
+
+    # -- the later hooks (reset, end, subagents, control) ---------------------------------
+
+    async def reset(self, session: Session) -> SessionResetResult:
+        raw = await _checked(
+            "before_session_reset()",
+            self.engine.before_session_reset(
+                SessionResetParams(
+                    session_id=session.id,
+                    session_key=session.key,
+                    session_file=os.fspath(session.file),
+                    reason="conformance",
+                )
+            ),
+        )
+        return _validated(
+            raw, SessionResetResult, engine=self.info.id, method="before_session_reset"
+        )
+
+    async def end(self, session: Session) -> None:
+        result = await _checked(
+            "session_end()",
+            self.engine.session_end(
+                SessionEndParams(
+                    session_id=session.id,
+                    session_key=session.key,
+                    session_file=os.fspath(session.file),
+                    reason="conformance",
+                )
+            ),
+        )
+        if result is not None:
+            raise CheckFailed(f"session_end() returned {type(result).__name__}, not None")
+
+    def _spawn(self, parent: Session, child: Session, task: str) -> SubagentSpawnParams:
+        return SubagentSpawnParams(
+            parent_session_id=parent.id,
+            parent_session_key=parent.key,
+            parent_session_file=os.fspath(parent.file),
+            child_session_id=child.id,
+            child_session_key=child.key,
+            child_session_file=os.fspath(child.file),
+            task=task,
+        )
+
+    async def prepare_subagent(
+        self, parent: Session, child: Session, task: str
+    ) -> SubagentSpawnPreparation | None:
+        raw = await _checked(
+            "prepare_subagent_spawn()",
+            self.engine.prepare_subagent_spawn(self._spawn(parent, child, task)),
+        )
+        if raw is None:
+            return None
+        return _validated(
+            raw, SubagentSpawnPreparation, engine=self.info.id, method="prepare_subagent_spawn"
+        )
+
+    async def subagent_ended(
+        self, parent: Session, child: Session, outcome: SubagentOutcome, text: str | None
+    ) -> None:
+        result = await _checked(
+            "on_subagent_ended()",
+            self.engine.on_subagent_ended(
+                SubagentEndedParams(
+                    parent_session_id=parent.id,
+                    parent_session_key=parent.key,
+                    child_session_id=child.id,
+                    child_session_key=child.key,
+                    outcome=outcome,
+                    result_text=text,
+                )
+            ),
+        )
+        if result is not None:
+            raise CheckFailed(f"on_subagent_ended() returned {type(result).__name__}, not None")
+
+    async def control(self, request: ControlRequest) -> ControlResult:
+        raw = await _checked(f"control({request.action})", self.engine.control(request))
+        return _validated(raw, ControlResult, engine=self.info.id, method="control")
 
     async def bootstrap(self, session: Session) -> BootstrapResult | None:
         """``bootstrap`` (when present) then maintenance, as for a session that existed."""
@@ -671,6 +796,8 @@ class DrivenEngine:
         budget: int,
         force: bool,
         current_token_count: int | None = None,
+        abort_signal: AbortSignal | None = None,
+        preflight_trigger: str | None = None,
     ) -> CompactResult:
         """``compact`` as the harness asks it: manual (forced, to threshold) or for budget."""
         raw = await _checked(
@@ -685,6 +812,9 @@ class DrivenEngine:
                     current_token_count=current_token_count,
                     compaction_target="threshold" if force else "budget",
                     runtime_context=self._runtime(session, budget),
+                    force_reason="manual" if force else None,
+                    preflight_trigger=preflight_trigger,
+                    abort_signal=abort_signal,
                 )
             ),
         )

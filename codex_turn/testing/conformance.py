@@ -94,8 +94,15 @@ The checks (rules in brackets; "stores" means storage "memory" or "durable")
 the harness never calls]  ``tool_pairs_intact`` [every engine]  ``deterministic`` [every
 engine]  ``prefix_stable`` [every engine]  ``epoch_stable`` [assemblies carry a
 thread_bootstrap projection]  ``compaction_honest`` [every engine]  ``compaction_converges``
-[info.owns_compaction]  ``sessions_isolated`` [every engine]; and, for an engine that
-declares transcript semantics only (:data:`DURABLE_TURN_CHECKS`), ``commit_turn_exactly_once``.
+[info.owns_compaction]  ``sessions_isolated`` [every engine]; for an engine that declares
+transcript semantics only (:data:`DURABLE_TURN_CHECKS`), ``commit_turn_exactly_once``; and
+the contract's later part:
+``host_requirements_met`` [every engine]  ``model_access_declared`` [every engine]
+``reset_archives_or_keeps`` [engines with before_session_reset]  ``session_end_releases_only``
+[engines with session_end]  ``subagent_round_trip`` [engines with the subagent hooks]
+``control_answers`` [engines with control]  ``compaction_abortable`` [info.owns_compaction].
+A check whose rule names a hook finds out whether the engine has it (as the harness does)
+and reports ``not_applicable`` with that reason when it has not.
 :attr:`ConformanceCheck.description` says exactly what each one does and proves.
 
 Why one module of ~1,000 lines: it is the specification engine authors read, the checks next to
@@ -122,10 +129,18 @@ from codex_turn.errors import CodexTurnError
 from codex_turn.harness.engine.contract import (
     LEGACY_ENGINE_ID,
     OPTIONAL_METHODS,
+    AbortSignal,
     AgentMessage,
     AssembleResult,
     CompactResult,
 )
+from codex_turn.harness.engine.host import (
+    CONTROL_ACTIONS,
+    ControlRequest,
+    HostRequirementsUnmet,
+    check_host_requirements,
+)
+from codex_turn.harness.session_lifecycle import control_capabilities
 from codex_turn.testing._conformance_host import (
     HUGE_BUDGET,
     CheckFailed,
@@ -1159,6 +1174,249 @@ async def _commit_turn_exactly_once(run: _Run) -> None:
     _alike("compared with a replay without crashes", await replay.assemble(replay_session), final)
 
 
+# --- The checks of the contract's later part (host capabilities, hooks, control) -----------
+
+
+async def _host_requirements_met(run: _Run) -> None:
+    """The engine needs nothing the Codex harness does not offer.
+
+    ``info.host_requirements`` is read as every load reads it: each name must be a known
+    capability that this harness offers (``CODEX_HOST_CAPABILITIES``), else ``run_codex_turn``
+    refuses the engine before any turn (``HostRequirementsUnmet``).
+    """
+    engine = await run.engine()
+    needs = engine.info.host_requirements
+    try:
+        check_host_requirements(engine.info.id, needs)
+    except HostRequirementsUnmet as err:
+        raise CheckFailed(str(err)) from None
+    run.note(f"requires: {', '.join(sorted(needs)) or 'nothing beyond the original contract'}")
+
+
+async def _model_access_declared(run: _Run) -> None:
+    """The host's model is used only when declared, and only with valid requests.
+
+    The kit lends a model in every runtime context (``after_turn``, ``maintain``, ``compact``)
+    that answers with a fixed text. Over six turns and a forced compaction at a small budget:
+    an engine that calls it must declare ``runtime-llm-complete`` in
+    ``info.host_requirements`` (a host without the capability lends none: the engine would
+    break there), and every request must pass the harness's own check (a known purpose, a
+    conversation that ends with the user, a bounded size).
+    """
+    engine = await run.engine()
+    session = run.session("llm", 6, large_turns=3, large_words=90)
+    await engine.turns(session, 6)
+    whole = await engine.assemble(session)
+    await engine.compact(session, budget=_small_budget(whole), force=True)
+    llm = engine.llm
+    if llm.problems:
+        raise CheckFailed(f"an invalid model request: {llm.problems[0]}")
+    declared = "runtime-llm-complete" in engine.info.host_requirements
+    if llm.requests and not declared:
+        raise CheckFailed(
+            f"the engine asked the host's model {len(llm.requests)} times without declaring "
+            '"runtime-llm-complete" in info.host_requirements'
+        )
+    purposes = sorted({r.purpose for r in llm.requests})
+    run.note(
+        f"model requests: {len(llm.requests)}"
+        + (f" (purposes: {', '.join(purposes)})" if purposes else "")
+        + f"; declared: {declared}"
+    )
+
+
+def _present(messages: Sequence[AgentMessage], expected: Sequence[AgentMessage]) -> int:
+    """How many of ``expected`` are in ``messages`` (recognised by content)."""
+    return len(expected) - len(missing(messages, expected))
+
+
+async def _reset_archives_or_keeps(run: _Run) -> None:
+    """A reset tells the engine, which archives the session's state or keeps it, and says so.
+
+    Five turns, then ``before_session_reset``: a ``SessionResetResult``. ``archived``: an
+    assembly with an empty live history holds none of the session's messages (its state no
+    longer reaches the model); ``kept``: an engine that stores still assembles them all. Then
+    the session starts over on the same key (a new transcript): three turns, each new message
+    assembled once, and nothing from before the reset unless it was kept.
+    """
+    engine = await run.engine()
+    if not engine.has("before_session_reset"):
+        raise NotApplicable("the engine has no before_session_reset")
+    session = run.session("reset", 5)
+    await engine.turns(session, 5)
+    old = session.source()
+    result = await engine.reset(session)
+    after = await engine.assemble(session, messages=[])
+    if result.action == "archived" and _present(after.messages, old):
+        raise CheckFailed(
+            f"reset answered archived, yet an assembly holds {_present(after.messages, old)} "
+            f"of the session's {len(old)} messages"
+        )
+    if result.action == "kept" and run.storage != "none" and missing(after.messages, old):
+        raise CheckFailed("reset answered kept, yet the stored messages are no longer assembled")
+    again = Session(run.host.new_sessions_dir(), session.id, conversation("reset-anew", 3))
+    await engine.turns(again, 3)
+    assembled = await engine.assemble(again)
+    _no_duplicates("after the reset", assembled, again.source())
+    lost = missing(assembled.messages, again.source())
+    if lost:
+        raise CheckFailed(f"after the reset a new message is not assembled: {lost[0]}")
+    if result.action == "archived" and _present(assembled.messages, old):
+        raise CheckFailed("after an archiving reset, the next turns assemble old messages")
+    run.note(f"reset answered {result.action}; the session went on under the same key")
+
+
+async def _session_end_releases_only(run: _Run) -> None:
+    """``session_end`` releases, it does not forget: the session resumes as it was.
+
+    Four turns, ``session_end`` (which returns nothing); the same instance then assembles
+    byte-identically to before (and, for a durable store, so does a new instance on it), and
+    a fifth turn runs with every message assembled once.
+    """
+    store = run.host.new_store()
+    engine = await run.engine(store)
+    if not engine.has("session_end"):
+        raise NotApplicable("the engine has no session_end")
+    session = run.session("end", 5)
+    await engine.turns(session, 4)
+    before = await engine.assemble(session)
+    await engine.end(session)
+    _same("after session_end", before, await engine.assemble(session))
+    if run.storage == "durable":
+        restarted = await run.engine(store)
+        _same("a new instance after session_end", before, await restarted.assemble(session))
+    await engine.turn(session)
+    fifth = await engine.assemble(session)
+    _no_duplicates("a turn after session_end", fifth, session.source())
+    run.note("the session resumed after session_end as it was")
+
+
+async def _subagent_round_trip(run: _Run) -> None:
+    """A child session seeded by the engine runs apart, and its end is taken back cleanly.
+
+    Applies when the engine has ``prepare_subagent_spawn`` or ``on_subagent_ended``; it must
+    have both. The parent runs four turns; ``prepare_subagent_spawn`` answers a
+    ``SubagentSpawnPreparation`` (or nothing); the child (its own key and transcript) runs
+    three turns, each of its messages assembled once; ``on_subagent_ended`` (completed, with
+    an answer) returns nothing. The parent then still assembles each of its messages once
+    with its tool pairs intact, a bystander session is untouched byte for byte, and a second
+    child that ended ``spawn_failed`` changes nothing at all.
+    """
+    engine = await run.engine()
+    has = [engine.has(m) for m in ("prepare_subagent_spawn", "on_subagent_ended")]
+    if not any(has):
+        raise NotApplicable("the engine has neither prepare_subagent_spawn nor on_subagent_ended")
+    if not all(has):
+        raise CheckFailed("the engine has only one of prepare_subagent_spawn, on_subagent_ended")
+    root = run.host.new_sessions_dir()
+    parent = run.session("parent", 4, root=root)
+    bystander = run.session("bystander", 3, root=root)
+    await engine.turns(parent, 4)
+    await engine.turns(bystander, 3)
+    quiet = await engine.assemble(bystander)
+    child = run.session("child", 3, root=root)
+    preparation = await engine.prepare_subagent(parent, child, "summarise the parent's work")
+    await engine.turns(child, 3)
+    assembled = await engine.assemble(child)
+    _no_duplicates("the child's assembly", assembled, child.source())
+    if missing(assembled.messages, child.source()):
+        raise CheckFailed("the child's own messages are not all assembled")
+    await engine.subagent_ended(parent, child, "completed", "the child's answer")
+    folded = await engine.assemble(parent)
+    _no_duplicates("the parent after its child ended", folded, parent.source())
+    if missing(folded.messages, parent.source()):
+        raise CheckFailed("after its child ended, the parent lost messages")
+    problems = tool_pair_problems(folded.messages, parent.source())
+    if problems:
+        raise CheckFailed(f"the parent after its child ended: {'; '.join(problems[:3])}")
+    _same("a bystander session after a child ended", quiet, await engine.assemble(bystander))
+    failed = run.session("child-failed", 1, root=root)
+    await engine.prepare_subagent(parent, failed, "a task that never ran")
+    await engine.subagent_ended(parent, failed, "spawn_failed", None)
+    _same("the parent after a child that never ran", folded, await engine.assemble(parent))
+    seeded = preparation is not None and (
+        preparation.seeded or bool(preparation.system_prompt_addition)
+    )
+    run.note(f"child seeded: {seeded}; the parent took the end back without damage")
+
+
+async def _control_answers(run: _Run) -> None:
+    """``control`` answers every action it declares, in the contract's shape.
+
+    Applies when the engine has ``control``. ``control_capabilities`` declares a subset of
+    status, doctor and rotate; after three turns each declared action answers a
+    ``ControlResult`` naming it (doctor without repair). After ``rotate`` of the session's
+    key, an assembly with an empty live history holds none of its messages, and the session
+    goes on: two more turns, each message assembled once.
+    """
+    engine = await run.engine()
+    if not engine.has("control"):
+        raise NotApplicable("the engine has no control")
+    try:
+        declared = control_capabilities(engine.engine)
+    except Exception as err:
+        raise CheckFailed(f"control_capabilities: {err}") from None
+    unknown = sorted(declared.actions - set(CONTROL_ACTIONS))
+    if unknown:
+        raise CheckFailed(f"control_capabilities declares unknown actions: {unknown}")
+    session = run.session("control", 5)
+    await engine.turns(session, 3)
+    answered: list[str] = []
+    for action in ("status", "doctor", "rotate"):
+        if action not in declared.actions:
+            continue
+        result = await engine.control(ControlRequest(action=action, session_key=session.key))
+        if result.action != action:
+            raise CheckFailed(f"control({action}) answered for {result.action!r}")
+        answered.append(f"{action}: ok={result.ok}")
+    if "rotate" in declared.actions:
+        old = session.source()
+        after = await engine.assemble(session, messages=[])
+        if _present(after.messages, old):
+            raise CheckFailed("after rotate, an assembly still holds the session's old messages")
+        again = Session(run.host.new_sessions_dir(), session.id, conversation("control-anew", 2))
+        await engine.turns(again, 2)
+        _no_duplicates("after rotate", await engine.assemble(again), again.source())
+    run.note("; ".join(answered) or "no actions declared")
+
+
+async def _compaction_abortable(run: _Run) -> None:
+    """An aborted compaction stops at once and says so honestly.
+
+    Applies to ``info.owns_compaction``. Sixteen turns; a forced compaction whose abort signal
+    is already set compacts nothing (``compacted=false``, the assembly byte for byte as
+    before), then a compaction with a ``preflight_trigger`` compacts honestly.
+    """
+    engine = await run.engine()
+    if not engine.info.owns_compaction:
+        raise NotApplicable("info.owns_compaction is false")
+    session = run.session("abort", 16, large_turns=8, large_words=90)
+    await engine.turns(session, 16)
+    before = await engine.assemble(session)
+    budget = _small_budget(before)
+    signal = AbortSignal()
+    signal.abort("conformance")
+    result = await engine.compact(session, budget=budget, force=True, abort_signal=signal)
+    problem = _honesty_problem(result)
+    if problem:
+        raise CheckFailed(f"an aborted compaction: {problem}")
+    if result.compacted:
+        raise CheckFailed("a compaction aborted before it began compacted all the same")
+    unchanged = await engine.assemble(session)
+    _same("an aborted compaction", before, unchanged)
+    preflight = await engine.compact(
+        session,
+        budget=budget,
+        force=False,
+        current_token_count=2 * budget,
+        preflight_trigger="budget",
+    )
+    problem = _honesty_problem(preflight)
+    if problem:
+        raise CheckFailed(f"a preflight compaction: {problem}")
+    run.note(f"aborted: compacted={result.compacted}; preflight: compacted={preflight.compacted}")
+
+
 def _check(
     body: _Body,
     applies_to: str,
@@ -1325,6 +1583,65 @@ CONFORMANCE_CHECKS: Final[tuple[ConformanceCheck, ...]] = (
         _always,
         "one instance serves every session of a directory, stored or not",
         both=("breaks", "one session's messages reach another's model"),
+    ),
+    _check(
+        _host_requirements_met,
+        _EVERY,
+        _always,
+        "every engine is loaded by the same check of what it requires against what the host offers",
+        both=("breaks", "the harness refuses the engine before any turn"),
+    ),
+    _check(
+        _model_access_declared,
+        _EVERY,
+        _always,
+        "the host lends its model in every engine's runtime context; a host without it lends "
+        "none, and only a declaration lets it refuse the engine up front",
+        both=(
+            "breaks",
+            "on a host that cannot lend its model the engine fails mid-session, or a request "
+            "the host refuses leaves it without its summary",
+        ),
+    ),
+    _check(
+        _reset_archives_or_keeps,
+        "engines with before_session_reset",
+        _always,
+        "only an engine with the hook hears of a reset; one without it keeps its state by "
+        "default, which the host then knows",
+        both=("breaks", "a reset session still sees its old conversation, or loses what it kept"),
+    ),
+    _check(
+        _session_end_releases_only,
+        "engines with session_end",
+        _always,
+        "only an engine with the hook is told a session ended",
+        both=("breaks", "a session resumed after its end lost or doubled its context"),
+    ),
+    _check(
+        _subagent_round_trip,
+        "engines with prepare_subagent_spawn or on_subagent_ended (both required)",
+        _always,
+        "only an engine with the hooks seeds children and takes their results back",
+        both=(
+            "breaks",
+            "a child's run damages its parent's context or another session's, or a child "
+            "sees what it should not",
+        ),
+    ),
+    _check(
+        _control_answers,
+        "engines with control",
+        _always,
+        "only an engine with control is offered to operators",
+        both=("breaks", "an operator's status, doctor or rotate fails or lies"),
+    ),
+    _check(
+        _compaction_abortable,
+        _OWNS,
+        _always,
+        "only an engine that owns compaction is asked to compact, and so to stop",
+        both=("costs", "an aborted compaction runs on, holding the session meanwhile"),
     ),
 )
 

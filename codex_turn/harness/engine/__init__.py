@@ -3,6 +3,9 @@
 * :mod:`.contract`: what an engine is, what it is called with and returns (the params and
   results, the :class:`ContextEngine` protocol and its optional ``Supports*`` methods, the
   errors, the legacy engine);
+* :mod:`.host`: the contract's later part (OpenClaw 2026): the host's capabilities and an
+  engine's requirements, model access (``runtime_context["llm"]``), the prompt cache facts,
+  the session reset / end and subagent hooks, and ``control``;
 * :mod:`.shapes`: the records as OpenClaw's camelCase JSON (one strict converter);
 * :mod:`.validation`: checking an engine before it is used and what it returns at the
   boundary, :func:`optional_method` (the one way to reach an engine's method) and
@@ -13,7 +16,7 @@
   (:func:`load_engine`), and :func:`resolve_engine`, which every turn and compaction calls
   first.
 
-The dependency order is ``contract`` <- ``shapes`` <- ``validation`` <- ``loading``. This
+The dependency order is ``contract`` <- ``host``, ``shapes`` <- ``validation`` <- ``loading``. This
 package re-exports what callers import from it (``codex_turn.harness.engine``); modules of the
 harness import from the submodule a name lives in.
 """
@@ -23,7 +26,9 @@ from __future__ import annotations
 from .contract import (
     LEGACY_ENGINE_ID,
     OPTIONAL_METHODS,
+    PROMPT_AUTHORITIES,
     REQUIRED_METHODS,
+    AbortSignal,
     AfterTurnParams,
     AgentMessage,
     AssembleParams,
@@ -49,12 +54,14 @@ from .contract import (
     LegacyContextEngine,
     MaintainParams,
     MaintenanceResult,
+    PromptAuthority,
     RuntimeContext,
     SupportsAfterTurn,
     SupportsBootstrap,
     SupportsDispose,
     SupportsIngestBatch,
     SupportsMaintain,
+    TranscriptReadFence,
     TranscriptRewriteReplacement,
     TranscriptRewriteRequest,
     TranscriptRewriteResult,
@@ -68,6 +75,41 @@ from .durable import (
     TurnAdmission,
     TurnTerminal,
     declares_durable_turns,
+)
+from .host import (
+    CODEX_HOST_CAPABILITIES,
+    CONTROL_ACTIONS,
+    HOST_CAPABILITIES,
+    HOST_HOOK_METHODS,
+    LLM_PURPOSES,
+    ControlAction,
+    ControlCapabilities,
+    ControlRequest,
+    ControlResult,
+    ControlUnsupported,
+    HostLlm,
+    HostRequirementsUnmet,
+    LlmCompleteError,
+    LlmCompleteFailed,
+    LlmCompleteTimedOut,
+    LlmCompletion,
+    LlmMessage,
+    LlmRequest,
+    LlmRequestInvalid,
+    PromptCacheFacts,
+    SessionEndParams,
+    SessionResetParams,
+    SessionResetResult,
+    SubagentEndedParams,
+    SubagentSpawnParams,
+    SubagentSpawnPreparation,
+    SupportsControl,
+    SupportsSessionEnd,
+    SupportsSessionReset,
+    SupportsSubagents,
+    check_host_requirements,
+    runtime_llm,
+    unmet_host_requirements,
 )
 from .loading import load_engine, resolve_engine
 from .shapes import converter, from_json, json_type_name, to_json
@@ -86,9 +128,16 @@ from .validation import (
 )
 
 __all__ = [
+    "CODEX_HOST_CAPABILITIES",
+    "CONTROL_ACTIONS",
+    "HOST_CAPABILITIES",
+    "HOST_HOOK_METHODS",
     "LEGACY_ENGINE_ID",
+    "LLM_PURPOSES",
     "OPTIONAL_METHODS",
+    "PROMPT_AUTHORITIES",
     "REQUIRED_METHODS",
+    "AbortSignal",
     "AfterTurnParams",
     "AgentMessage",
     "AssembleParams",
@@ -103,6 +152,11 @@ __all__ = [
     "ContextEngine",
     "ContextEngineInfo",
     "ContextProjection",
+    "ControlAction",
+    "ControlCapabilities",
+    "ControlRequest",
+    "ControlResult",
+    "ControlUnsupported",
     "EngineCapabilities",
     "EngineContractError",
     "EngineContractViolation",
@@ -110,22 +164,44 @@ __all__ = [
     "EngineHandle",
     "EngineLoadError",
     "EngineUnavailable",
+    "HostLlm",
+    "HostRequirementsUnmet",
     "IngestBatchParams",
     "IngestBatchResult",
     "IngestParams",
     "IngestResult",
     "InvalidEngineResult",
     "LegacyContextEngine",
+    "LlmCompleteError",
+    "LlmCompleteFailed",
+    "LlmCompleteTimedOut",
+    "LlmCompletion",
+    "LlmMessage",
+    "LlmRequest",
+    "LlmRequestInvalid",
     "MaintainParams",
     "MaintenanceResult",
+    "PromptAuthority",
+    "PromptCacheFacts",
     "RuntimeContext",
+    "SessionEndParams",
+    "SessionResetParams",
+    "SessionResetResult",
     "SessionTarget",
+    "SubagentEndedParams",
+    "SubagentSpawnParams",
+    "SubagentSpawnPreparation",
     "SupportsAfterTurn",
     "SupportsBootstrap",
     "SupportsCommitTurn",
+    "SupportsControl",
     "SupportsDispose",
     "SupportsIngestBatch",
     "SupportsMaintain",
+    "SupportsSessionEnd",
+    "SupportsSessionReset",
+    "SupportsSubagents",
+    "TranscriptReadFence",
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
@@ -133,6 +209,7 @@ __all__ = [
     "TurnAdmission",
     "TurnTerminal",
     "check_engine",
+    "check_host_requirements",
     "coerce_result",
     "converter",
     "declares_durable_turns",
@@ -147,5 +224,7 @@ __all__ = [
     "load_engine",
     "optional_method",
     "resolve_engine",
+    "runtime_llm",
     "to_json",
+    "unmet_host_requirements",
 ]

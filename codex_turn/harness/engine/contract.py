@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
+import anyio
 import attrs
 
 from codex_turn._json import AgentMessage
@@ -51,8 +52,10 @@ __all__ = [
     "KNOWN_TURN_ADVANCEMENT_IDEMPOTENCY",
     "LEGACY_ENGINE_ID",
     "OPTIONAL_METHODS",
+    "PROMPT_AUTHORITIES",
     "REQUIRED_METHODS",
     "TURN_ADVANCEMENT_IDEMPOTENCY_V1",
+    "AbortSignal",
     "AfterTurnParams",
     "AgentMessage",
     "AssembleParams",
@@ -78,12 +81,14 @@ __all__ = [
     "LegacyContextEngine",
     "MaintainParams",
     "MaintenanceResult",
+    "PromptAuthority",
     "RuntimeContext",
     "SupportsAfterTurn",
     "SupportsBootstrap",
     "SupportsDispose",
     "SupportsIngestBatch",
     "SupportsMaintain",
+    "TranscriptReadFence",
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
     "TranscriptRewriteResult",
@@ -102,6 +107,12 @@ TurnMaintenanceMode = Literal["foreground", "background"]
 #: records one more way its thread was projected (``binding.ProjectionMode``: ``fork_base``).
 ContextProjectionMode = Literal["per_turn", "thread_bootstrap"]
 CompactionTarget = Literal["budget", "threshold"]
+#: Whose word the assembly is (OpenClaw's ``promptAuthority``): ``"assembled"``, the engine's
+#: assembly is the whole prompt context and the host sends it as it is (within Codex's own
+#: input limit); ``"preassembly_may_overflow"``, the host may still have to fit it to the
+#: turn's budget (what the harness always did, hence the default).
+PromptAuthority = Literal["assembled", "preassembly_may_overflow"]
+PROMPT_AUTHORITIES: Final = ("assembled", "preassembly_may_overflow")
 
 
 # --- Errors ---------------------------------------------------------------------------------
@@ -196,6 +207,60 @@ class EngineUnavailable(EngineError):
     engine failure, and a strict run does not count it as a contract violation."""
 
 
+# --- Host facts on the params --------------------------------------------------------------
+
+
+@attrs.frozen
+class TranscriptReadFence:
+    """How far the host read the transcript for an assembly (OpenClaw's
+    ``transcriptReadFence``): ``message_count`` messages, the last with ``last_entry_id``
+    (its ``idempotencyKey`` when it has one). Entries past it are this turn's own (the
+    current prompt and reply): an engine reading the transcript itself stops there."""
+
+    message_count: int
+    last_entry_id: str | None = None
+
+
+class AbortSignal:
+    """A one-way flag the host sets to abort an engine's call (OpenClaw's ``AbortSignal``).
+
+    The engine polls :attr:`aborted` between its steps (or awaits :meth:`wait`); the host
+    calls :meth:`abort`. Thread-safe to read; set once (the first reason is kept).
+    """
+
+    __slots__ = ("_reason", "_waiters")
+
+    def __init__(self) -> None:
+        self._reason: str | None = None
+        self._waiters: list[anyio.Event] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    def abort(self, reason: str = "aborted") -> None:
+        if self._reason is None:
+            self._reason = reason or "aborted"
+            for event in self._waiters:
+                event.set()
+            self._waiters.clear()
+
+    async def wait(self) -> None:
+        """Return once the signal is aborted (at once when it is)."""
+        if self._reason is not None:
+            return
+        event = anyio.Event()
+        self._waiters.append(event)
+        await event.wait()
+
+    def __repr__(self) -> str:
+        return f"AbortSignal(aborted={self.aborted!r}, reason={self._reason!r})"
+
+
 # --- Info, params and results ---------------------------------------------------------------
 
 
@@ -241,6 +306,10 @@ class ContextEngineInfo:
     #: Declared: the host settles each turn with ``commit_turn`` (durable turns) instead of
     #: ``after_turn`` / ``ingest_batch`` / ``ingest``.
     transcript_semantics: TranscriptSemantics | None = None
+    #: What the engine needs of its host (OpenClaw's ``hostRequirements``): capability names
+    #: of :data:`~.host.HOST_CAPABILITIES`; a host that lacks one refuses the engine when it
+    #: is loaded, before any turn (:class:`~.host.HostRequirementsUnmet`).
+    host_requirements: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -325,6 +394,23 @@ class AssembleParams:
     model: str | None = None
     #: The raw user prompt of this turn (not trimmed, not projected).
     prompt: str | None = None
+    # Host facts added after the port (OpenClaw's camelCase names in brackets).
+    #: The model the turn runs on, as its provider names it (``modelId``), and the provider
+    #: (``providerId``); ``model`` above stays the host's model setting.
+    model_id: str | None = None
+    provider_id: str | None = None
+    #: The model the user asked for (``requestedModelId``) when the host runs another one,
+    #: and why (``fallbackReason``); ``degraded_reason``: the turn runs with less than usual
+    #: (no tools, a refused resume ...), said in a word or two.
+    requested_model_id: str | None = None
+    fallback_reason: str | None = None
+    degraded_reason: str | None = None
+    #: The turn runs in a sandbox (Codex's sandbox policy is not ``danger-full-access``).
+    sandboxed: bool | None = None
+    #: The same runtime context as after_turn and maintain (``runtimeContext``).
+    runtime_context: RuntimeContext | None = None
+    #: How far the host read the transcript for ``messages`` (``transcriptReadFence``).
+    transcript_read_fence: TranscriptReadFence | None = None
 
 
 @attrs.frozen
@@ -334,6 +420,7 @@ class AssembleResult:
     #: Appended (after a blank line) to Codex's developer instructions.
     system_prompt_addition: str | None = None
     context_projection: ContextProjection | None = None
+    prompt_authority: PromptAuthority = "preassembly_may_overflow"
 
 
 @attrs.frozen
@@ -382,6 +469,13 @@ class CompactParams:
     compaction_target: CompactionTarget | None = None
     custom_instructions: str | None = None
     runtime_context: RuntimeContext | None = None
+    #: Why the compaction is forced (``forceReason``: ``"manual"``, ``"overflow"`` ...).
+    force_reason: str | None = None
+    #: What made the host compact before a turn (``preflightCompactionTrigger``), when it did.
+    preflight_trigger: str | None = None
+    #: Set when the host no longer wants the compaction (OpenClaw's abort signal): an engine
+    #: checks it between steps and stops there, reporting ``compacted`` honestly.
+    abort_signal: AbortSignal | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

@@ -17,13 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from .contract import ContextEngine, EngineContractError, EngineLoadError
-from .validation import check_engine, optional_method
+from .host import CODEX_HOST_CAPABILITIES, check_host_requirements
+from .validation import check_engine, engine_info, is_active_engine, optional_method
 
 __all__ = ["load_engine", "resolve_engine"]
 
 
 def resolve_engine(
-    engine: object | None, *, session_dir: str | os.PathLike[str] | None = None
+    engine: object | None,
+    *,
+    session_dir: str | os.PathLike[str] | None = None,
+    host: frozenset[str] = CODEX_HOST_CAPABILITIES,
 ) -> object | None:
     """The engine a turn or a compaction runs with, checked before it starts.
 
@@ -32,12 +36,18 @@ def resolve_engine(
     :func:`check_engine` (:class:`EngineContractError`). The legacy engine passes and is
     returned as it is: it is *no engine* for the lifecycle, but it is still an engine.
     ``session_dir``: the directory of the session a spec's factory is built for.
+    An active engine whose ``info.host_requirements`` are not all in ``host`` (the host's
+    capabilities) is refused with :class:`~.host.HostRequirementsUnmet`.
     """
     if engine is None:
         return None
     if isinstance(engine, str):
-        return load_engine(engine, session_dir=session_dir)
-    check_engine(engine)
+        engine = load_engine(engine, session_dir=session_dir)
+    else:
+        check_engine(engine)
+    if is_active_engine(engine):
+        info = engine_info(engine)
+        check_host_requirements(info.id, info.host_requirements, host)
     return engine
 
 

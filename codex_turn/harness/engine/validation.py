@@ -34,14 +34,17 @@ from codex_turn._log import mask_session_key
 from .contract import (
     LEGACY_ENGINE_ID,
     OPTIONAL_METHODS,
+    PROMPT_AUTHORITIES,
     REQUIRED_METHODS,
     AssembleResult,
     ContextEngineInfo,
     ContextProjection,
     EngineContractError,
     InvalidEngineResult,
+    PromptAuthority,
 )
 from .durable import durable_turn_problems
+from .host import HOST_HOOK_METHODS
 from .shapes import converter, json_type_name, strict_int
 
 __all__ = [
@@ -132,6 +135,11 @@ def engine_info(engine: object) -> ContextEngineInfo:
     if isinstance(info, ContextEngineInfo):
         if not isinstance(info.id, str) or not info.id:
             raise InvalidEngineResult("<unknown>", "info", "info.id must be a non-empty string")
+        needs = info.host_requirements
+        if not isinstance(needs, frozenset | set) or not all(isinstance(n, str) for n in needs):
+            raise InvalidEngineResult(
+                info.id, "info", "info.host_requirements must be a set of capability names"
+            )
         return info
     if isinstance(info, Mapping):
         parsed = coerce_result(info, ContextEngineInfo, engine_id="<unknown>", method="info")
@@ -194,11 +202,13 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
         estimated: object = value.estimated_tokens
         addition: object = value.system_prompt_addition
         projection: object = value.context_projection
+        authority: object = value.prompt_authority
     elif isinstance(value, Mapping):
         messages = value.get("messages")
         estimated = value.get("estimatedTokens", 0)
         addition = value.get("systemPromptAddition")
         projection = value.get("contextProjection")
+        authority = value.get("promptAuthority", "preassembly_may_overflow")
     else:
         raise InvalidEngineResult(
             engine_id,
@@ -232,6 +242,13 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
             "assemble",
             f"systemPromptAddition must be a string (got {json_type_name(addition)})",
         )
+    if authority not in PROMPT_AUTHORITIES:
+        raise InvalidEngineResult(
+            engine_id,
+            "assemble",
+            f"promptAuthority must be one of {', '.join(PROMPT_AUTHORITIES)} (got {authority!r})",
+        )
+    checked_authority: PromptAuthority = authority
     checked_projection: ContextProjection | None = None
     if projection is not None:
         checked_projection = coerce_result(
@@ -242,6 +259,7 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
         estimated_tokens=tokens,
         system_prompt_addition=addition,
         context_projection=checked_projection,
+        prompt_authority=checked_authority,
     )
 
 
@@ -298,7 +316,7 @@ def _contract_problems(engine: object) -> list[str]:
             problems.append(f"{name} is not callable (got {type(value).__name__})")
     if missing:
         problems.insert(0, f"missing {', '.join(missing)}")
-    for name in OPTIONAL_METHODS:
+    for name in (*OPTIONAL_METHODS, *HOST_HOOK_METHODS):
         value, error = _attribute(engine, name)
         if error is not None:
             problems.append(error)

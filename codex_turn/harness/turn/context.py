@@ -50,6 +50,7 @@ from codex_turn.harness.engine import (
     AgentMessage,
     AssembleResult,
     EngineHandle,
+    TranscriptReadFence,
     declares_durable_turns,
 )
 from codex_turn.harness.history_cache import StrippedHistories
@@ -59,8 +60,10 @@ from codex_turn.harness.hooks import (
     compose_prompt,
     join_sections,
 )
+from codex_turn.harness.host_llm import CodexHostLlm, host_capabilities
 from codex_turn.harness.idempotency import STABLE_PROMPT_SCOPE, advancement_key_for
 from codex_turn.harness.lifecycle import (
+    AssembleFacts,
     BackgroundMaintenance,
     harness_runtime_context,
 )
@@ -359,7 +362,14 @@ Stage = Callable[[TurnContext], Awaitable[TurnTrigger]]
 
 def runtime_context(ctx: TurnContext, *, usage: Usage | None = None) -> dict[str, Any]:
     params = ctx.params
+    workspace = os.fspath(params.workspace_dir)
+    llm = None
+    if "runtime-llm-complete" in host_capabilities(ctx.app_server):
+        # The session's own app-server, on an ephemeral thread per call (host_llm).
+        llm = CodexHostLlm(ctx.app_server, model=params.model, cwd=workspace)  # type: ignore[arg-type]
     return harness_runtime_context(
+        cwd=workspace,
+        llm=llm,
         session_key=ctx.session_key,
         sandbox_session_key=params.sandbox_session_key,
         model=params.model,
@@ -368,6 +378,34 @@ def runtime_context(ctx: TurnContext, *, usage: Usage | None = None) -> dict[str
         token_budget=params.context_token_budget,
         usage=usage,
         attempt=params.runtime_attempt,
+    )
+
+
+def assemble_facts(ctx: TurnContext) -> AssembleFacts:
+    """The host's facts of this turn for ``assemble`` (the model and provider ids, the
+    host's fallback and degraded reasons from ``runtime_attempt``, the sandbox, the runtime
+    context, and the read fence: how much of the transcript ``messages`` is)."""
+    params = ctx.params
+    attempt = params.runtime_attempt
+    messages = ctx.messages
+    last = messages[-1] if messages else None
+    entry = last.get("idempotencyKey") if isinstance(last, dict) else None
+
+    def text(key: str) -> str | None:
+        value = attempt.get(key)
+        return value if isinstance(value, str) and value else None
+
+    return AssembleFacts(
+        model_id=params.model,
+        provider_id=text("provider") or "codex",
+        requested_model_id=text("requestedModelId"),
+        fallback_reason=text("fallbackReason"),
+        degraded_reason=text("degradedReason"),
+        sandboxed=None if params.sandbox is None else params.sandbox != "danger-full-access",
+        runtime_context=runtime_context(ctx),
+        transcript_read_fence=TranscriptReadFence(
+            message_count=len(messages), last_entry_id=entry if isinstance(entry, str) else None
+        ),
     )
 
 

@@ -106,7 +106,22 @@ def unframed(ctx: TurnContext, addition: str | None) -> CodexContextProjection:
 def items_cap(ctx: TurnContext) -> int:
     """The cap on the items' canonical JSON: the text frame's (Codex checks no context
     window on injected items; a real model would refuse an oversized request)."""
-    return max_rendered_context_chars(ctx.params.context_token_budget, ctx.params.reserve_tokens)
+    return max_rendered_context_chars(fitting_budget(ctx), ctx.params.reserve_tokens)
+
+
+#: A budget so large that the frame's cap is its ceiling: an ``assembled`` assembly is not
+#: fitted to the turn's budget (only Codex's own input limit still applies).
+_UNFITTED_BUDGET: Final = 10**12
+
+
+def fitting_budget(ctx: TurnContext) -> int | None:
+    """The budget the host fits the engine's assembly to: the turn's, unless the engine
+    took the prompt's authority (``prompt_authority="assembled"``: its assembly is the whole
+    prompt context, sent as it is within Codex's input limit)."""
+    assembled = ctx.assembled
+    if assembled is not None and assembled.result.prompt_authority == "assembled":
+        return _UNFITTED_BUDGET
+    return ctx.params.context_token_budget
 
 
 def session_conversion(ctx: TurnContext) -> ConversionCache:
@@ -317,13 +332,20 @@ def frame_projection(ctx: TurnContext) -> Projected:
         assembled.result.messages,
         assembled.result.system_prompt_addition,
         bootstrap=assembled.bootstrap_epoch is not None,
+        budget=fitting_budget(ctx),
     )
 
 
 def render_frame(
-    ctx: TurnContext, messages: list[AgentMessage], addition: str | None, *, bootstrap: bool
+    ctx: TurnContext,
+    messages: list[AgentMessage],
+    addition: str | None,
+    *,
+    bootstrap: bool,
+    budget: int | None = None,
 ) -> Projected:
-    """``messages`` framed as this turn's context (raises what the projector raised)."""
+    """``messages`` framed as this turn's context, fitted to ``budget`` (default: the
+    turn's); raises what the projector raised."""
     params = ctx.params
     projector = project_thread_bootstrap_assembly if bootstrap else project_context_engine_assembly
     # The framed context must fit Codex's turn input next to the prompt: cap the context,
@@ -334,7 +356,7 @@ def render_frame(
         original_history_messages=ctx.messages,
         prompt=params.prompt,
         system_prompt_addition=addition,
-        token_budget=params.context_token_budget,
+        token_budget=params.context_token_budget if budget is None else budget,
         reserve_tokens=params.reserve_tokens,
         max_context_chars=max(0, TURN_START_TEXT_MAX_CHARS - frame_and_prompt),
         prompt_key=ctx.known_prompt_key,

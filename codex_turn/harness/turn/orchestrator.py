@@ -68,6 +68,7 @@ from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, 
 from codex_turn.harness.durable_turns import durable_engine, recover_pending_turns
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
+from codex_turn.harness.host_llm import host_capabilities
 from codex_turn.harness.idempotency import (
     CompletedTurn,
     TurnAlreadyCompleted,
@@ -207,8 +208,13 @@ async def run_codex_turn(
         idempotency_key = message_turn_key(params.runtime_attempt)
     with watch_contract(strict=params.strict) as contract, live.ending():
         prompt_identity = turn_context.prompt_identity_for(idempotency_key)  # before any I/O
-        # Before the gate and any I/O: refused at once (a factory gets the session's directory).
-        engine = resolve_engine(engine, session_dir=os.path.dirname(session_file) or os.curdir)
+        # Before the gate and any I/O: refused at once (a factory gets the session's directory;
+        # an engine that needs what this host cannot offer is refused here, before any turn).
+        engine = resolve_engine(
+            engine,
+            session_dir=os.path.dirname(session_file) or os.curdir,
+            host=host_capabilities(app_server),
+        )
         # The session file's canonical name, resolved once: the gate, the lease, the
         # preflight, the binding and the mirror of this turn all key on it.
         with pinned_session_path(session_file):

@@ -101,6 +101,7 @@ from codex_turn.harness.turn.context import (
     Stage,
     ThreadReady,
     TurnContext,
+    assemble_facts,
     engine_binding,
     engine_call,
     log_decision,
@@ -234,6 +235,7 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             citations_mode=params.citations_mode,
             model=params.model,
             prompt=params.prompt,
+            facts=assemble_facts(ctx),
         ),
     )
     if outcome is None or outcome.status != "assembled" or outcome.result is None:
@@ -248,7 +250,17 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
         has_system_prompt_addition=bool(
             result.system_prompt_addition and result.system_prompt_addition.strip()
         ),
+        prompt_authority=result.prompt_authority,
     )
+    budget = params.context_token_budget
+    if result.prompt_authority == "assembled" and budget and result.estimated_tokens > budget:
+        # The engine took the prompt's authority: its assembly is sent as it is (within
+        # Codex's input limit), and an operator hears that it does not fit the budget.
+        ctx.log.warning(
+            "context engine assembly exceeds the budget it vouched for",
+            estimated_tokens=result.estimated_tokens,
+            token_budget=budget,
+        )
     return ASSEMBLE_TRIGGERS[outcome.status]
 
 
