@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import attrs
 
-from codex_turn._checks import Check, at_least, finite, seconds, validate
+from codex_turn._checks import Check, at_least, finite, flag, seconds, validate
 from codex_turn.errors import CodexTurnError
 
 __all__ = ["EngineSettings", "InvalidEngineSettings"]
@@ -86,6 +86,8 @@ class EngineSettings:
     decode_cache_messages: int = 20_000
     #: Sessions whose path identities are cached in memory (LRU).
     path_cache_sessions: int = 32
+    #: Offer the model the recall tools (search, describe, expand the store).
+    recall_tools: bool = True
 
     def __attrs_post_init__(self) -> None:
         validate(self, _CHECKS, InvalidEngineSettings)
@@ -120,4 +122,5 @@ _CHECKS: Final[dict[str, Check]] = {
     "max_db_bytes": at_least(0, optional=True),
     "decode_cache_messages": at_least(0),
     "path_cache_sessions": at_least(1),
+    "recall_tools": flag(),
 }
