@@ -6,7 +6,6 @@ failing ``tools()`` leaves the host's tools alone; the contract check pairs the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +146,7 @@ async def test_a_name_clash_with_a_host_tool_is_refused_before_anything_is_sent(
         )
     assert raised.value.names == ("lookup",)
     assert server.calls == []
-    assert not os.path.exists(params.session_file)
+    assert not Path(params.session_file).exists()  # noqa: ASYNC240
 
 
 async def test_a_failing_offer_leaves_the_hosts_tools_and_is_a_violation(tmp_path: Path) -> None:
