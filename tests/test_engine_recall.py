@@ -234,3 +234,19 @@ async def test_the_index_follows_every_ingestion_path_and_a_migration(tmp_path: 
     assert index_counts(engine.path) == counts
     assert (await reopened.doctor(repair=False)).ok
     reopened.close()
+
+
+async def test_retention_takes_a_pruned_conversation_out_of_the_index(tmp_path: Path) -> None:
+    engine = SqliteContextEngine(tmp_path / "c.sqlite", settings=SMALL)
+    await stored(engine, "s", turns(12))
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=300, force=True)
+    )
+    await stored(engine, "t", turns(3, word="okapi"))
+    assert await engine.archive("s")
+    report = await engine.prune(archived_before=float("inf"))
+    assert report.deleted_conversations == 1
+    assert index_counts(engine.path) == (6, 6, 0, 0)
+    assert (await call(engine, "recall_grep", query="zebra2"))["hits"] == []
+    assert len((await call(engine, "recall_grep", "t", query="okapi1"))["hits"]) == 1
+    assert (await engine.doctor(repair=False)).ok

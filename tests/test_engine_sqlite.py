@@ -147,6 +147,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("max_db_bytes", 2**70),
     ("decode_cache_messages", -1),
     ("path_cache_sessions", 0),
+    ("recall_tools", "yes"),
 ]
 
 

@@ -47,6 +47,7 @@ byte ceiling) and returns the freed pages to the file system (``incremental_vacu
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -55,8 +56,9 @@ from typing import Any, Final, NamedTuple
 
 import attrs
 
+from codex_turn.engines._messages import search_text
 from codex_turn.engines._plan import compute_epoch
-from codex_turn.engines._schema import STORE_FILE, STORE_SIDECARS, Pool
+from codex_turn.engines._schema import STORE_FILE, STORE_SIDECARS, Pool, decode_content
 from codex_turn.harness._fs import PermissionFinding, loose_permissions, session_path
 from codex_turn.harness.binding import binding_path
 
@@ -326,6 +328,11 @@ def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Fin
             )
         for summary_id in unused:
             conn.execute("DELETE FROM summary_sources WHERE summary_id=?", (summary_id,))
+            conn.execute(
+                "INSERT INTO summaries_fts(summaries_fts, rowid, text) "
+                "SELECT 'delete', rowid, content FROM summaries WHERE id=?",
+                (summary_id,),
+            )
             conn.execute("DELETE FROM summaries WHERE id=?", (summary_id,))
 
     # 5. cached counters
@@ -422,7 +429,24 @@ def _file_bytes(path: str) -> int:
     return sum(os.path.getsize(name) for name in (path, path + "-wal") if os.path.exists(name))
 
 
+def _unindex_conversation(conn: sqlite3.Connection, cid: int) -> None:
+    """Remove the conversation's rows from the contentless full-text indexes (FTS5's
+    ``delete`` takes the indexed text again: recomputed from the stored rows)."""
+    rows = conn.execute("SELECT id, content FROM messages WHERE conversation_id=?", (cid,))
+    while batch := rows.fetchmany(512):
+        conn.executemany(
+            "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', ?, ?)",
+            [(mid, search_text(json.loads(decode_content(raw)))) for mid, raw in batch],
+        )
+    conn.execute(
+        "INSERT INTO summaries_fts(summaries_fts, rowid, text) "
+        "SELECT 'delete', rowid, content FROM summaries WHERE conversation_id=?",
+        (cid,),
+    )
+
+
 def _delete_conversation(conn: sqlite3.Connection, cid: int) -> None:
+    _unindex_conversation(conn, cid)
     conn.execute("DELETE FROM context_items WHERE conversation_id=?", (cid,))
     conn.execute(
         "DELETE FROM summary_sources WHERE summary_id IN "

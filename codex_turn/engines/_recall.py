@@ -24,7 +24,8 @@ summary or message is simply not found.
 
 *The index is the store's.* ``messages_fts`` and ``summaries_fts`` are written in the
 transactions that write the rows (``_store.py``), so search never lags ingestion or
-compaction. Searches are newest first (an FTS5 rowid walk that stops at the limit: fast on
+compaction. The indexes are contentless (the text is not stored twice); a hit's snippet is cut
+from the stored row. Searches are newest first (an FTS5 rowid walk that stops at the limit: fast on
 any store size); the question of ``recall_expand_query`` is ranked by BM25 instead.
 
 *Bounded output.* Every answer is compact JSON within :data:`PAGE_CHARS` characters of message
@@ -44,6 +45,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
+from codex_turn.engines._messages import search_text
 from codex_turn.engines._schema import Pool, decode_content
 from codex_turn.harness.engine.contract import (
     EngineTool,
@@ -70,6 +72,7 @@ PAGE_CHARS: Final = 12_000
 _MAX_TERMS: Final = 16
 _MAX_HITS: Final = 50
 _DEFAULT_HITS: Final = 20
+_SNIPPET_CHARS: Final = 120
 _SUMMARY_HITS: Final = 5
 _QUERY_HITS: Final = 50
 _DEFAULT_BUDGET: Final = 2_000
@@ -211,6 +214,25 @@ def fts_query(text: str, *, any_word: bool) -> str | None:
     return (" OR " if any_word else " AND ").join(f'"{word}"' for word in words)
 
 
+def snippet(text: str, words: Sequence[str], width: int = _SNIPPET_CHARS) -> str:
+    """Up to ``width`` characters of ``text`` around the first of ``words`` it holds (any
+    case), that word marked ``[...]``; the start of ``text`` when none is found as such."""
+    found = None
+    for word in words:
+        hit = re.search(re.escape(word), text, re.IGNORECASE)
+        if hit is not None and (found is None or hit.start() < found.start()):
+            found = hit
+    if found is None:
+        return text[:width] + ("..." if len(text) > width else "")
+    start = max(0, found.start() - width // 2)
+    end = min(len(text), start + width)
+    head = "..." if start else ""
+    tail = "..." if end < len(text) else ""
+    return (
+        f"{head}{text[start : found.start()]}[{found.group(0)}]{text[found.end() : end]}{tail}"
+    ).replace("\n", " ")
+
+
 def _covering(conn: sqlite3.Connection, message_ids: Sequence[int]) -> dict[int, str]:
     out: dict[int, str] = {}
     for start in range(0, len(message_ids), _IN_BATCH):
@@ -221,14 +243,13 @@ def _covering(conn: sqlite3.Connection, message_ids: Sequence[int]) -> dict[int,
 
 
 _GREP_MESSAGES: Final = """
-SELECT m.id, m.conversation_id, m.seq, m.role, m.ts,
-       snippet(messages_fts, 0, '[', ']', '...', 12)
+SELECT m.id, m.conversation_id, m.seq, m.role, m.ts, m.content
 FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid
 WHERE messages_fts MATCH ? AND m.conversation_id IN {scope}
 ORDER BY {order} LIMIT ?
 """
 _GREP_SUMMARIES: Final = """
-SELECT s.id, s.conversation_id, s.latest_ts, snippet(summaries_fts, 0, '[', ']', '...', 12)
+SELECT s.id, s.conversation_id, s.latest_ts, s.content
 FROM summaries_fts JOIN summaries AS s ON s.rowid = summaries_fts.rowid
 WHERE summaries_fts MATCH ? AND s.conversation_id IN {scope}
 ORDER BY summaries_fts.rowid DESC LIMIT ?
@@ -259,15 +280,25 @@ def grep(
         sql = _GREP_MESSAGES.format(scope=_marks(len(ids)), order=order)
         rows = conn.execute(sql, (match, *ids, limit)).fetchall()
         covered = _covering(conn, [row[0] for row in rows])
+        words = _WORD.findall(query)[:_MAX_TERMS]
         hits = [
-            Hit(f"m{mid}", "message", scope[cid], seq, role, ts, snippet, covered.get(mid))
-            for mid, cid, seq, role, ts, snippet in rows
+            Hit(
+                f"m{mid}",
+                "message",
+                scope[cid],
+                seq,
+                role,
+                ts,
+                snippet(search_text(json.loads(decode_content(content))), words),
+                covered.get(mid),
+            )
+            for mid, cid, seq, role, ts, content in rows
         ]
         if summaries:
             sql = _GREP_SUMMARIES.format(scope=_marks(len(ids)))
             hits += [
-                Hit(sid, "summary", scope[cid], None, None, ts, snippet, None)
-                for sid, cid, ts, snippet in conn.execute(sql, (match, *ids, summaries))
+                Hit(sid, "summary", scope[cid], None, None, ts, snippet(text, words), None)
+                for sid, cid, ts, text in conn.execute(sql, (match, *ids, summaries))
             ]
         return hits
 

@@ -87,7 +87,10 @@ version at a time):
 ``summaries_fts``  and of each summary's content (rowid = the summary's rowid), written in
                    the transaction that writes the row, so search never lags the store; the
                    version-3 migration indexes what an older store holds (the recall tools,
-                   ``_recall.py``). ``summary_sources`` is indexed by source too, so a
+                   ``_recall.py``). *Contentless* (``content=''``): the text is not stored a
+                   second time (the store stays about the transcript's size); a row's entry
+                   is removed with FTS5's ``delete`` command and the same text, which
+                   :func:`search_text` recomputes from the stored message. ``summary_sources`` is indexed by source too, so a
                    message's summary is found without a scan.
 
 Foreign keys are declared (``PRAGMA foreign_key_check`` verifies them in ``doctor``) but not
@@ -240,8 +243,10 @@ _MIGRATE_1: Final = (
 #: Version 2 -> 3: the full-text indexes and the source indexes (what the recall tools
 #: read); the indexes are filled from the rows by :func:`_index_existing`.
 _MIGRATE_2: Final = (
-    "CREATE VIRTUAL TABLE messages_fts USING fts5(text, tokenize='unicode61 remove_diacritics 2')",
-    "CREATE VIRTUAL TABLE summaries_fts USING fts5(text, tokenize='unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE messages_fts USING fts5(text, content='', "
+    "tokenize='unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE summaries_fts USING fts5(text, content='', "
+    "tokenize='unicode61 remove_diacritics 2')",
     """CREATE INDEX summary_sources_message ON summary_sources(message_id)
         WHERE message_id IS NOT NULL""",
     """CREATE INDEX summary_sources_child ON summary_sources(child_id)
