@@ -90,8 +90,9 @@ version at a time):
                    ``_recall.py``). *Contentless* (``content=''``): the text is not stored a
                    second time (the store stays about the transcript's size); a row's entry
                    is removed with FTS5's ``delete`` command and the same text, which
-                   :func:`search_text` recomputes from the stored message. ``summary_sources`` is indexed by source too, so a
-                   message's summary is found without a scan.
+                   :func:`search_text` recomputes from the stored message.
+                   ``summary_sources`` is indexed by source too, so a message's summary is
+                   found without a scan.
 
 Foreign keys are declared (``PRAGMA foreign_key_check`` verifies them in ``doctor``) but not
 enforced per statement: every write path keeps them by construction, and retention deletes
