@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from support.transcripts import FIXTURES
 
@@ -24,6 +25,7 @@ from codex_turn.harness.engine import (
     CompactParams,
     IngestBatchParams,
     IngestParams,
+    MaintainParams,
     ToolCallParams,
     ToolsParams,
 )
@@ -249,4 +251,33 @@ async def test_retention_takes_a_pruned_conversation_out_of_the_index(tmp_path: 
     assert index_counts(engine.path) == (6, 6, 0, 0)
     assert (await call(engine, "recall_grep", query="zebra2"))["hits"] == []
     assert len((await call(engine, "recall_grep", "t", query="okapi1"))["hits"]) == 1
+    assert (await engine.doctor(repair=False)).ok
+
+
+async def test_the_size_cap_never_takes_the_active_conversation(tmp_path: Path) -> None:
+    """Over the cap, background maintenance prunes archived conversations only: the active
+    conversation's latest turns and everything its summaries stand for stay reachable."""
+    settings = attrs.evolve(SMALL, max_db_bytes=1)
+    engine = SqliteContextEngine(tmp_path / "c.sqlite", settings=settings)
+    await stored(engine, "s", turns(6, word="old"))
+    assert await engine.archive("s")
+    messages = turns(12)
+    await stored(engine, "s", messages)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=300, force=True)
+    )
+    assert (await call(engine, "recall_grep", query="old1"))["hits"]  # archived: reachable
+    done = await engine.maintain(
+        MaintainParams(
+            session_id="s",
+            session_file="",
+            runtime_context={"allowDeferredCompactionExecution": True},
+        )
+    )
+    assert done.bytes_freed >= 0
+    assert (await call(engine, "recall_grep", query="old1"))["hits"] == []
+    for seq, message in enumerate(messages):
+        word = f"zebra{seq // 2}" if seq % 2 == 0 else f"stripes{seq // 2}"
+        (hit,) = (await call(engine, "recall_grep", query=word))["hits"][:1]
+        assert (await expanded(engine, hit["expand"]))[seq] == encode(message)[1].decode()
     assert (await engine.doctor(repair=False)).ok
