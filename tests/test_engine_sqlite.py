@@ -169,7 +169,9 @@ def test_every_setting_is_checked_and_the_target_stays_below_the_threshold() -> 
         EngineSettings(threshold=0.5, compaction_target=0.5)
     with pytest.raises(InvalidEngineSettings, match="busy_timeout_s"):
         attrs.evolve(EngineSettings(), busy_timeout_s=float("inf"))
-    unbounded = EngineSettings(busy_timeout_s=2_000_000, compress_over_bytes=None, max_db_bytes=None)
+    unbounded = EngineSettings(
+        busy_timeout_s=2_000_000, compress_over_bytes=None, max_db_bytes=None
+    )
     assert unbounded.max_db_bytes is None  # the cap can be lifted; by default there is one
     assert EngineSettings().max_db_bytes == 1 << 30
 
