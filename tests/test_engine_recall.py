@@ -8,6 +8,7 @@ transactions, and a version-2 store is indexed when it is migrated."""
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -280,4 +281,65 @@ async def test_the_size_cap_never_takes_the_active_conversation(tmp_path: Path) 
         word = f"zebra{seq // 2}" if seq % 2 == 0 else f"stripes{seq // 2}"
         (hit,) = (await call(engine, "recall_grep", query=word))["hits"][:1]
         assert (await expanded(engine, hit["expand"]))[seq] == encode(message)[1].decode()
+    assert (await engine.doctor(repair=False)).ok
+
+
+def used_bytes(path: str) -> int:
+    with sqlite3.connect(path) as conn:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    return int((pages - free) * size)
+
+
+async def test_over_the_cap_an_old_conversation_sheds_what_its_summaries_stand_for(
+    tmp_path: Path,
+) -> None:
+    """Retention's first step keeps an archived conversation's summaries (searchable,
+    describable) and what its context showed raw, and drops only the summarised messages;
+    its second step, when that is not enough, deletes it whole."""
+    settings = attrs.evolve(SMALL, compress_over_bytes=None)
+    engine = SqliteContextEngine(tmp_path / "c.sqlite", settings=settings)
+    rng = random.Random(3)
+    old = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"old{i} " + " ".join(f"w{rng.randrange(10**6)}" for _ in range(300)),
+            "timestamp": i,
+        }
+        for i in range(40)
+    ]
+    await stored(engine, "s", old)
+    await engine.compact(
+        CompactParams(session_id="s", session_file="", token_budget=2_000, force=True)
+    )
+    assert await engine.archive("s")  # a reset
+    await stored(engine, "s", turns(3))
+    raw_tail = [
+        seq
+        for seq in range(40)
+        if not (await call(engine, "recall_grep", query=f"old{seq}"))["hits"][0][
+            "expand"
+        ].startswith("sum_")
+    ]
+    assert raw_tail
+    report = await engine.prune(max_bytes=used_bytes(engine.path) - 20_000)
+    assert (report.shed_conversations, report.deleted_conversations) == (1, 0)
+    assert not report.over_ceiling
+    assert (await engine.doctor(repair=False)).ok
+    hits = (await call(engine, "recall_grep", query="old3"))["hits"]
+    assert [h["kind"] for h in hits] == ["summary"] * len(hits)  # the messages left the index
+    assert hits
+    about = await call(engine, "recall_describe", id=hits[0]["ref"])
+    assert about["conversation"] == "archived"
+    assert about["pruned_messages"] == about["span"]["messages"] > 0
+    page = await call(engine, "recall_expand", id=hits[0]["ref"])
+    assert all(entry.get("pruned") for entry in page["messages"])
+    for seq in raw_tail:  # what the old context showed raw is whole
+        (hit,) = (await call(engine, "recall_grep", query=f"old{seq}"))["hits"][:1]
+        assert (await expanded(engine, hit["expand"]))[seq] == encode(old[seq])[1].decode()
+    assert (await call(engine, "recall_grep", query="zebra1"))["hits"]  # the active one
+    last = await engine.prune(max_bytes=1)
+    assert (last.shed_conversations, last.deleted_conversations) == (0, 1)
+    assert (await call(engine, "recall_grep", query="old3"))["hits"] == []
     assert (await engine.doctor(repair=False)).ok

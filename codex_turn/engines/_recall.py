@@ -28,6 +28,10 @@ compaction. The indexes are contentless (the text is not stored twice); a hit's 
 from the stored row. Searches are newest first (an FTS5 rowid walk that stops at the limit: fast on
 any store size); the question of ``recall_expand_query`` is ranked by BM25 instead.
 
+*What retention shed* (the messages an archived conversation's summaries stand for, once the
+store is over its size cap) is not searchable any more; its summaries are, and an expansion
+lists each shed message as ``pruned`` in its place.
+
 *Bounded output.* Every answer is compact JSON within :data:`PAGE_CHARS` characters of message
 text: an expansion continues with the ``cursor`` it returns (a message longer than a page is
 sent in parts, ``part: [offset, total]``, whose texts concatenate to the stored JSON). The
@@ -46,7 +50,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from codex_turn.engines._messages import search_text
-from codex_turn.engines._schema import Pool, decode_content
+from codex_turn.engines._schema import PRUNED_CONTENT, Pool, decode_content
 from codex_turn.harness.engine.contract import (
     EngineTool,
     ToolCallParams,
@@ -179,13 +183,19 @@ class Hit(NamedTuple):
 
 
 class Expanded(NamedTuple):
-    """One stored message: its reference, place, size and exact stored JSON."""
+    """One stored message: its reference, place, size and exact stored JSON (``None``: shed
+    by retention, see ``_doctor.prune``)."""
 
     ref: str
     seq: int
     role: str
     tokens: int
-    raw: str
+    raw: str | None
+
+
+def _expanded(mid: int, seq: int, role: str, tokens: int, content: bytes) -> Expanded:
+    raw = None if content == PRUNED_CONTENT else decode_content(content)
+    return Expanded(f"m{mid}", seq, role, tokens, raw)
 
 
 # --- the store side (worker threads) --------------------------------------------------------
@@ -376,6 +386,8 @@ def describe(pool: Pool, session_key: str, summary_id: str) -> dict[str, Any] | 
             "message_tokens": sum(r[3] for r in below),
             "stored_bytes": sum(r[5] for r in below),
         },
+        # Shed by retention (the size cap): the summary is what remains of them.
+        "pruned_messages": sum(1 for r in below if r[5] == len(PRUNED_CONTENT)),
         "summarizer": summarizer,
         "sources": sources,
     }
@@ -394,11 +406,11 @@ def expand(pool: Pool, session_key: str, ref: str) -> list[Expanded] | None:
             ).fetchone()
             if row is None or row[4] not in scope:
                 return None
-            return [Expanded(f"m{row[0]}", row[1], row[2], row[3], decode_content(row[5]))]
+            return [_expanded(row[0], row[1], row[2], row[3], row[5])]
         if _SUMMARY_REF.fullmatch(ref) is None or _summary_in_scope(conn, scope, ref) is None:
             return None
         return [
-            Expanded(f"m{mid}", seq, role, tokens, decode_content(content))
+            _expanded(mid, seq, role, tokens, content)
             for mid, seq, role, tokens, _ts, content in conn.execute(
                 _BELOW.format(content="m.content"), (ref,)
             )
@@ -453,6 +465,12 @@ def _message_entries(
     index = start
     while index < len(messages):
         message = messages[index]
+        if message.raw is None:
+            entries.append(
+                {"ref": message.ref, "seq": message.seq, "role": message.role, "pruned": True}
+            )
+            index += 1
+            continue
         left = len(message.raw) - offset
         if entries and left > room:
             break
@@ -566,7 +584,7 @@ class Recall:
         shown: list[dict[str, Any]] = []
         for target, messages in groups:
             entries, following = _message_entries(messages, 0, 0, room)
-            room -= sum(len(entry["json"]) for entry in entries)
+            room -= sum(len(entry.get("json", "")) for entry in entries)
             shown.append({"id": target, "messages": entries, "complete": following is None})
             if following is not None or room <= 0:
                 cut = True

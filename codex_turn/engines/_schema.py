@@ -123,6 +123,7 @@ from codex_turn.harness._fs import create_exclusive, file_kind, make_private_dir
 from codex_turn.harness.engine.contract import EngineUnavailable
 
 __all__ = [
+    "PRUNED_CONTENT",
     "SCHEMA_VERSION",
     "STORE_FILE",
     "STORE_SIDECARS",
@@ -257,6 +258,11 @@ _MIGRATE_2: Final = (
 _CREATE: Final = _TABLES + _MIGRATE_2
 
 _BUSY_WORDS: Final = ("locked", "busy")
+
+
+#: The content of a message retention shed (``_doctor.prune``): a real message is never
+#: ``{}`` (it has a role), and this decodes like any stored message.
+PRUNED_CONTENT: Final = b"{}"
 
 
 def encode_content(raw: bytes, compress_over: int | None) -> bytes:

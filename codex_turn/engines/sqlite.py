@@ -784,9 +784,10 @@ class SqliteContextEngine:
     async def prune(
         self, *, max_bytes: int | None = None, archived_before: float | None = None
     ) -> _doctor.RetentionReport:
-        """Delete archived conversations: all archived before ``archived_before`` (epoch
-        seconds), then oldest first while the file exceeds ``max_bytes``. Active
-        conversations are never deleted."""
+        """Retention: delete archived conversations archived before ``archived_before``
+        (epoch seconds); then, while the file exceeds ``max_bytes``, oldest first, shed what
+        their summaries stand for (the summaries stay searchable), then delete them whole.
+        Active conversations are never touched (``_doctor.py``)."""
         await self._ready()
         return await self._db(_doctor.prune, self._require_pool(), max_bytes, archived_before)
 
