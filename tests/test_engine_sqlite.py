@@ -147,6 +147,7 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("max_db_bytes", 2**70),
     ("decode_cache_messages", -1),
     ("path_cache_sessions", 0),
+    ("recall_tools", "yes"),
 ]
 
 
@@ -168,7 +169,11 @@ def test_every_setting_is_checked_and_the_target_stays_below_the_threshold() -> 
         EngineSettings(threshold=0.5, compaction_target=0.5)
     with pytest.raises(InvalidEngineSettings, match="busy_timeout_s"):
         attrs.evolve(EngineSettings(), busy_timeout_s=float("inf"))
-    assert EngineSettings(busy_timeout_s=2_000_000, compress_over_bytes=None).max_db_bytes is None
+    unbounded = EngineSettings(
+        busy_timeout_s=2_000_000, compress_over_bytes=None, max_db_bytes=None
+    )
+    assert unbounded.max_db_bytes is None  # the cap can be lifted; by default there is one
+    assert EngineSettings().max_db_bytes == 1 << 30
 
 
 # --- idempotency -------------------------------------------------------------------------
@@ -818,11 +823,20 @@ async def test_the_store_opens_lazily_off_the_event_loop(tmp_path: Path) -> None
     assert not (tmp_path / "never").exists()  # close() does not open a store
 
 
+def drop_version_3(conn: sqlite3.Connection) -> None:
+    """Take away what version 3 added (the full-text and source indexes)."""
+    for table in ("messages_fts", "summaries_fts"):
+        conn.execute(f"DROP TABLE {table}")
+    for index in ("summary_sources_message", "summary_sources_child"):
+        conn.execute(f"DROP INDEX {index}")
+
+
 def test_a_version_1_store_is_migrated(tmp_path: Path) -> None:
     engine = engine_at(tmp_path)
     anyio.run(play, engine, "s", 3)
     engine.close()
     with sqlite3.connect(engine.path) as conn:  # what version 1 had
+        drop_version_3(conn)
         conn.execute("DROP INDEX messages_order")
         conn.execute("DROP TABLE lineages")
         conn.execute(
@@ -839,7 +853,7 @@ def test_a_version_1_store_is_migrated(tmp_path: Path) -> None:
 
     anyio.run(check)
     with sqlite3.connect(engine.path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         uids = [row[0] for row in conn.execute("SELECT uid FROM conversations ORDER BY id")]
         assert conn.execute("SELECT started FROM lineages").fetchall() == [(2,)]
     assert uids[0] == "random-v1-uid"  # kept: its epoch does not change on upgrade

@@ -12,6 +12,7 @@ messages exactly once, and passes ``doctor``.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -27,7 +28,12 @@ from codex_turn.engines import (
 )
 from codex_turn.engines.codex_summarizer import REQUEST_MARKER
 from codex_turn.fsm.thread import ThreadAction
-from codex_turn.harness.engine import AfterTurnParams, AssembleParams, CompactParams
+from codex_turn.harness.engine import (
+    AfterTurnParams,
+    AssembleParams,
+    CompactParams,
+    ToolCallParams,
+)
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import load_session_messages
 from codex_turn.testing import OfflineModel, RecordedRequest, Reply
@@ -199,4 +205,85 @@ async def test_codex_summariser_writes_the_summaries_and_trips_the_breaker_on_au
     assert "extractive/1" in used
     assert (await engine.doctor(repair=False)).problems == ()
     assert offline_model.proxy_attempts == []
+    engine.close()
+
+
+async def test_the_model_recalls_a_compacted_message_through_grep_then_expand(
+    appserver: AppServer, offline_model: OfflineModel, workspace: Path, tmp_path: Path
+) -> None:
+    """The engine's recall tools reach Codex as dynamic tools: the model searches the store,
+    expands the summary that stands for the match, and answers from the original text."""
+    engine = SqliteContextEngine(tmp_path / "store" / "context.sqlite", settings=SETTINGS)
+    key = "agent:main:recall"
+    history: list[dict[str, object]] = []
+    for index in range(12):
+        said = reply(index)
+        if index == 1:  # deep inside a long reply, where no extract of it reaches
+            said = said[: len(said) // 2] + " the vault code is plum4471 " + said[len(said) // 2 :]
+        history += [
+            {"role": "user", "content": prompt(index), "timestamp": 1_000 * index},
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": said}],
+                "timestamp": 1_000 * index + 1,
+            },
+        ]
+    await engine.after_turn(
+        AfterTurnParams(
+            session_id="recall",
+            session_file="",
+            messages=history,
+            pre_prompt_message_count=0,
+            session_key=key,
+        )
+    )
+    await engine.compact(
+        CompactParams(
+            session_id="recall", session_key=key, session_file="", token_budget=BUDGET, force=True
+        )
+    )
+    found = await engine.call_tool(
+        ToolCallParams(
+            session_id="recall",
+            session_key=key,
+            name="recall_grep",
+            arguments={"query": "vault code"},
+        )
+    )
+    summary = json.loads(found.text)["hits"][0]["expand"]
+    assert summary.startswith("sum_")
+
+    def answer(request: RecordedRequest) -> str:
+        expanded = request.function_call_outputs[-1]["output"]
+        code = re.search(r"vault code is (\w+)", str(expanded))
+        return f"The vault code was {code.group(1) if code else 'not found'}."
+
+    offline_model.script(
+        Reply.function_call("recall_grep", {"query": "vault code"}),
+        Reply.function_call("recall_expand", {"id": summary}),
+        Reply.computed(answer),
+    )
+    result = await run_codex_turn(
+        TurnParams(
+            session_id="recall",
+            session_key=key,
+            session_file=tmp_path / "sessions" / "recall.jsonl",
+            workspace_dir=workspace,
+            prompt="RECALL: what was the vault code?",
+            context_token_budget=BUDGET,
+        ),
+        app_server=appserver,
+        engine=engine,
+    )
+    assert result.outcome is TurnOutcome.COMPLETED, result
+    assert result.assistant_text == "The vault code was plum4471."
+    first, after_grep, after_expand = offline_model.turn_requests()[-3:]
+    assert {"recall_grep", "recall_expand", "recall_describe", "recall_expand_query"} <= set(
+        first.tool_names
+    )
+    assert "plum4471" not in json.dumps(first.input_items)  # compacted away from the context
+    grep_output = str(after_grep.function_call_outputs[-1]["output"])
+    assert summary in grep_output
+    assert "vault code" in grep_output
+    assert "plum4471" in str(after_expand.function_call_outputs[-1]["output"])
     engine.close()

@@ -274,6 +274,8 @@ def test_engine_settings_refuse_hostile_values_with_invalid_engine_settings(
         if field.type == "float":  # seconds and fractions: finite (an int may stand for one)
             assert type(value) in (int, float), field.name
             assert math.isfinite(value), field.name
+        elif field.type == "bool":  # switches
+            assert type(value) is bool, field.name
         elif value is not None:  # counts
             assert type(value) is int, field.name
             assert 0 <= value <= INT64_MAX, field.name

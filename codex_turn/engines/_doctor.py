@@ -39,14 +39,22 @@ that group or others may read: what an earlier version or a hand made wider (the
 creates them ``0600`` whatever the umask, and changes no existing file's mode). ``codex-turn
 doctor`` prints them.
 
-*Retention* is explicit and never touches an active conversation: :func:`archive` ends a
-session's conversation (the next call for the key starts a new one), :func:`prune` deletes
-archived conversations (all archived before a time, then the oldest while the file is over a
-byte ceiling) and returns the freed pages to the file system (``incremental_vacuum``).
+*Retention* never touches an active conversation, so the latest turns and everything a live
+summary stands for stay: :func:`archive` ends a session's conversation (a reset: the next call
+for the key starts a new one; the archived one stays reachable by the recall tools),
+:func:`prune` deletes archived conversations archived before a time, then, while the file is
+over a byte ceiling (``EngineSettings.max_db_bytes``, 1 GiB by default, kept by background
+maintenance), works through the archived conversations oldest first in two steps: first it
+*sheds* them (:func:`_shed`: the messages their summaries stand for lose their content, which
+becomes :data:`PRUNED_CONTENT`, and their index entries, while the summaries, the DAG and what
+their context showed raw all stay, so the old conversation's summaries stay searchable and
+describable: ``recall_expand`` says what was pruned), then, if that was not enough, it deletes
+them whole. The freed pages go back to the file system (``incremental_vacuum``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -55,8 +63,15 @@ from typing import Any, Final, NamedTuple
 
 import attrs
 
+from codex_turn.engines._messages import search_text
 from codex_turn.engines._plan import compute_epoch
-from codex_turn.engines._schema import STORE_FILE, STORE_SIDECARS, Pool
+from codex_turn.engines._schema import (
+    PRUNED_CONTENT,
+    STORE_FILE,
+    STORE_SIDECARS,
+    Pool,
+    decode_content,
+)
 from codex_turn.harness._fs import PermissionFinding, loose_permissions, session_path
 from codex_turn.harness.binding import binding_path
 
@@ -102,6 +117,8 @@ class RetentionReport:
     bytes_after: int
     #: Still above the ceiling (only active conversations are left to delete).
     over_ceiling: bool = False
+    #: Archived conversations whose summarised messages were dropped, summaries kept.
+    shed_conversations: int = 0
 
     @property
     def bytes_freed(self) -> int:
@@ -326,6 +343,11 @@ def _check_conversation(conn: sqlite3.Connection, conv: tuple[Any, ...], f: _Fin
             )
         for summary_id in unused:
             conn.execute("DELETE FROM summary_sources WHERE summary_id=?", (summary_id,))
+            conn.execute(
+                "INSERT INTO summaries_fts(summaries_fts, rowid, text) "
+                "SELECT 'delete', rowid, content FROM summaries WHERE id=?",
+                (summary_id,),
+            )
             conn.execute("DELETE FROM summaries WHERE id=?", (summary_id,))
 
     # 5. cached counters
@@ -422,7 +444,27 @@ def _file_bytes(path: str) -> int:
     return sum(os.path.getsize(name) for name in (path, path + "-wal") if os.path.exists(name))
 
 
+def _unindex_conversation(conn: sqlite3.Connection, cid: int) -> None:
+    """Remove the conversation's rows from the contentless full-text indexes (FTS5's
+    ``delete`` takes the indexed text again: recomputed from the stored rows)."""
+    rows = conn.execute(
+        "SELECT id, content FROM messages WHERE conversation_id=? AND content!=?",
+        (cid, PRUNED_CONTENT),
+    )
+    while batch := rows.fetchmany(512):
+        conn.executemany(
+            "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', ?, ?)",
+            [(mid, search_text(json.loads(decode_content(raw)))) for mid, raw in batch],
+        )
+    conn.execute(
+        "INSERT INTO summaries_fts(summaries_fts, rowid, text) "
+        "SELECT 'delete', rowid, content FROM summaries WHERE conversation_id=?",
+        (cid,),
+    )
+
+
 def _delete_conversation(conn: sqlite3.Connection, cid: int) -> None:
+    _unindex_conversation(conn, cid)
     conn.execute("DELETE FROM context_items WHERE conversation_id=?", (cid,))
     conn.execute(
         "DELETE FROM summary_sources WHERE summary_id IN "
@@ -434,9 +476,43 @@ def _delete_conversation(conn: sqlite3.Connection, cid: int) -> None:
     conn.execute("DELETE FROM conversations WHERE id=?", (cid,))
 
 
+def _merge_indexes(conn: sqlite3.Connection) -> None:
+    """Merge the full-text indexes, dropping the entries deleted from them: a contentless
+    FTS5 delete only *adds* a tombstone until the index is merged, so without this a prune
+    step would grow the file it is meant to shrink (a rewrite of the index: retention runs in
+    background maintenance, and only over the ceiling)."""
+    for table in ("messages_fts", "summaries_fts"):
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")  # noqa: S608 - constants
+
+
+def _shed(conn: sqlite3.Connection, cid: int) -> bool:
+    """Drop the archived conversation ``cid``'s messages that its summaries stand for (their
+    content becomes :data:`PRUNED_CONTENT`, their index entries go), keeping the rows, the
+    summaries and the messages no summary stands for (what its context showed raw). The DAG
+    and the projection are untouched, so ``doctor`` finds nothing. True when it dropped any."""
+    rows = conn.execute(
+        "SELECT m.id, m.content FROM messages AS m WHERE m.conversation_id=? AND m.content!=? "
+        "AND EXISTS (SELECT 1 FROM summary_sources AS ss WHERE ss.message_id=m.id)",
+        (cid, PRUNED_CONTENT),
+    )
+    shed = False
+    while batch := rows.fetchmany(512):
+        shed = True
+        conn.executemany(
+            "INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', ?, ?)",
+            [(mid, search_text(json.loads(decode_content(raw)))) for mid, raw in batch],
+        )
+        conn.executemany(
+            "UPDATE messages SET content=? WHERE id=?",
+            [(PRUNED_CONTENT, mid) for mid, _raw in batch],
+        )
+    return shed
+
+
 def prune(pool: Pool, max_bytes: int | None, archived_before: float | None) -> RetentionReport:
+    """Retention (see the module docstring): archived conversations only, oldest first."""
     before = _file_bytes(pool.path)
-    deleted = 0
+    deleted = shed = 0
     with pool.connection() as conn:
         archived = [
             (row[0], row[1])
@@ -445,19 +521,41 @@ def prune(pool: Pool, max_bytes: int | None, archived_before: float | None) -> R
                 "ORDER BY archived_at, id"
             )
         ]
+
+        def over() -> bool:
+            return max_bytes is not None and _used_bytes(conn) > max_bytes
+
+        kept: list[int] = []
         for cid, archived_at in archived:
-            old = archived_before is not None and archived_at < archived_before
-            over = max_bytes is not None and _used_bytes(conn) > max_bytes
-            if not (old or over):
-                continue
+            if archived_before is not None and archived_at < archived_before:
+                with pool.write(conn):
+                    _delete_conversation(conn, cid)
+                deleted += 1
+            else:
+                kept.append(cid)
+        if deleted:
+            with pool.write(conn):
+                _merge_indexes(conn)
+        # Over the ceiling: first what old summaries stand for, then old conversations whole.
+        for cid in kept:
+            if not over():
+                break
+            with pool.write(conn):
+                if _shed(conn, cid):
+                    _merge_indexes(conn)
+                    shed += 1
+        for cid in kept:
+            if not over():
+                break
             with pool.write(conn):
                 _delete_conversation(conn, cid)
+                _merge_indexes(conn)
             deleted += 1
-        if deleted:
+        if deleted or shed:
             conn.execute("PRAGMA incremental_vacuum").fetchall()
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        over_ceiling = max_bytes is not None and _used_bytes(conn) > max_bytes
-    return RetentionReport(deleted, before, _file_bytes(pool.path), over_ceiling)
+        over_ceiling = over()
+    return RetentionReport(deleted, before, _file_bytes(pool.path), over_ceiling, shed)
 
 
 def private_file_findings(

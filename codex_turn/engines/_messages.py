@@ -61,6 +61,7 @@ __all__ = [
     "message_timestamp",
     "message_tokens",
     "model_text",
+    "search_text",
     "tool_call_ids",
     "tool_result_ids",
 ]
@@ -178,6 +179,13 @@ def model_text(message: Mapping[str, Any]) -> str:
             if text:
                 parts.append(text)
     return "\n".join(parts)
+
+
+def search_text(message: Mapping[str, Any]) -> str:
+    """What the full-text index holds for ``message``: its :func:`model_text`, as valid
+    UTF-8 (a lone surrogate, which a transcript may carry, becomes ``?``)."""
+    text = model_text(message)
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def message_text(message: Mapping[str, Any]) -> str:

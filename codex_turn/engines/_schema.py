@@ -57,7 +57,8 @@ may move between pool threads, but never serves two at once). There is no proces
 around I/O: SQLite's file lock is the only writer serialisation, across threads and processes
 alike.
 
-*The schema* (``user_version`` 2; a version-1 store is migrated in place when opened):
+*The schema* (``user_version`` 3; an older store is migrated in place when opened, one
+version at a time):
 
 ``conversations``  one per session key while active (a partial unique index); the counters
                    a transaction needs (``next_seq``, ``next_ordinal``, ``context_tokens``),
@@ -82,6 +83,16 @@ alike.
                    ever renumbered.
 ``turns``          the per-turn ledger (idempotency of ``after_turn``).
 ``maintenance``    one coalesced compaction-debt row per conversation, with backoff.
+``messages_fts``   full-text index (FTS5) of each message's model text (rowid = message id)
+``summaries_fts``  and of each summary's content (rowid = the summary's rowid), written in
+                   the transaction that writes the row, so search never lags the store; the
+                   version-3 migration indexes what an older store holds (the recall tools,
+                   ``_recall.py``). *Contentless* (``content=''``): the text is not stored a
+                   second time (the store stays about the transcript's size); a row's entry
+                   is removed with FTS5's ``delete`` command and the same text, which
+                   :func:`search_text` recomputes from the stored message.
+                   ``summary_sources`` is indexed by source too, so a message's summary is
+                   found without a scan.
 
 Foreign keys are declared (``PRAGMA foreign_key_check`` verifies them in ``doctor``) but not
 enforced per statement: every write path keeps them by construction, and retention deletes
@@ -92,11 +103,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sqlite3
 import stat
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final, ParamSpec, TypeVar
@@ -105,21 +118,25 @@ import anyio
 import anyio.to_thread
 
 from codex_turn._log import format_error, get_logger
+from codex_turn.engines._messages import search_text
 from codex_turn.harness._fs import create_exclusive, file_kind, make_private_dirs
 from codex_turn.harness.engine.contract import EngineUnavailable
 
 __all__ = [
+    "PRUNED_CONTENT",
     "SCHEMA_VERSION",
     "STORE_FILE",
     "STORE_SIDECARS",
     "Pool",
     "StoreAccess",
     "StoreError",
+    "decode_content",
+    "encode_content",
     "read_tx",
     "write_tx",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: The store's file name in a directory (``SqliteContextEngine.next_to``: next to the session).
 STORE_FILE: Final = "context.sqlite"
 #: The files SQLite keeps beside the store while it is open (WAL mode).
@@ -225,7 +242,52 @@ _MIGRATE_1: Final = (
     "SELECT session_key, count(*) FROM conversations GROUP BY session_key",
 )
 
+#: Version 2 -> 3: the full-text indexes and the source indexes (what the recall tools
+#: read); the indexes are filled from the rows by :func:`_index_existing`.
+_MIGRATE_2: Final = (
+    "CREATE VIRTUAL TABLE messages_fts USING fts5(text, content='', "
+    "tokenize='unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE summaries_fts USING fts5(text, content='', "
+    "tokenize='unicode61 remove_diacritics 2')",
+    """CREATE INDEX summary_sources_message ON summary_sources(message_id)
+        WHERE message_id IS NOT NULL""",
+    """CREATE INDEX summary_sources_child ON summary_sources(child_id)
+        WHERE child_id IS NOT NULL""",
+)
+#: A new store: every table of the current version.
+_CREATE: Final = _TABLES + _MIGRATE_2
+
 _BUSY_WORDS: Final = ("locked", "busy")
+
+
+#: The content of a message retention shed (``_doctor.prune``): a real message is never
+#: ``{}`` (it has a role), and this decodes like any stored message.
+PRUNED_CONTENT: Final = b"{}"
+
+
+def encode_content(raw: bytes, compress_over: int | None) -> bytes:
+    if compress_over is not None and len(raw) > compress_over:
+        packed = zlib.compress(raw, 1)
+        if len(packed) < len(raw):
+            return packed
+    return raw
+
+
+def decode_content(stored: bytes) -> str:
+    raw = stored if stored[:1] == b"{" else zlib.decompress(stored)
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def _index_existing(conn: sqlite3.Connection) -> None:
+    """Fill the full-text indexes from the rows an older store holds (inside the migration's
+    transaction: a store is indexed whole or not at all)."""
+    rows = conn.execute("SELECT id, content FROM messages ORDER BY id")
+    while batch := rows.fetchmany(512):
+        conn.executemany(
+            "INSERT INTO messages_fts(rowid, text) VALUES (?, ?)",
+            [(mid, search_text(json.loads(decode_content(raw)))) for mid, raw in batch],
+        )
+    conn.execute("INSERT INTO summaries_fts(rowid, text) SELECT rowid, content FROM summaries")
 
 
 class StoreError(EngineUnavailable):
@@ -447,11 +509,16 @@ class Pool:
         with write_tx(conn, self.busy_timeout_s):
             version = _check_schema(conn)
             if version == 0:
-                for statement in _TABLES:
+                for statement in _CREATE:
                     conn.execute(statement)
-            elif version == 1:
-                for statement in _MIGRATE_1:
-                    conn.execute(statement)
+            else:
+                if version < 2:
+                    for statement in _MIGRATE_1:
+                        conn.execute(statement)
+                if version < 3:
+                    for statement in _MIGRATE_2:
+                        conn.execute(statement)
+                    _index_existing(conn)
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 

@@ -42,12 +42,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple, TypeVar
 
 from codex_turn.engines._plan import Item, compute_epoch, conversation_uid, split_ids
-from codex_turn.engines._schema import Pool
+from codex_turn.engines._schema import Pool, decode_content, encode_content
 
 __all__ = [
     "Conversation",
@@ -107,6 +106,8 @@ class Prepared(NamedTuple):
     calls: str | None
     results: str | None
     content: bytes
+    #: What the full-text index holds for it (``_messages.search_text``).
+    search_text: str = ""
 
 
 class Debt(NamedTuple):
@@ -114,19 +115,6 @@ class Debt(NamedTuple):
     budget: int | None
     attempts: int
     next_attempt_after: float
-
-
-def encode_content(raw: bytes, compress_over: int | None) -> bytes:
-    if compress_over is not None and len(raw) > compress_over:
-        packed = zlib.compress(raw, 1)
-        if len(packed) < len(raw):
-            return packed
-    return raw
-
-
-def decode_content(stored: bytes) -> str:
-    raw = stored if stored[:1] == b"{" else zlib.decompress(stored)
-    return raw.decode("utf-8", "surrogatepass")
 
 
 def _in_batches(sql: str, values: Sequence[str]) -> Iterator[tuple[str, Sequence[str]]]:
@@ -202,14 +190,16 @@ def _insert(conn: sqlite3.Connection, conversation_id: int, prepared: Sequence[P
     next_id = int(row[0]) if row is not None else 0
     rows: list[tuple[Any, ...]] = []
     items: list[tuple[int, int, int, int]] = []
+    texts: list[tuple[int, str]] = []
     added_tokens = 0
     for message in prepared:
         if message.source_id in held:
             continue
         held.add(message.source_id)
         next_id += 1
-        rows.append((next_id, conversation_id, seq, *message))
+        rows.append((next_id, conversation_id, seq, *message[:-1]))
         items.append((conversation_id, ordinal, next_id, message.tokens))
+        texts.append((next_id, message.search_text))
         added_tokens += message.tokens
         seq += 1
         ordinal += 1
@@ -224,6 +214,8 @@ def _insert(conn: sqlite3.Connection, conversation_id: int, prepared: Sequence[P
             "VALUES (?, ?, ?, ?)",
             items,
         )
+        # In the same transaction: the index never lags the messages (nor leads them).
+        conn.executemany("INSERT INTO messages_fts(rowid, text) VALUES (?, ?)", texts)
     conn.execute(
         "UPDATE conversations SET next_seq=?, next_ordinal=?, context_tokens=context_tokens+? "
         "WHERE id=?",
@@ -498,7 +490,7 @@ def commit_summary(
         ).fetchall()
         if [tuple(row) for row in current] != planned:
             return None
-        conn.execute(
+        written = conn.execute(
             "INSERT OR IGNORE INTO summaries(id, conversation_id, kind, depth, content, tokens, "
             "source_tokens, descendant_count, earliest_ts, latest_ts, summarizer, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -517,6 +509,11 @@ def commit_summary(
                 time.time(),
             ),
         )
+        if written.rowcount:
+            conn.execute(
+                "INSERT INTO summaries_fts(rowid, text) VALUES (?, ?)",
+                (written.lastrowid, summary.content),
+            )
         tokens = conn.execute("SELECT tokens FROM summaries WHERE id=?", (summary.id,)).fetchone()[
             0
         ]

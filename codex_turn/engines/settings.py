@@ -6,7 +6,8 @@ threshold, so a forced compaction leaves headroom and a threshold compaction doe
 again on the next turn), the fresh tail is 32 messages (at most half the budget, always back
 to the newest user message), leaf chunks are 20k tokens, summaries aim for 2.4k (leaf) and 2k
 (condensed) tokens, condensation needs 8 (depth 0) or 4 (deeper) consecutive summaries, and a
-sweep is bounded by 64 passes and 120 s.
+sweep is bounded by 64 passes and 120 s. The store is bounded by default (1 GiB, see
+``max_db_bytes``).
 
 Every field is checked when the settings are built (``attrs.evolve`` included), by the table
 :data:`_CHECKS` (:mod:`codex_turn._checks`): a wrong type or value raises
@@ -23,7 +24,7 @@ from typing import Any, Final
 
 import attrs
 
-from codex_turn._checks import Check, at_least, finite, seconds, validate
+from codex_turn._checks import Check, at_least, finite, flag, seconds, validate
 from codex_turn.errors import CodexTurnError
 
 __all__ = ["EngineSettings", "InvalidEngineSettings"]
@@ -80,12 +81,15 @@ class EngineSettings:
     sync_chunk: int = 2_000
     #: Stored message JSON larger than this is zlib-compressed (``None``: never).
     compress_over_bytes: int | None = 512
-    #: Retention: prune archived conversations (oldest first) while the file is larger.
-    max_db_bytes: int | None = None
+    #: Retention: background maintenance prunes archived conversations (oldest first) while
+    #: the store is larger; active ones are never touched (``None``: no cap).
+    max_db_bytes: int | None = 1 << 30
     #: Decoded messages kept in memory for assembly (LRU, shared by all sessions).
     decode_cache_messages: int = 20_000
     #: Sessions whose path identities are cached in memory (LRU).
     path_cache_sessions: int = 32
+    #: Offer the model the recall tools (search, describe, expand the store).
+    recall_tools: bool = True
 
     def __attrs_post_init__(self) -> None:
         validate(self, _CHECKS, InvalidEngineSettings)
@@ -120,4 +124,5 @@ _CHECKS: Final[dict[str, Check]] = {
     "max_db_bytes": at_least(0, optional=True),
     "decode_cache_messages": at_least(0),
     "path_cache_sessions": at_least(1),
+    "recall_tools": flag(),
 }

@@ -47,6 +47,9 @@ state and budget always give the same bytes, and the ``thread_bootstrap`` epoch 
 when the summary layer does (or a reset starts a new conversation); it is derived from the
 session key, its generation and the summary layer, so it is the same in any store fed alike.
 
+*Recall.* The model can search the whole store of its session and expand any summary back
+into the messages it replaced (``tools``/``call_tool``: ``_recall.py``).
+
 *Honest compaction.* ``tokens_before`` is the stored context the sweep started from,
 ``tokens_after`` that minus what the sweep itself removed (turns ingested meanwhile are not
 the sweep's; ``details.storedAfter`` has the measured end); ``compacted`` is ``tokens_after <
@@ -87,6 +90,7 @@ from codex_turn.engines._messages import (
     encode,
     estimate_tokens,
     message_timestamp,
+    search_text,
 )
 from codex_turn.engines._plan import (
     Item,
@@ -94,6 +98,7 @@ from codex_turn.engines._plan import (
     repair_pairs,
     select,
 )
+from codex_turn.engines._recall import Recall
 from codex_turn.engines._schema import STORE_FILE, StoreAccess
 from codex_turn.engines.settings import EngineSettings
 from codex_turn.engines.summarizers import (
@@ -120,6 +125,10 @@ from codex_turn.harness.engine.contract import (
     IngestResult,
     MaintainParams,
     MaintenanceResult,
+    ToolCallParams,
+    ToolCallResult,
+    ToolsParams,
+    ToolsResult,
     TranscriptSemantics,
 )
 from codex_turn.harness.engine.durable import CommitTurnParams, CommitTurnResult
@@ -247,6 +256,7 @@ class SqliteContextEngine:
         )
         #: The subagent results folded into each parent session (``_host_hooks``).
         self.subagents = _host_hooks.SubagentLedger(target)
+        self._recall = Recall(self._access.run, self._access.require)
 
     @classmethod
     def next_to(cls, session_file: str | os.PathLike[str], **kwargs: Any) -> SqliteContextEngine:
@@ -374,6 +384,7 @@ class SqliteContextEngine:
                     _store.encode_content(
                         text if text is not None else encode(message)[1], compress
                     ),
+                    search_text(message),
                 )
             )
         return out
@@ -766,6 +777,18 @@ class SqliteContextEngine:
             ),
         )
 
+    # -- recall tools (``_recall.py``) ---------------------------------------------------
+
+    async def tools(self, params: ToolsParams) -> ToolsResult:
+        """The recall tools the model gets (none when ``settings.recall_tools`` is off)."""
+        if not self.settings.recall_tools:
+            return ToolsResult(tools=[])
+        return self._recall.offer(params)
+
+    async def call_tool(self, params: ToolCallParams) -> ToolCallResult:
+        await self._ready()
+        return await self._recall.call(params)
+
     # -- maintenance, retention, diagnostics ---------------------------------------------
 
     async def maintain(self, params: MaintainParams) -> MaintenanceResult:
@@ -838,9 +861,10 @@ class SqliteContextEngine:
     async def prune(
         self, *, max_bytes: int | None = None, archived_before: float | None = None
     ) -> _doctor.RetentionReport:
-        """Delete archived conversations: all archived before ``archived_before`` (epoch
-        seconds), then oldest first while the file exceeds ``max_bytes``. Active
-        conversations are never deleted."""
+        """Retention: delete archived conversations archived before ``archived_before``
+        (epoch seconds); then, while the file exceeds ``max_bytes``, oldest first, shed what
+        their summaries stand for (the summaries stay searchable), then delete them whole.
+        Active conversations are never touched (``_doctor.py``)."""
         await self._ready()
         return await self._db(_doctor.prune, self._require_pool(), max_bytes, archived_before)
 

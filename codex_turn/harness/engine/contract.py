@@ -22,6 +22,13 @@ are required (:class:`ContextEngine`, :data:`REQUIRED_METHODS`); ``bootstrap``,
 :func:`~.validation.optional_method`. An engine that does not maintain has no ``maintain``
 attribute at all, and the harness behaves as OpenClaw does for such engines.
 
+*An engine may offer the model tools.* ``tools`` declares them for a session
+(:class:`EngineTool`: name, description, JSON input schema) and ``call_tool`` answers a call;
+the two come together or not at all (:data:`TOOL_METHODS`, :class:`SupportsTools`). The turn
+registers them beside the host's dynamic tools and fills each call's session identity itself,
+so a model can never ask an engine about another session
+(:mod:`codex_turn.harness.turn.engine_tools`).
+
 *AgentMessages stay plain JSON dicts.* Messages (``user``, ``assistant``, ``toolResult``,
 ``custom`` and pi's synthetic summary roles, with ``text``/``image``/``thinking``/``toolCall``
 blocks) are ``dict[str, Any]``, never attrs classes: engines and transcripts carry keys this
@@ -54,6 +61,7 @@ __all__ = [
     "OPTIONAL_METHODS",
     "PROMPT_AUTHORITIES",
     "REQUIRED_METHODS",
+    "TOOL_METHODS",
     "TURN_ADVANCEMENT_IDEMPOTENCY_V1",
     "AbortSignal",
     "AfterTurnParams",
@@ -72,6 +80,8 @@ __all__ = [
     "EngineContractViolation",
     "EngineError",
     "EngineLoadError",
+    "EngineTool",
+    "EngineToolConflict",
     "EngineUnavailable",
     "IngestBatchParams",
     "IngestBatchResult",
@@ -88,6 +98,11 @@ __all__ = [
     "SupportsDispose",
     "SupportsIngestBatch",
     "SupportsMaintain",
+    "SupportsTools",
+    "ToolCallParams",
+    "ToolCallResult",
+    "ToolsParams",
+    "ToolsResult",
     "TranscriptReadFence",
     "TranscriptRewriteReplacement",
     "TranscriptRewriteRequest",
@@ -199,6 +214,23 @@ class EngineContractViolation(EngineError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.engine_id, self.method, self.problem))
+
+
+class EngineToolConflict(EngineError, ValueError):
+    """An engine offers a tool whose name the host's own tools (or another of the engine's)
+    already use: the turn is refused before anything is sent, since the model could not tell
+    the two apart. ``names``: the clashing names."""
+
+    def __init__(self, engine_id: str, names: Sequence[str]) -> None:
+        super().__init__(
+            f'context engine "{engine_id}" offers tools whose names are taken: '
+            f"{', '.join(sorted(names))}"
+        )
+        self.engine_id = engine_id
+        self.names = tuple(sorted(names))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.engine_id, self.names))
 
 
 class EngineUnavailable(EngineError):
@@ -500,6 +532,45 @@ class CompactResult:
     result: CompactDetails | None = None
 
 
+@attrs.frozen
+class EngineTool:
+    """A tool an engine offers the model (a Codex dynamic tool: the name matches
+    ``[a-zA-Z0-9_-]+``, the schema is a JSON schema of the arguments object)."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@attrs.frozen
+class ToolsParams:
+    session_id: str
+    session_key: str | None = None
+
+
+@attrs.frozen
+class ToolsResult:
+    tools: list[EngineTool]
+
+
+@attrs.frozen
+class ToolCallParams:
+    """One call of an engine tool. The session identity is the turn's, never the model's."""
+
+    session_id: str
+    name: str
+    #: The model's arguments, already checked against the tool's input schema.
+    arguments: dict[str, Any]
+    session_key: str | None = None
+
+
+@attrs.frozen
+class ToolCallResult:
+    text: str
+    #: ``False``: the tool failed or refused; ``text`` says why, to the model.
+    success: bool = True
+
+
 # --- The protocol ---------------------------------------------------------------------------
 
 
@@ -537,9 +608,17 @@ class SupportsDispose(Protocol):
     async def dispose(self) -> None: ...
 
 
+class SupportsTools(Protocol):
+    async def tools(self, params: ToolsParams) -> ToolsResult: ...
+
+    async def call_tool(self, params: ToolCallParams) -> ToolCallResult: ...
+
+
 #: The methods every engine has (besides ``info``), and those it may lack.
 REQUIRED_METHODS: Final = ("ingest", "assemble", "compact")
 OPTIONAL_METHODS: Final = ("bootstrap", "ingest_batch", "after_turn", "maintain", "dispose")
+#: The engine-tools capability: both methods, or neither.
+TOOL_METHODS: Final = ("tools", "call_tool")
 
 
 # --- The legacy engine ----------------------------------------------------------------------

@@ -36,12 +36,14 @@ from .contract import (
     OPTIONAL_METHODS,
     PROMPT_AUTHORITIES,
     REQUIRED_METHODS,
+    TOOL_METHODS,
     AssembleResult,
     ContextEngineInfo,
     ContextProjection,
     EngineContractError,
     InvalidEngineResult,
     PromptAuthority,
+    ToolsResult,
 )
 from .durable import durable_turn_problems
 from .host import HOST_HOOK_METHODS
@@ -57,6 +59,7 @@ __all__ = [
     "engine_info",
     "engine_log_fields",
     "ensure_assemble_result",
+    "ensure_tools_result",
     "is_active_engine",
     "optional_method",
 ]
@@ -106,6 +109,11 @@ class EngineHandle:
     @property
     def id(self) -> str:
         return self.info.id
+
+    @property
+    def offers_tools(self) -> bool:
+        """The engine has ``tools`` and ``call_tool`` (:data:`~.contract.TOOL_METHODS`)."""
+        return all(optional_method(self.engine, name) is not None for name in TOOL_METHODS)
 
     @classmethod
     def of(cls, engine: object | None) -> EngineHandle | None:
@@ -263,6 +271,17 @@ def ensure_assemble_result(value: object, *, engine_id: str) -> AssembleResult:
     )
 
 
+def ensure_tools_result(value: object, *, engine_id: str) -> ToolsResult:
+    """Check what ``tools()`` returned: a :class:`ToolsResult` (or its camelCase mapping)
+    whose tools have distinct names. Whether a name or a schema suits Codex is checked where
+    the tool is built (:mod:`codex_turn.harness.turn.engine_tools`)."""
+    result = coerce_result(value, ToolsResult, engine_id=engine_id, method="tools")
+    names = [tool.name for tool in result.tools]
+    if len(set(names)) != len(names):
+        raise InvalidEngineResult(engine_id, "tools", "two tools have the same name")
+    return result
+
+
 # --- The static check ----------------------------------------------------------------------
 
 _ABSENT: Final = object()
@@ -273,7 +292,8 @@ def check_engine(engine: object) -> ContextEngineInfo:
 
     The contract's static part, checked once before an engine is used: a valid ``info``
     (:func:`engine_info`), callable ``ingest``, ``assemble`` and ``compact``, and every
-    optional method either absent (``None`` counts as absent) or callable. A class where an
+    optional method either absent (``None`` counts as absent) or callable, ``tools`` and
+    ``call_tool`` both present or both absent. A class where an
     instance was meant is refused too. Raises :class:`EngineContractError` listing every
     problem found. Whether the methods are coroutine functions is not checked (a wrapper or a
     bridge may return awaitables from plain callables); a method that cannot be awaited fails
@@ -322,6 +342,18 @@ def _contract_problems(engine: object) -> list[str]:
             problems.append(error)
         elif value is not _ABSENT and value is not None and not callable(value):
             problems.append(f"{name} is present but not callable (got {type(value).__name__})")
+    offered: list[str] = []
+    for name in TOOL_METHODS:
+        value, error = _attribute(engine, name)
+        if error is not None:
+            problems.append(error)
+        elif value is not _ABSENT and value is not None:
+            offered.append(name)
+            if not callable(value):
+                problems.append(f"{name} is present but not callable (got {type(value).__name__})")
+    if offered and len(offered) != len(TOOL_METHODS):
+        lacking = [name for name in TOOL_METHODS if name not in offered]
+        problems.append(f"{offered[0]} is present without {lacking[0]} (engine tools need both)")
     if "info" not in missing and info_error is None:
         try:
             checked = engine_info(engine)

@@ -80,6 +80,7 @@ from codex_turn.harness.maintenance import BackgroundMaintenance
 from codex_turn.harness.runtime_context import harness_runtime_context
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
+from codex_turn.harness.turn.engine_tools import offered_tools
 from codex_turn.harness.turn.stages import TurnContext
 from codex_turn.harness.turn.steering import LiveTurn
 from codex_turn.harness.turn.streaming import TurnEventStream
@@ -179,7 +180,9 @@ async def run_codex_turn(
     :class:`~codex_turn.EngineLoadError` for a spec that yields no engine and
     :class:`~codex_turn.EngineContractError` for an object that is not an engine; raises
     :class:`~codex_turn.SessionBusy` when another turn holds the session file
-    (``concurrency="reject"``, or the wait timed out). With ``params.strict``, the engine's
+    (``concurrency="reject"``, or the wait timed out), and, before anything is sent,
+    :class:`~codex_turn.harness.engine.EngineToolConflict` when the engine offers a tool
+    whose name one of ``tools`` has. With ``params.strict``, the engine's
     first contract violation is raised as :class:`~codex_turn.EngineContractViolation` after
     the turn ended and ``on_turn_end`` saw its result. A cancellation of the caller
     propagates after the shielded cleanup; ``on_turn_end`` sees the result in that case too.
@@ -323,9 +326,23 @@ async def prepare_turn(
     )
     turn = TurnModel.begin(facts)
     switch = turn_context.YieldSwitch()
+    log = _log.bind(
+        session_id=params.session_id,
+        session_key=mask_session_key(params.session_key),
+        engine=handle.id if handle is not None else None,
+    )
     dynamic_tools = list(tools)
     if params.yield_tool:
         dynamic_tools.append(turn_context.yield_tool(switch))
+    # The engine's tools join the host's (and count in the tools fingerprint with them).
+    dynamic_tools += await offered_tools(
+        handle,
+        session_id=params.session_id,
+        session_key=params.session_key or params.session_id,
+        host_names={t.name for t in dynamic_tools},
+        timeout=params.engine_timeout,
+        log=log,
+    )
     context = TurnContext(
         params=params,
         app_server=app_server,
@@ -335,11 +352,7 @@ async def prepare_turn(
         tools=dynamic_tools,
         facts=facts,
         session_file=session_file,
-        log=_log.bind(
-            session_id=params.session_id,
-            session_key=mask_session_key(params.session_key),
-            engine=handle.id if handle is not None else None,
-        ),
+        log=log,
         may=turn.allows,
         emit=_internal_only(turn, hooks),
         outcome=lambda: turn.outcome,
