@@ -312,6 +312,7 @@ async def assemble_context_engine(
     citations_mode: str | None = None,
     model: str | None = None,
     prompt: str | None = None,
+    is_heartbeat: bool = False,
 ) -> AssembleOutcome:
     """Ask the engine for this turn's context; a failure means "use the baseline prompt".
 
@@ -334,6 +335,7 @@ async def assemble_context_engine(
         citations_mode=citations_mode or None,
         model=model,
         prompt=prompt,
+        is_heartbeat=is_heartbeat,
     )
     try:
         assemble = optional_method(engine, "assemble")

@@ -26,6 +26,7 @@ from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
+from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.usage import Usage
 
@@ -178,6 +179,22 @@ class TurnParams:
     #: elided), ``"elide"`` (names kept, payloads replaced by a note). Secrets are redacted in
     #: every policy; Codex itself cuts a long tool result to ~12 KB in the prompt.
     tool_payloads: Literal["elide", "shape-only", "full"] = "full"
+    #: A lightweight run (a cron job, say): Codex loads no project docs (AGENTS.md and
+    #: friends) for this turn. A thread reads them when it starts, so the turn runs on a
+    #: transient thread of its own, started without them; the session's thread stays bound,
+    #: and the transcript carries the conversation to the transient thread.
+    lightweight: bool = False
+    #: Turn-scoped collaboration-mode developer instructions (a skills catalog, MEMORY.md
+    #: pointers, or the plain-text memory when no memory tool is available); the next turn
+    #: without them runs in Codex's default mode again. See :mod:`codex_turn.harness.collaboration`.
+    collaboration: CollaborationInstructions | None = None
+    #: A heartbeat turn (a scheduled wake): the ``heartbeat_respond`` tool is offered and its
+    #: answer comes back in ``TurnResult.heartbeat``; the heartbeat guidance goes as the
+    #: turn's collaboration-mode instructions; engines see ``is_heartbeat``. It runs on a
+    #: transient thread of its own (its tool set differs from the session's thread).
+    heartbeat: bool = False
+    #: The heartbeat checklist (HEARTBEAT.md): named by its path when non-empty, never inlined.
+    heartbeat_file: str | os.PathLike[str] | None = None
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -243,7 +260,7 @@ def _validate(p: TurnParams) -> None:
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
         _fail("concurrency must be 'wait' or 'reject'")
-    for name in ("yield_tool", "strict"):
+    for name in ("yield_tool", "strict", "lightweight", "heartbeat"):
         if not isinstance(getattr(p, name), bool):
             _fail(f"{name} must be a bool")
     timeouts = ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout")
@@ -267,9 +284,31 @@ def _validate(p: TurnParams) -> None:
         _fail("tool_payloads must be 'elide', 'shape-only' or 'full'")
     if p.steering not in ("steer", "queue", "reject"):
         _fail("steering must be 'steer', 'queue' or 'reject'")
+    _validate_collaboration(p)
     quiet = p.steer_quiet_interval
     if isinstance(quiet, bool) or not isinstance(quiet, int | float) or not 0 <= quiet <= 60:
         _fail("steer_quiet_interval must be a number of seconds from 0 to 60")
+
+
+def _validate_collaboration(p: TurnParams) -> None:
+    """The collaboration instructions and the heartbeat file (collaboration.py)."""
+    given: Any = p.collaboration
+    if given is not None:
+        if not isinstance(given, CollaborationInstructions):
+            _fail("collaboration must be a CollaborationInstructions or None")
+        for name in ("skills_catalog", "memory_pointers", "memory_context"):
+            value = getattr(given, name)
+            if value is not None and (not isinstance(value, str) or has_lone_surrogate(value)):
+                _fail(f"collaboration.{name} must be a string (valid Unicode) or None")
+        tools: Any = given.memory_tools
+        if not isinstance(tools, tuple) or not all(isinstance(t, str) for t in tools):
+            _fail("collaboration.memory_tools must be a tuple of tool names")
+    path: Any = p.heartbeat_file
+    if path is not None:
+        if not isinstance(path, str | os.PathLike) or not is_os_string(path) or not os.fspath(path):
+            _fail("heartbeat_file must be a path the OS can open (a string or path), or None")
+        if not p.heartbeat:
+            _fail("heartbeat_file is for a heartbeat turn (heartbeat=True)")
 
 
 def _validate_runtime_controls(p: TurnParams) -> None:
@@ -350,6 +389,9 @@ class TurnResult:
     #: Messages steered into this turn while it ran, in arrival order (mirrored after the
     #: prompt; this turn's reply answers them too).
     steered: tuple[str, ...] = ()
+    #: A heartbeat turn's answer, as the model recorded it with ``heartbeat_respond`` (stay
+    #: silent, or notify with text); ``None``: not a heartbeat, or the model recorded none.
+    heartbeat: HeartbeatResponse | None = None
 
     @property
     def durations_ms(self) -> dict[str, float]:

@@ -289,6 +289,9 @@ class AssembleParams:
     model: str | None = None
     #: The raw user prompt of this turn (not trimmed, not projected).
     prompt: str | None = None
+    #: This turn is a heartbeat (a scheduled wake, ``TurnParams.heartbeat``): OpenClaw's
+    #: ``isHeartbeat``.
+    is_heartbeat: bool = False
 
 
 @attrs.frozen

@@ -46,6 +46,7 @@ from codex_turn.harness.binding import (
     context_engine_policy_fingerprint,
     write_binding,
 )
+from codex_turn.harness.collaboration import HeartbeatRecorder
 from codex_turn.harness.engine import AgentMessage, AssembleResult, EngineHandle
 from codex_turn.harness.history_cache import StrippedHistories
 from codex_turn.harness.hooks import (
@@ -255,6 +256,8 @@ class TurnContext:
     #: What the turn machine recorded (Codex refused this turn's resume or fork).
     turn: TurnRecord
     switch: YieldSwitch = attrs.Factory(YieldSwitch)
+    #: Where a heartbeat turn's ``heartbeat_respond`` records the model's answer.
+    heartbeat: HeartbeatRecorder = attrs.Factory(HeartbeatRecorder)
     # Stage records, in the order the stages set them.
     history: HistoryRead | None = None
     assembled: Assembled | None = None

@@ -100,6 +100,8 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
         approvals_reviewer=params.approvals_reviewer,
         service_tier=params.service_tier,
+        # A lightweight run starts its own (transient) thread without the project docs.
+        project_docs=not params.lightweight,
     )
 
 

@@ -64,6 +64,7 @@ from codex_turn.fsm import (
 from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
+from codex_turn.harness.collaboration import HeartbeatRecorder, heartbeat_tool
 from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, step
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
 from codex_turn.harness.hooks import TurnHooks
@@ -282,6 +283,9 @@ async def prepare_turn(
     dynamic_tools = list(tools)
     if params.yield_tool:
         dynamic_tools.append(turn_context.yield_tool(switch))
+    heartbeat = HeartbeatRecorder()
+    if params.heartbeat:
+        dynamic_tools.append(heartbeat_tool(heartbeat))
     context = TurnContext(
         params=params,
         app_server=app_server,
@@ -302,6 +306,7 @@ async def prepare_turn(
         cut_short=turn.cut_short_trigger,
         turn=turn,
         switch=switch,
+        heartbeat=heartbeat,
     )
     return context, turn
 
@@ -382,6 +387,7 @@ def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:
         mirror_error=ctx.mirror.error if ctx.mirror is not None else None,
         files=tuple(ctx.live.files) if ctx.live is not None else (),
         steered=tuple(m.text for m in ctx.live.steered) if ctx.live is not None else (),
+        heartbeat=ctx.heartbeat.response,
     )
 
 

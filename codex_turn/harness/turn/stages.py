@@ -63,7 +63,13 @@ from codex_turn.harness.appserver import (
     Notification,
     TurnHandlePort,
 )
+from codex_turn.harness.appserver.types import TextInput, UserInput
 from codex_turn.harness.binding import ContextEngineBinding, ThreadBinding, read_binding
+from codex_turn.harness.collaboration import (
+    CollaborationPlan,
+    collaboration_mode,
+    collaboration_plan,
+)
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.hooks import (
     CompactionHookEvent,
@@ -226,6 +232,7 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             citations_mode=params.citations_mode,
             model=params.model,
             prompt=params.prompt,
+            is_heartbeat=params.heartbeat,
         ),
     )
     if outcome is None or outcome.status != "assembled" or outcome.result is None:
@@ -344,6 +351,25 @@ async def _prepare_prompt(ctx: TurnContext, decision: ThreadDecision) -> PromptB
     )
 
 
+async def _collaboration(ctx: TurnContext) -> CollaborationPlan:
+    """This turn's collaboration-mode instructions and input context (collaboration.py); a
+    heartbeat file is named only when it is non-empty (its size looked up, never read)."""
+    params = ctx.params
+    named = None
+    if params.heartbeat and params.heartbeat_file is not None:
+        try:
+            if (await anyio.Path(params.heartbeat_file).stat()).st_size > 0:
+                named = params.heartbeat_file
+        except OSError:
+            named = None  # absent or unreadable: nothing to point at
+    return collaboration_plan(
+        params.collaboration,
+        tool_names=[t.name for t in ctx.tools],
+        heartbeat=params.heartbeat,
+        heartbeat_file=named,
+    )
+
+
 async def run_turn(ctx: TurnContext) -> TurnTrigger:
     """Run the Codex turn. The caller's cancellation is caught here (the client interrupts
     Codex on the way out), recorded for the driver to re-raise, and ends the turn as aborted:
@@ -367,13 +393,21 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             ctx.log.warning(
                 "failed to sync the prompt to the transcript", error=format_error(unsynced)
             )
+        collaboration = await _collaboration(ctx)
+        overrides = turn_start_overrides(params, thread.result)
+        if collaboration.instructions is not None:
+            overrides["collaborationMode"] = collaboration_mode(collaboration.instructions)
+        text: str | list[UserInput] = plan.prompt
+        if collaboration.input_context is not None:
+            # The plain-text memory: input context of this turn, before the prompt.
+            text = [TextInput(collaboration.input_context), TextInput(plan.prompt)]
         async with ctx.app_server.turn(
             thread.thread_id,
-            plan.prompt,
+            text,
             prompt=params.prompt,
             images=(*params.images, *_restored_images(ctx)),
             model=params.model,
-            overrides=turn_start_overrides(params, thread.result),
+            overrides=overrides,
             handlers=turn_request_handlers(params, ctx.hooks),
         ) as handle:
             handle_box.append(handle)
@@ -626,6 +660,7 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
             runtime_context=runtime_context(ctx, usage=codex.usage),
             run_maintenance=False,  # the turn machine decides; see maintain
             snapshot_is_fallback=fallback,
+            is_heartbeat=ctx.params.heartbeat,
         ),
     )
     if finalized is None:  # it timed out
