@@ -52,6 +52,7 @@ from codex_turn.harness.appserver import (
     tool,
 )
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding
+from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.compaction import (
     CompactionRun,
     CompactSessionParams,
@@ -169,6 +170,7 @@ __all__ = [
     "CodexHomeNotPrivate",
     "CodexLoginRequired",
     "CodexTurnError",
+    "CollaborationInstructions",
     "CompactParams",
     "CompactResult",
     "CompactSessionParams",
@@ -185,6 +187,7 @@ __all__ = [
     "EngineLoadError",
     "EngineUnavailable",
     "FileSaved",
+    "HeartbeatResponse",
     "IllegalTransition",
     "IngestBatchParams",
     "IngestBatchResult",

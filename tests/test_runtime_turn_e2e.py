@@ -1,0 +1,149 @@
+"""The runtime contract around a turn, against the REAL ``codex app-server`` 0.163.0: what the
+model request holds for a lightweight run, turn-scoped collaboration-mode instructions and a
+heartbeat turn (one session, several turns, checked against what the offline model recorded).
+
+Protocol facts pinned here (probed against the binary before building on them):
+
+* ``thread/start`` with ``config: {"project_doc_max_bytes": 0}`` reads no AGENTS.md: the
+  answer's ``instructionSources`` is empty, and no "# AGENTS.md instructions" user message
+  reaches the model; without it, the AGENTS.md in cwd is listed and sent.
+* ``turn/start`` ``collaborationMode`` (mode ``default``, ``settings.developer_instructions``)
+  becomes one ``<collaboration_mode>...</collaboration_mode>`` developer message of that turn's
+  request; the mode is sticky and the message is written only on a change, and
+  ``developer_instructions: null`` writes the default mode's built-in text
+  ("# Collaboration Mode: Default").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from codex_turn import (
+    AppServer,
+    CollaborationInstructions,
+    HeartbeatResponse,
+    TurnOutcome,
+    TurnParams,
+    read_binding,
+    run_codex_turn,
+)
+from codex_turn.fsm.thread import ThreadAction
+from codex_turn.harness.collaboration import HEARTBEAT_GUIDANCE, HEARTBEAT_TOOL
+from codex_turn.testing import OfflineModel, Reply
+
+pytestmark = [pytest.mark.anyio, pytest.mark.codex]
+
+AGENTS = "AGENTS_RULE_5521: answer in haiku"
+AGENTS_HEADER = "# AGENTS.md instructions for"
+CHECKLIST = "CHECKLIST_BODY_8812: water the plants"
+COLLABORATION = "<collaboration_mode>"
+DEFAULT_MODE = "<collaboration_mode># Collaboration Mode: Default"
+
+
+def has(texts: list[str], needle: str) -> bool:
+    return any(needle in text for text in texts)
+
+
+def turn_start(server: AppServer, index: int) -> dict[str, Any]:
+    """The params of the ``index``-th ``turn/start`` this test sent."""
+    sent = [m for m in server.sent if m.get("method") == "turn/start"]
+    return dict(sent[index]["params"])
+
+
+async def test_lightweight_heartbeat_and_collaboration_turns_in_the_model_request(
+    appserver: AppServer, offline_model: OfflineModel, workspace: Path, tmp_path: Path
+) -> None:
+    (workspace / "AGENTS.md").write_text(AGENTS)
+    checklist = workspace / "HEARTBEAT.md"
+    checklist.write_text(CHECKLIST)
+    session = str(tmp_path / "session.jsonl")
+
+    def turn(prompt: str, **fields: Any) -> TurnParams:
+        return TurnParams(
+            session_id="s-1",
+            session_file=session,
+            workspace_dir=str(workspace),
+            prompt=prompt,
+            **fields,
+        )
+
+    # 1. An ordinary turn: the project docs reach the model; no collaboration mode is sent.
+    first = await run_codex_turn(turn("first turn"), app_server=appserver)
+    assert first.outcome is TurnOutcome.COMPLETED
+    request = offline_model.turn_requests()[-1]
+    assert has(request.user_messages, AGENTS_HEADER)
+    assert has(request.user_messages, AGENTS)
+    assert not has(request.developer_messages, COLLABORATION)
+    assert "collaborationMode" not in turn_start(appserver, 0)
+
+    # 2. A lightweight run: a transient thread started without them (the conversation goes
+    # with it, from the transcript); the session's thread stays bound.
+    light = await run_codex_turn(turn("cron job", lightweight=True), app_server=appserver)
+    assert light.outcome is TurnOutcome.COMPLETED
+    decision = light.thread_decision
+    assert decision is not None
+    assert (decision.action, decision.reason) == (ThreadAction.TRANSIENT, "own-transient-thread")
+    request = offline_model.turn_requests()[-1]
+    assert not has(request.user_messages, AGENTS_HEADER)
+    assert not has(request.user_messages, AGENTS)
+    assert has(request.user_messages, "first turn")  # the transcript went with it
+    starts = [m["params"] for m in appserver.sent if m.get("method") == "thread/start"]
+    assert starts[-1]["config"] == {"project_doc_max_bytes": 0}
+    assert "config" not in starts[0]
+    binding = read_binding(session)
+    assert binding is not None
+    assert binding.thread_id == first.thread_id
+
+    # 3. A heartbeat: heartbeat_respond offered, its answer typed in the result; the guidance
+    # as the turn's collaboration mode; the checklist named by path, never inlined.
+    offline_model.script(
+        Reply.function_call(HEARTBEAT_TOOL, {"decision": "notify", "text": "Plants need water"}),
+        Reply.fixed("HEARTBEAT_DONE"),
+    )
+    beat = await run_codex_turn(
+        turn("heartbeat wake", heartbeat=True, heartbeat_file=checklist), app_server=appserver
+    )
+    assert beat.outcome is TurnOutcome.COMPLETED
+    assert beat.heartbeat == HeartbeatResponse("notify", "Plants need water")
+    assert beat.thread_decision is not None
+    assert beat.thread_decision.action is ThreadAction.TRANSIENT
+    request = offline_model.turn_requests()[-1]  # the model's call after the tool's answer
+    assert HEARTBEAT_TOOL in request.tool_names
+    assert has(request.developer_messages, COLLABORATION + HEARTBEAT_GUIDANCE)
+    assert has(request.developer_messages, str(checklist))
+    every_text = [*request.developer_messages, *request.user_messages]
+    assert not has(every_text, CHECKLIST)
+    assert has(request.user_messages, AGENTS)  # not lightweight: the project docs are there
+
+    # 4. On the session's thread: a skills catalog as this turn's collaboration mode; without
+    # a memory tool the memory pointers are dropped and the plain-text memory is input.
+    skills = CollaborationInstructions(
+        skills_catalog="SKILLS_CATALOG_3307",
+        memory_pointers="MEMORY_POINTER_4410",
+        memory_context="MEMORY_TEXT_9051",
+    )
+    skilled = await run_codex_turn(turn("with skills", collaboration=skills), app_server=appserver)
+    assert skilled.thread_id == first.thread_id
+    request = offline_model.turn_requests()[-1]
+    assert has(request.developer_messages, COLLABORATION + "SKILLS_CATALOG_3307")
+    assert not has(request.developer_messages, "MEMORY_POINTER_4410")
+    assert has(request.user_messages, "MEMORY_TEXT_9051")
+    assert not has(request.developer_messages, HEARTBEAT_GUIDANCE)  # the heartbeat ran apart
+    mode = turn_start(appserver, -1)["collaborationMode"]
+    assert mode["settings"]["model"] == "mock-model"
+
+    # 5. The next ordinary turn goes back to Codex's default mode (sent once).
+    await run_codex_turn(turn("plain again"), app_server=appserver)
+    request = offline_model.turn_requests()[-1]
+    assert request.developer_messages[-1].startswith(DEFAULT_MODE)
+    assert turn_start(appserver, -1)["collaborationMode"]["settings"] == {
+        "developer_instructions": None,
+        "model": "mock-model",
+        "reasoning_effort": None,
+    }
+    await run_codex_turn(turn("and again"), app_server=appserver)
+    assert "collaborationMode" not in turn_start(appserver, -1)
+    assert offline_model.proxy_attempts == []
