@@ -65,6 +65,9 @@ class InvalidTurnParams(CodexTurnError, ValueError, TypeError):
     A ``ValueError`` and a ``TypeError`` too."""
 
 
+#: The steering modes (:class:`~codex_turn.fsm.steering.SteerMode`).
+_STEERING_MODES: Final = ("steer", "queue", "reject", "followup", "collect")
+
 #: The text fields: each a string Codex can take (the optional ones may also be ``None``).
 _TEXT_FIELDS: Final = ("session_id", "prompt")
 _OPTIONAL_TEXT_FIELDS: Final = (
@@ -149,9 +152,10 @@ class TurnParams:
     #: What a message for this session that arrives while this turn runs becomes
     #: (:func:`~codex_turn.harness.turn.steering.steer_codex_turn`): ``"steer"``, delivered to the
     #: running Codex turn (one ``turn/steer`` per batch; a batch closes once
-    #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"``, run as the
-    #: next turn; ``"reject"``, refused.
-    steering: Literal["steer", "queue", "reject"] = "steer"
+    #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"`` or
+    #: ``"followup"``, each run as its own next turn; ``"collect"``, gathered into one next
+    #: turn (``TurnResult.collected``); ``"reject"``, refused.
+    steering: Literal["steer", "queue", "reject", "followup", "collect"] = "steer"
     steer_quiet_interval: float = 0.25
     #: The share of the model's context window a bound thread's native history may fill
     #: (Codex's last reported usage of it, in this process) before a turn rotates it to a
@@ -282,8 +286,8 @@ def _validate(p: TurnParams) -> None:
         _fail("projection_format must be 'structured' or 'text'")
     if p.tool_payloads not in ("elide", "shape-only", "full"):
         _fail("tool_payloads must be 'elide', 'shape-only' or 'full'")
-    if p.steering not in ("steer", "queue", "reject"):
-        _fail("steering must be 'steer', 'queue' or 'reject'")
+    if p.steering not in _STEERING_MODES:
+        _fail(f"steering must be one of {list(_STEERING_MODES)}")
     _validate_collaboration(p)
     quiet = p.steer_quiet_interval
     if isinstance(quiet, bool) or not isinstance(quiet, int | float) or not 0 <= quiet <= 60:
@@ -392,6 +396,9 @@ class TurnResult:
     #: A heartbeat turn's answer, as the model recorded it with ``heartbeat_respond`` (stay
     #: silent, or notify with text); ``None``: not a heartbeat, or the model recorded none.
     heartbeat: HeartbeatResponse | None = None
+    #: Messages collected while this turn ran (steering mode ``collect``), in arrival order:
+    #: run them as one next turn.
+    collected: tuple[str, ...] = ()
 
     @property
     def durations_ms(self) -> dict[str, float]:

@@ -388,6 +388,7 @@ def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:
         files=tuple(ctx.live.files) if ctx.live is not None else (),
         steered=tuple(m.text for m in ctx.live.steered) if ctx.live is not None else (),
         heartbeat=ctx.heartbeat.response,
+        collected=ctx.live.take_collected() if ctx.live is not None else (),
     )
 
 
