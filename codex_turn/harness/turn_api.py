@@ -136,6 +136,9 @@ class TurnParams:
     #: idle timer does not run while one is pending (``turn_timeout`` still bounds the turn).
     approval_timeout: float = 60.0
     user_input_timeout: float = 60.0
+    #: Bound on each observation callback (``TurnHooks.after_tool_call``, ``llm_input``,
+    #: ``llm_output``): one still running then is cancelled (and logged).
+    observer_timeout: float = 2.0
     #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
     runtime_attempt: Mapping[str, Any] = attrs.field(factory=dict)
     turn_timeout: float = 600.0
@@ -338,7 +341,7 @@ def _validate_runtime_controls(p: TurnParams) -> None:
         isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
     ):
         _fail("native_history_share must be a number in (0, 1], or None")
-    for name in ("approval_timeout", "user_input_timeout"):
+    for name in ("approval_timeout", "user_input_timeout", "observer_timeout"):
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             _fail(f"{name} must be a positive number")

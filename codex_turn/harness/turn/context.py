@@ -60,6 +60,7 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
+from codex_turn.harness.observations import Observations
 from codex_turn.harness.turn.continuity import Coverage, coverage_of
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
@@ -256,6 +257,8 @@ class TurnContext:
     #: What the turn machine recorded (Codex refused this turn's resume or fork).
     turn: TurnRecord
     switch: YieldSwitch = attrs.Factory(YieldSwitch)
+    #: The turn's observers (telemetry: scheduled, bounded, never awaited by the turn).
+    observations: Observations = attrs.Factory(lambda: Observations(timeout=2.0))
     #: Where a heartbeat turn's ``heartbeat_respond`` records the model's answer.
     heartbeat: HeartbeatRecorder = attrs.Factory(HeartbeatRecorder)
     # Stage records, in the order the stages set them.

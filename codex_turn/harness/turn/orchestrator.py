@@ -74,6 +74,7 @@ from codex_turn.harness.idempotency import (
     message_turn_key,
 )
 from codex_turn.harness.maintenance import BackgroundMaintenance
+from codex_turn.harness.observations import Observations
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
 from codex_turn.harness.turn.stages import TurnContext
@@ -233,7 +234,9 @@ async def run_codex_turn(
                     )
                     ctx.prompt_identity = prompt_identity
                     ctx.live = live
-                    result = await _drive(ctx, turn, on_turn_end)
+                    # Observers run beside the turn; its end waits for them (bounded).
+                    async with ctx.observations.running():
+                        result = await _drive(ctx, turn, on_turn_end)
         contract.raise_first(result)  # strict: the typed error, once the turn is delivered
         return result
 
@@ -308,6 +311,7 @@ async def prepare_turn(
         switch=switch,
         heartbeat=heartbeat,
     )
+    context.observations = Observations(timeout=params.observer_timeout, log=context.log)
     return context, turn
 
 

@@ -88,6 +88,11 @@ from codex_turn.harness.maintenance import (
     call_maintenance,
     defer_maintenance,
 )
+from codex_turn.harness.observations import (
+    LlmInputObserved,
+    LlmOutputObserved,
+    tool_call_observed,
+)
 from codex_turn.harness.runtime_controls import turn_request_handlers, turn_start_overrides
 from codex_turn.harness.session import (
     SessionError,
@@ -401,6 +406,21 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         if collaboration.input_context is not None:
             # The plain-text memory: input context of this turn, before the prompt.
             text = [TextInput(collaboration.input_context), TextInput(plan.prompt)]
+        ctx.observations.emit(
+            "llm_input",
+            ctx.hooks.llm_input,
+            LlmInputObserved(
+                session_id=params.session_id,
+                thread_id=thread.thread_id,
+                model=params.model or thread.result.model,
+                prompt=plan.prompt,
+                developer_instructions=plan.instructions,
+                collaboration_instructions=collaboration.instructions,
+                images=len(params.images) + len(_restored_images(ctx)),
+                tools=tuple(t.name for t in ctx.tools),
+                history_messages=len(ctx.messages),
+            ),
+        )
         async with ctx.app_server.turn(
             thread.thread_id,
             text,
@@ -459,6 +479,21 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         # Kept with what it now holds (steered messages included, as mirrored).
         settle_fork(ctx, ctx.ran.codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)
+    ran = ctx.ran.codex
+    ctx.observations.emit(
+        "llm_output",
+        ctx.hooks.llm_output,
+        LlmOutputObserved(
+            session_id=params.session_id,
+            thread_id=thread.thread_id,
+            turn_id=ran.turn_id,
+            model=params.model or thread.result.model,
+            status=end.value if end is not RunEnd.OVERFLOWED else RunEnd.FAILED.value,
+            assistant_text=ran.final_text,
+            usage=ran.usage,
+            error=ran.prompt_error,
+        ),
+    )
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
 
@@ -533,6 +568,10 @@ def _delivering(ctx: TurnContext, handle: TurnHandlePort) -> AbstractAsyncContex
 async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
     if ctx.live is not None:
         ctx.live.on_notification(note)  # the runner's event stream, the files Codex saved
+    if note.method == "item/completed" and note.item is not None:
+        observed = tool_call_observed(note.item, thread_id=note.thread_id, turn_id=note.turn_id)
+        if observed is not None:
+            ctx.observations.emit("after_tool_call", ctx.hooks.after_tool_call, observed)
     phase = note.compaction_phase
     if phase is None:
         return
