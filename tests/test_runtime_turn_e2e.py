@@ -1,6 +1,7 @@
 """The runtime contract around a turn, against the REAL ``codex app-server`` 0.163.0: what the
 model request holds for a lightweight run, turn-scoped collaboration-mode instructions and a
-heartbeat turn (one session, several turns, checked against what the offline model recorded).
+heartbeat turn, and what the observers are told (one session, several turns, checked against
+what the offline model recorded).
 
 Protocol facts pinned here (probed against the binary before building on them):
 
@@ -25,6 +26,7 @@ from codex_turn import (
     AppServer,
     CollaborationInstructions,
     HeartbeatResponse,
+    TurnHooks,
     TurnOutcome,
     TurnParams,
     read_binding,
@@ -32,6 +34,7 @@ from codex_turn import (
 )
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness.collaboration import HEARTBEAT_GUIDANCE, HEARTBEAT_TOOL
+from codex_turn.harness.observations import LlmInputObserved, LlmOutputObserved, ToolCallObserved
 from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.codex]
@@ -71,8 +74,31 @@ async def test_lightweight_heartbeat_and_collaboration_turns_in_the_model_reques
         )
 
     # 1. An ordinary turn: the project docs reach the model; no collaboration mode is sent.
-    first = await run_codex_turn(turn("first turn"), app_server=appserver)
+    # Its observers see what went to the model, the native command Codex ran (a sandbox
+    # that lets it write: a read-only one reports no commandExecution item) and the reply.
+    tools: list[ToolCallObserved] = []
+    inputs: list[LlmInputObserved] = []
+    outputs: list[LlmOutputObserved] = []
+    observers = TurnHooks(
+        after_tool_call=tools.append, llm_input=inputs.append, llm_output=outputs.append
+    )
+    offline_model.script(
+        Reply.function_call("exec_command", {"cmd": "echo observed", "yield_time_ms": 2000}),
+        Reply.fixed("FIRST_DONE"),
+    )
+    first = await run_codex_turn(
+        turn("first turn", sandbox="workspace-write"), app_server=appserver, hooks=observers
+    )
     assert first.outcome is TurnOutcome.COMPLETED
+    assert [(t.kind, t.name, t.native, t.status) for t in tools] == [
+        ("commandExecution", "command", True, "completed")
+    ]
+    assert "echo observed" in str(tools[0].item.get("command"))
+    assert tools[0].turn_id == first.turn_id
+    assert [(i.prompt, i.thread_id) for i in inputs] == [("first turn", first.thread_id)]
+    assert [(o.status, o.assistant_text, o.turn_id) for o in outputs] == [
+        ("completed", "FIRST_DONE", first.turn_id)
+    ]
     request = offline_model.turn_requests()[-1]
     assert has(request.user_messages, AGENTS_HEADER)
     assert has(request.user_messages, AGENTS)
