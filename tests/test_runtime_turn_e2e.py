@@ -1,7 +1,8 @@
 """The runtime contract around a turn, against the REAL ``codex app-server`` 0.163.0: what the
 model request holds for a lightweight run, turn-scoped collaboration-mode instructions and a
 heartbeat turn, and what the observers are told (one session, several turns, checked against
-what the offline model recorded).
+what the offline model recorded); then the namespaced tool catalog (a second app-server, whose
+model declares tool search).
 
 Protocol facts pinned here (probed against the binary before building on them):
 
@@ -13,10 +14,17 @@ Protocol facts pinned here (probed against the binary before building on them):
   request; the mode is sticky and the message is written only on a change, and
   ``developer_instructions: null`` writes the default mode's built-in text
   ("# Collaboration Mode: Default").
+* ``dynamicTools`` namespaces: a namespace whose tools all have ``deferLoading`` is left out
+  of the model's tool list, and ``tool_search`` is offered, only when the model's metadata
+  declares ``supports_search_tool`` (a ``model_catalog_json``); without it the deferred tools
+  are simply absent and no ``tool_search`` appears. A namespace without ``deferLoading`` is
+  a ``namespace`` tool in the list; the model calls its tools with ``namespace`` apart.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +32,9 @@ import pytest
 
 from codex_turn import (
     AppServer,
+    AppServerConfig,
     CollaborationInstructions,
+    DynamicTool,
     HeartbeatResponse,
     TurnHooks,
     TurnOutcome,
@@ -33,6 +43,7 @@ from codex_turn import (
     run_codex_turn,
 )
 from codex_turn.fsm.thread import ThreadAction
+from codex_turn.harness.appserver.tools import DIRECT_NAMESPACE, SEARCHABLE_NAMESPACE
 from codex_turn.harness.collaboration import HEARTBEAT_GUIDANCE, HEARTBEAT_TOOL
 from codex_turn.harness.observations import LlmInputObserved, LlmOutputObserved, ToolCallObserved
 from codex_turn.testing import OfflineModel, Reply
@@ -172,4 +183,100 @@ async def test_lightweight_heartbeat_and_collaboration_turns_in_the_model_reques
     }
     await run_codex_turn(turn("and again"), app_server=appserver)
     assert "collaborationMode" not in turn_start(appserver, -1)
+    assert offline_model.proxy_attempts == []
+
+
+#: A model catalog for the offline model that declares Codex's tool search (every current
+#: OpenAI model's metadata does; the offline ``mock-model`` has none, and without it Codex
+#: leaves deferred tools out and offers no ``tool_search``: probed).
+SEARCHING_MODEL = {
+    "models": [
+        {
+            "slug": "mock-model",
+            "display_name": "mock",
+            "supported_in_api": True,
+            "visibility": "list",
+            "priority": 1,
+            "shell_type": "unified_exec",
+            "supported_reasoning_levels": [],
+            "default_reasoning_level": None,
+            "supports_search_tool": True,
+            "context_window": 272000,
+            "truncation_policy": {"mode": "tokens", "limit": 10000},
+            "base_instructions": "You are the offline stand-in.",
+            "input_modalities": ["text"],
+            "experimental_supported_tools": [],
+            "supports_parallel_tool_calls": False,
+            "supports_reasoning_summaries": False,
+            "apply_patch_tool_type": None,
+            "web_search_tool_type": "text",
+            "effective_context_window_percent": 95,
+            "support_verbosity": False,
+            "default_verbosity": None,
+        }
+    ]
+}
+
+
+async def test_namespaced_catalog_keeps_host_tools_searchable_and_direct_ones_visible(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    catalog = tmp_path / "models.json"
+    catalog.write_text(json.dumps(SEARCHING_MODEL))
+    config = make_appserver_config(extra_config={"model_catalog_json": str(catalog)})
+    sent: list[str] = []
+
+    async def send(arguments: dict[str, Any]) -> str:
+        sent.append(str(arguments.get("text")))
+        return "sent"
+
+    async def recall(arguments: dict[str, Any]) -> str:
+        return "nothing"
+
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    message = DynamicTool("message", "Send a message.", schema, send, direct=True)
+    memory = DynamicTool("memory_search", "Search memory.", schema, recall)
+    observed: list[ToolCallObserved] = []
+    offline_model.script(
+        Reply.function_call("message", {"text": "hello"}, namespace=DIRECT_NAMESPACE),
+        Reply.fixed("DONE"),
+    )
+    async with AppServer.start(config, record_sent=True) as server:
+        result = await run_codex_turn(
+            TurnParams(
+                session_id="s-2",
+                session_file=str(tmp_path / "s-2.jsonl"),
+                workspace_dir=str(workspace),
+                prompt="beat",
+                heartbeat=True,
+                tool_catalog="namespaced",
+            ),
+            app_server=server,
+            tools=[message, memory],
+            hooks=TurnHooks(after_tool_call=observed.append),
+        )
+    assert result.outcome is TurnOutcome.COMPLETED
+    first = offline_model.turn_requests()[0]
+    # The direct namespace is in the model's list; the searchable one (the host's tools and
+    # heartbeat_respond) is behind tool_search.
+    assert DIRECT_NAMESPACE in first.tool_names
+    assert "tool_search" in first.tool_names
+    assert SEARCHABLE_NAMESPACE not in first.tool_names
+    direct = next(t for t in first.tools if t.get("name") == DIRECT_NAMESPACE)
+    assert [t["name"] for t in direct["tools"]] == ["message"]
+    start = next(m for m in server.sent if m.get("method") == "thread/start")
+    declared = {spec["name"]: spec for spec in start["params"]["dynamicTools"]}
+    assert [t["name"] for t in declared[SEARCHABLE_NAMESPACE]["tools"]] == [
+        "memory_search",
+        HEARTBEAT_TOOL,
+    ]
+    assert all(t["deferLoading"] for t in declared[SEARCHABLE_NAMESPACE]["tools"])
+    # A direct tool called by its namespace runs the host's tool; the observer sees it.
+    assert sent == ["hello"]
+    assert [(o.name, o.native, o.status) for o in observed] == [
+        (f"{DIRECT_NAMESPACE}.message", False, "completed")
+    ]
     assert offline_model.proxy_attempts == []

@@ -202,6 +202,12 @@ class TurnParams:
     heartbeat: bool = False
     #: The heartbeat checklist (HEARTBEAT.md): named by its path when non-empty, never inlined.
     heartbeat_file: str | os.PathLike[str] | None = None
+    #: How the turn's dynamic tools are declared to Codex: ``"flat"`` (each visible to the
+    #: model), or ``"namespaced"``: in the searchable namespace ``openclaw`` (found through
+    #: Codex's ``tool_search``; needs a model that supports it), those marked
+    #: ``DynamicTool(direct=True)`` in ``openclaw_direct``, always visible. See
+    #: :mod:`codex_turn.harness.appserver.tools`. A thread keeps the catalog it started with.
+    tool_catalog: Literal["flat", "namespaced"] = "flat"
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -292,6 +298,8 @@ def _validate(p: TurnParams) -> None:
     if p.steering not in _STEERING_MODES:
         _fail(f"steering must be one of {list(_STEERING_MODES)}")
     _validate_collaboration(p)
+    if p.tool_catalog not in ("flat", "namespaced"):
+        _fail("tool_catalog must be 'flat' or 'namespaced'")
     quiet = p.steer_quiet_interval
     if isinstance(quiet, bool) or not isinstance(quiet, int | float) or not 0 <= quiet <= 60:
         _fail("steer_quiet_interval must be a number of seconds from 0 to 60")

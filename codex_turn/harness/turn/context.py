@@ -35,7 +35,6 @@ from codex_turn.harness.appserver import (
     TurnProjector,
 )
 from codex_turn.harness.appserver.thread_settings import RUNTIME_POLICY
-from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
     BINDING_SCHEMA_VERSION,
     ContextEngineBinding,
@@ -299,7 +298,7 @@ class TurnContext:
         if self._tools_fingerprint is None:
             # From the very specs sent on thread/start, so the two can never drift apart.
             self._tools_fingerprint = dynamic_tools_fingerprint(
-                unstructure(t.spec()) for t in self.tools
+                t.catalog_entry(self.params.tool_catalog) for t in self.tools
             )
         return self._tools_fingerprint
 
@@ -588,4 +587,5 @@ def yield_tool(switch: YieldSwitch) -> DynamicTool:
         description="End this run now and yield control back to the user.",
         input_schema={"type": "object", "properties": {}},
         fn=request_yield,
+        direct=True,  # a control the model must always see
     )
