@@ -1,8 +1,8 @@
 """The runtime contract around a turn, against the REAL ``codex app-server`` 0.163.0: what the
 model request holds for a lightweight run, turn-scoped collaboration-mode instructions and a
-heartbeat turn, and what the observers are told (one session, several turns, checked against
-what the offline model recorded); then the namespaced tool catalog (a second app-server, whose
-model declares tool search).
+heartbeat turn, what the observers are told and what queue mode collect gathers (one session,
+several turns, checked against what the offline model recorded); then the namespaced tool
+catalog (a second app-server, whose model declares tool search).
 
 Protocol facts pinned here (probed against the binary before building on them):
 
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from codex_turn import (
@@ -39,13 +40,18 @@ from codex_turn import (
     TurnHooks,
     TurnOutcome,
     TurnParams,
+    TurnResult,
+    codex_turn_running,
     read_binding,
     run_codex_turn,
+    steer_codex_turn,
 )
+from codex_turn.fsm.steering import SteerStatus
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness.appserver.tools import DIRECT_NAMESPACE, SEARCHABLE_NAMESPACE
 from codex_turn.harness.collaboration import HEARTBEAT_GUIDANCE, HEARTBEAT_TOOL
 from codex_turn.harness.observations import LlmInputObserved, LlmOutputObserved, ToolCallObserved
+from codex_turn.harness.turn.steering import SteerReceipt
 from codex_turn.testing import OfflineModel, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.codex]
@@ -183,6 +189,30 @@ async def test_lightweight_heartbeat_and_collaboration_turns_in_the_model_reques
     }
     await run_codex_turn(turn("and again"), app_server=appserver)
     assert "collaborationMode" not in turn_start(appserver, -1)
+
+    # 6. Queue mode collect: messages that arrive while a turn runs are gathered for one next
+    # turn; the running turn's model never sees them.
+    offline_model.script(Reply.fixed("SLOW_DONE", delay=0.5))
+    collected = ("COLLECTED_ONE_71", "COLLECTED_TWO_72")
+    receipts: list[SteerReceipt] = []
+    outcome: list[TurnResult] = []
+
+    async def slow_turn() -> None:
+        outcome.append(await run_codex_turn(turn("slow", steering="collect"), app_server=appserver))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(slow_turn)
+        with anyio.fail_after(10):
+            while not codex_turn_running(session):  # noqa: ASYNC110 - polls shared state
+                await anyio.sleep(0.01)
+        for text in collected:
+            receipts.append(await steer_codex_turn(session, text))
+    assert [(r.status, r.reason) for r in receipts] == [(SteerStatus.COLLECTED, "collect")] * 2
+    (slow,) = outcome
+    assert (slow.assistant_text, slow.collected, slow.steered) == ("SLOW_DONE", collected, ())
+    assert not any(has(r.user_messages, collected[0]) for r in offline_model.turn_requests())
+    await run_codex_turn(turn("\n\n".join(slow.collected)), app_server=appserver)
+    assert offline_model.turn_requests()[-1].last_user_text == "\n\n".join(collected)
     assert offline_model.proxy_attempts == []
 
 
