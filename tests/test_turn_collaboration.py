@@ -8,6 +8,8 @@ transient thread, the engine told). What the real binary makes of them is pinned
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -180,3 +182,21 @@ async def test_a_lightweight_run_starts_its_own_thread_without_project_docs(
     assert server.calls_to("start_thread")[0].args["project_docs"] is True
     third = await run_codex_turn(params(session_file, "again"), app_server=server)
     assert third.thread_id == first.thread_id  # the session's thread, with its docs
+
+
+@pytest.mark.anyio
+async def test_a_heartbeat_names_its_checklist_only_when_it_holds_something(
+    session_file: str,
+) -> None:
+    server = FakeAppServer()
+    checklist = Path(os.path.dirname(session_file), "HEARTBEAT.md")
+    for content, named in (("- water the plants", True), ("", False)):
+        checklist.write_text(content)  # noqa: ASYNC240 - a test's fixture file
+        # Relative: the workspace's (where the model reads it).
+        beat = params(session_file, "beat", heartbeat=True, heartbeat_file="HEARTBEAT.md")
+        await run_codex_turn(beat, app_server=server)
+        instructions = server.turn_overrides[-1]["collaborationMode"]["settings"][
+            "developer_instructions"
+        ]
+        assert ("HEARTBEAT.md" in instructions) is named
+        assert "water the plants" not in instructions

@@ -97,8 +97,10 @@ class ThreadSettings:
             if isinstance(value, ToolRegistry):
                 value = unstructure(value.specs()) if value else None
             if field.name == "project_docs":
-                value = None if value else dict(NO_PROJECT_DOCS)
-            if value is None and field.default in (None, True):
+                if not value:  # travels as the thread's config override (module header)
+                    params[wire_name(field)] = dict(NO_PROJECT_DOCS)
+                continue
+            if value is None and field.default is None:
                 continue
             params[wire_name(field)] = unstructure(value)
         return params

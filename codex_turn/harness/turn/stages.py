@@ -362,8 +362,10 @@ async def _collaboration(ctx: TurnContext) -> CollaborationPlan:
     params = ctx.params
     named = None
     if params.heartbeat and params.heartbeat_file is not None:
+        # A relative path is the workspace's (Codex's cwd, where the model reads it).
+        path = os.path.join(os.fspath(params.workspace_dir), os.fspath(params.heartbeat_file))
         try:
-            if (await anyio.Path(params.heartbeat_file).stat()).st_size > 0:
+            if (await anyio.Path(path).stat()).st_size > 0:
                 named = params.heartbeat_file
         except OSError:
             named = None  # absent or unreadable: nothing to point at
