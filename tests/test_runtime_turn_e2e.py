@@ -19,6 +19,9 @@ Protocol facts pinned here (probed against the binary before building on them):
   declares ``supports_search_tool`` (a ``model_catalog_json``); without it the deferred tools
   are simply absent and no ``tool_search`` appears. A namespace without ``deferLoading`` is
   a ``namespace`` tool in the list; the model calls its tools with ``namespace`` apart.
+* ``thread/queue/add`` on an idle thread starts the queued input as a turn at once (the queue
+  lists nothing right after): Codex's queue bypasses the harness, so queue modes are kept
+  host-side.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ AGENTS_HEADER = "# AGENTS.md instructions for"
 CHECKLIST = "CHECKLIST_BODY_8812: water the plants"
 COLLABORATION = "<collaboration_mode>"
 DEFAULT_MODE = "<collaboration_mode># Collaboration Mode: Default"
+
+
+async def wait_for_model_request(model: OfflineModel, text: str) -> None:
+    with anyio.fail_after(10):
+        while not any(r.last_user_text == text for r in model.turn_requests()):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
 
 
 def has(texts: list[str], needle: str) -> bool:
@@ -288,6 +297,19 @@ async def test_namespaced_catalog_keeps_host_tools_searchable_and_direct_ones_vi
             tools=[message, memory],
             hooks=TurnHooks(after_tool_call=observed.append),
         )
+        # Codex's own queue (thread/queue/add) starts a turn on an idle thread at once, with
+        # no engine, no mirror and no turn machine around it: why the queue modes are the
+        # host's (the queued message ran as a turn; the queue is empty right after).
+        thread = await server.request("thread/start", {"cwd": str(workspace)})
+        queued = {"type": "text", "text": "NATIVE_QUEUE_5150"}
+        added = await server.request(
+            "thread/queue/add",
+            {"threadId": thread["thread"]["id"], "input": [queued], "clientUserMessageId": "q-1"},
+        )
+        assert added["queuedSubmission"]["input"][0]["text"] == "NATIVE_QUEUE_5150"
+        listed = await server.request("thread/queue/list", {"threadId": thread["thread"]["id"]})
+        assert listed["data"] == []
+        await wait_for_model_request(offline_model, "NATIVE_QUEUE_5150")
     assert result.outcome is TurnOutcome.COMPLETED
     first = offline_model.turn_requests()[0]
     # The direct namespace is in the model's list; the searchable one (the host's tools and
