@@ -20,7 +20,8 @@ from support.turns import turn_params as params
 from codex_turn import TurnOutcome, read_binding, run_codex_turn
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness.appserver import ThreadSettings
-from codex_turn.harness.appserver.threads import Threads
+from codex_turn.harness.appserver.threads import LoadedThread, Threads
+from codex_turn.harness.appserver.types import ThreadResult, structure
 from codex_turn.harness.collaboration import (
     HEARTBEAT_GUIDANCE,
     HEARTBEAT_TOOL,
@@ -89,6 +90,15 @@ def test_the_client_completes_the_mode_and_goes_back_to_the_default_once() -> No
     assert "collaborationMode" not in threads.collaboration(
         "u", {**plain, "collaborationMode": collaboration_mode("X")}, model=None
     )
+    # Without a turn model, the thread's own (as Codex reported it) wins over the client's
+    # default: a mode must not switch a resumed thread to another model.
+    held = structure({"thread": {"id": "h"}, "model": "held-model"}, ThreadResult)
+    threads._loaded["h"] = LoadedThread(held, "key", defaults={"effort": "low"})
+    completed = threads.collaboration(
+        "h", {**plain, "collaborationMode": collaboration_mode("X")}, model=None, default_model="d"
+    )
+    assert completed["collaborationMode"]["settings"]["model"] == "held-model"
+    assert completed["collaborationMode"]["settings"]["reasoning_effort"] == "low"
 
 
 def test_a_lightweight_thread_starts_without_project_docs() -> None:

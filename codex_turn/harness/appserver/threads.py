@@ -317,14 +317,21 @@ class Threads:
             self._loaded[thread_id] = attrs.evolve(loaded, overridden=overridden)
 
     def collaboration(
-        self, thread_id: str, wire: Mapping[str, Any], *, model: str | None
+        self,
+        thread_id: str,
+        wire: Mapping[str, Any],
+        *,
+        model: str | None,
+        default_model: str | None = None,
     ) -> dict[str, Any]:
         """``wire`` (a ``turn/start``'s params) with its collaboration mode complete: the
         settings' model and reasoning effort are what the turn runs with (Codex lets them
         take precedence over the turn's own, and a ``null`` effort clears it), and a turn
         without a mode of its own after one that had instructions of its own sends Codex's
         default mode (its built-in instructions) once: instructions are turn-scoped (see
-        :mod:`codex_turn.harness.collaboration`). A mode whose model is unknown is dropped."""
+        :mod:`codex_turn.harness.collaboration`). The model: the turn's (``model``), else
+        the thread's as Codex reported it, else ``default_model``; a mode whose model is
+        unknown is dropped."""
         mode = wire.get("collaborationMode")
         if mode is None and thread_id not in self._collaborating:
             return dict(wire)
@@ -333,7 +340,8 @@ class Threads:
         loaded = self._loaded.get(thread_id)
         settings = dict(mode.get("settings") or {})
         settings.setdefault("developer_instructions", None)
-        chosen = wire.get("model") or model or (loaded.result.model if loaded else None)
+        held = loaded.result.model if loaded is not None else None
+        chosen = wire.get("model") or model or held or default_model
         settings.setdefault("model", chosen)
         default_effort = loaded.defaults.get("effort") if loaded is not None else None
         settings.setdefault("reasoning_effort", wire.get("effort", default_effort))

@@ -150,7 +150,9 @@ class Turns:
             params = TurnStartParams(thread_id=thread_id, input=items)
             sticky = self._threads.sticky_defaults(thread_id, overrides or {})
             wire = {**sticky, **(overrides or {}), **unstructure(params)}  # its own fields win
-            wire = self._threads.collaboration(thread_id, wire, model=model or self.model)
+            wire = self._threads.collaboration(
+                thread_id, wire, model=model, default_model=self.model
+            )
             raw = await self._start_turn(thread_id, wire, queue, timeout)
             started = structure(raw, TurnStartResult)
             self._threads.note_sticky(thread_id, wire)

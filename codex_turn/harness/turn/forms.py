@@ -128,7 +128,7 @@ _NO_TOOLS: Final = dynamic_tools_fingerprint(())
 
 def own_thread(ctx: TurnContext) -> bool:
     """The runner asked for this turn on a transient thread of its own (a lightweight run, a
-    heartbeat: ``THREAD_RULES``' first rows)."""
+    heartbeat: ``THREAD_RULES``' first row)."""
     return ctx.params.lightweight or ctx.params.heartbeat
 
 
