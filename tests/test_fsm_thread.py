@@ -41,7 +41,9 @@ def _possible(f: ThreadFacts) -> bool:
     # A base's binding records the fork-base projection, never a thread_bootstrap epoch, and
     # a base is never resumed (so never refused a resume).
     base_ok = not f.base_bound or (f.bound and not f.epoch_match and not f.resume_failed)
-    return items_ok and structured_ok and base_ok
+    # A thread of the turn's own is started, never resumed or forked: neither can be refused.
+    own_ok = not f.own_thread or not (f.resume_failed or f.fork_failed)
+    return items_ok and structured_ok and base_ok and own_ok
 
 
 def _all_facts() -> list[ThreadFacts]:

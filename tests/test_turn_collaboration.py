@@ -210,3 +210,18 @@ async def test_a_heartbeat_names_its_checklist_only_when_it_holds_something(
         ]
         assert ("HEARTBEAT.md" in instructions) is named
         assert "water the plants" not in instructions
+
+
+@pytest.mark.anyio
+async def test_a_first_turn_that_is_a_heartbeat_binds_nothing(session_file: str) -> None:
+    server = FakeAppServer()
+    beat = await run_codex_turn(params(session_file, "beat", heartbeat=True), app_server=server)
+    assert beat.outcome is TurnOutcome.COMPLETED
+    assert beat.thread_decision is not None
+    assert beat.thread_decision.action is ThreadAction.TRANSIENT
+    assert read_binding(session_file) is None
+    first = await run_codex_turn(params(session_file, "hello"), app_server=server)
+    assert first.thread_decision is not None
+    assert first.thread_decision.action is ThreadAction.START
+    assert first.thread_id != beat.thread_id
+    assert HEARTBEAT_TOOL not in server.calls_to("start_thread")[-1].args["tools"]
