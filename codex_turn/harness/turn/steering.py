@@ -70,7 +70,7 @@ for the whole turn (once it holds the session) and the running_turn stage delive
 into a :class:`SteeringHost` (the turn context is one; steering needs only these few things
 of it).
 
-Size (~650 lines): the public API (modes, receipts, :func:`steer_codex_turn`), the inbox and
+Size (~700 lines): the public API (modes, receipts, :func:`steer_codex_turn`), the inbox and
 the batch's effects per state stay together: each effect reads the inbox and the live turn
 handle, and split apart they would share them through private names.
 """
