@@ -47,6 +47,21 @@ TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 _INT64_MAX: Final = 2**63 - 1
 
 
+def _collaboration(value: Any) -> Any:
+    # A mapping of its fields (as a queued turn stores it) is the record; anything else is
+    # left to the validation.
+    if isinstance(value, Mapping):
+        fields = dict(value)
+        tools = fields.get("memory_tools")
+        if isinstance(tools, list):
+            fields["memory_tools"] = tuple(tools)
+        try:
+            return CollaborationInstructions(**fields)
+        except TypeError:
+            return value
+    return value
+
+
 def _images(value: Any) -> Any:
     # A string stays a string, so the validation refuses it instead of iterating characters;
     # so does anything that is not iterable.
@@ -194,7 +209,9 @@ class TurnParams:
     #: Turn-scoped collaboration-mode developer instructions (a skills catalog, MEMORY.md
     #: pointers, or the plain-text memory when no memory tool is available); the next turn
     #: without them runs in Codex's default mode again. See :mod:`codex_turn.harness.collaboration`.
-    collaboration: CollaborationInstructions | None = None
+    collaboration: CollaborationInstructions | None = attrs.field(
+        default=None, converter=_collaboration
+    )
     #: A heartbeat turn (a scheduled wake): the ``heartbeat_respond`` tool is offered and its
     #: answer comes back in ``TurnResult.heartbeat``; the heartbeat guidance goes as the
     #: turn's collaboration-mode instructions; engines see ``is_heartbeat``. It runs on a
