@@ -52,6 +52,7 @@ from codex_turn.harness.appserver import (
     tool,
 )
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding
+from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.compaction import (
     CompactionRun,
     CompactSessionParams,
@@ -179,6 +180,7 @@ __all__ = [
     "CodexHomeNotPrivate",
     "CodexLoginRequired",
     "CodexTurnError",
+    "CollaborationInstructions",
     "CommitTurnParams",
     "CommitTurnResult",
     "CompactParams",
@@ -197,6 +199,7 @@ __all__ = [
     "EngineLoadError",
     "EngineUnavailable",
     "FileSaved",
+    "HeartbeatResponse",
     "HostLlm",
     "HostRequirementsUnmet",
     "IllegalTransition",

@@ -38,6 +38,8 @@ def test_queue_and_reject_modes_decide_at_once_and_steer_defers_to_the_batch() -
         SteerMode.STEER: None,
         SteerMode.QUEUE: (SteerStatus.QUEUED, "queue"),
         SteerMode.REJECT: (SteerStatus.REJECTED, "reject"),
+        SteerMode.FOLLOWUP: (SteerStatus.QUEUED, "followup"),
+        SteerMode.COLLECT: (SteerStatus.COLLECTED, "collect"),
     }
 
 

@@ -21,7 +21,12 @@ def _possible(f: ThreadFacts) -> bool:
     """Facts a turn can have: items are an engine's per-turn context (the form table says
     so), and only a binding can name a fork base (whose epoch is nobody's)."""
     items_ok = not f.items or (
-        f.per_turn and f.has_context and f.engine_active and f.can_inject and not f.thread_bootstrap
+        f.per_turn
+        and f.has_context
+        and f.engine_active
+        and f.can_inject
+        and not f.thread_bootstrap
+        and not f.own_thread  # a thread of the turn's own takes the text frame
     )
     # A structured session: an engine projecting per turn, into forks (the harness gathers
     # it so).
@@ -30,12 +35,15 @@ def _possible(f: ThreadFacts) -> bool:
         and f.engine_active
         and f.can_inject
         and not f.tools_dropped
+        and not f.own_thread
         and not f.thread_bootstrap
     )
     # A base's binding records the fork-base projection, never a thread_bootstrap epoch, and
     # a base is never resumed (so never refused a resume).
     base_ok = not f.base_bound or (f.bound and not f.epoch_match and not f.resume_failed)
-    return items_ok and structured_ok and base_ok
+    # A thread of the turn's own is started, never resumed or forked: neither can be refused.
+    own_ok = not f.own_thread or not (f.resume_failed or f.fork_failed)
+    return items_ok and structured_ok and base_ok and own_ok
 
 
 def _all_facts() -> list[ThreadFacts]:
@@ -51,6 +59,8 @@ ALL_FACTS = _all_facts()
 
 def oracle(f: ThreadFacts) -> tuple[ThreadAction, bool]:
     """Hand-written from the issues: where the decision must land, and whether it projects."""
+    if f.own_thread:  # a lightweight run or a heartbeat: a thread of its own, whatever else
+        return ThreadAction.TRANSIENT, True
     if f.overflowed and not f.tools_dropped:
         return ThreadAction.ROTATE, True  # retried once on a fresh thread with the conversation
     if f.items and not (f.tools_dropped or f.fork_failed or f.overflowed):
@@ -181,7 +191,7 @@ def test_a_rotation_never_runs_a_fresh_thread_without_the_conversation() -> None
             facts.bound
             and not facts.has_context
             and facts.tools_match
-            and not (facts.resume_failed or facts.tools_dropped)
+            and not (facts.resume_failed or facts.tools_dropped or facts.own_thread)
         ):
             if facts.base_bound:
                 # The conversation lives in the transcript, not in the base: the transcript
@@ -236,7 +246,7 @@ def test_base_table_keeps_the_bound_base_only_when_it_fits() -> None:
 def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
     from codex_turn.fsm.thread import FORM_RULES, FormFacts, ProjectionForm
 
-    for bits in itertools.product((False, True), repeat=7):
+    for bits in itertools.product((False, True), repeat=len(attrs.fields(FormFacts))):
         facts = FormFacts(*bits)
         decision = decide(FORM_RULES, facts)
         items = (
@@ -244,6 +254,7 @@ def test_form_table_chooses_items_only_when_every_condition_holds() -> None:
             and facts.per_turn
             and facts.can_inject
             and not facts.tools_dropped
+            and not facts.own_thread
             and facts.convertible
             and facts.fits
             and facts.has_items

@@ -20,7 +20,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from codex_turn import AppServer, AppServerConfig, TurnParams, run_codex_turn
+from codex_turn import (
+    AppServer,
+    AppServerConfig,
+    CollaborationInstructions,
+    TurnParams,
+    run_codex_turn,
+)
 from codex_turn.scale import (
     TurnQueue,
     TurnRecord,
@@ -72,11 +78,17 @@ def test_params_cross_the_queue_as_json_values(tmp_path: Path) -> None:
         images=["data:image/png;base64,AAAA"],
         runtime_attempt={"attempt": 1, "nested": {"a": [1, 2]}},
         output_schema={"type": "object"},
+        heartbeat=True,
+        heartbeat_file=tmp_path / "HEARTBEAT.md",
+        collaboration=CollaborationInstructions(skills_catalog="skills", memory_tools=("m",)),
+        steering="collect",
+        tool_catalog="namespaced",
     )
     wire = params_to_wire(params)
     assert json.loads(json.dumps(wire)) == wire
     again = params_from_wire(wire)
     assert params_to_wire(again) == wire
+    assert again.collaboration == params.collaboration
     assert session_lane(params) == "s"
 
 

@@ -33,6 +33,14 @@ yet apply the steer later:
   the ended turn, so Codex cannot put it into a later one; whether the model saw it is not
   known: the runner decides).
 
+Queue modes (:data:`MODE_FATES`, then :data:`RUN_FATES`). Only ``steer`` hands a message to
+a batch; every other mode decides at once: ``queue`` and ``followup`` queue it (each message
+its own next turn), ``collect`` gathers it with the others that arrive while the turn runs
+into one next turn (``TurnResult.collected``), ``reject`` refuses it. A run that refuses
+steering (a review, a compaction: :class:`RunKind`) turns ``steer`` into "wait for the run,
+then run the message next" (``queued``, reason ``refuses_steering``); the other modes keep
+their fate.
+
 A batch in a final state is over: it never moves again, and the runner's receipt is
 :data:`STEER_FATES` of that state. Once steering ended, the last collecting batch stays in
 ``queued``: a message that arrives later is refused by the table (``message_arrived`` is not
@@ -53,14 +61,17 @@ from codex_turn.fsm._machine import Edge, Model, TableMachine
 
 __all__ = [
     "MODE_FATES",
+    "RUN_FATES",
     "STEERING_TABLE",
     "STEER_FATES",
+    "RunKind",
     "SteerBatchModel",
     "SteerFate",
     "SteerMode",
     "SteerState",
     "SteerStatus",
     "SteerTrigger",
+    "run_fate",
 ]
 
 
@@ -70,6 +81,19 @@ class SteerMode(enum.StrEnum):
     STEER = "steer"
     QUEUE = "queue"
     REJECT = "reject"
+    #: Queued: each message its own next turn.
+    FOLLOWUP = "followup"
+    #: Collected: the messages that arrive while the turn runs, one next turn.
+    COLLECT = "collect"
+
+
+class RunKind(enum.StrEnum):
+    """What holds the session while a message arrives: a turn takes steering, a review or a
+    compaction refuses it (the message waits for it and runs next)."""
+
+    TURN = "turn"
+    REVIEW = "review"
+    COMPACTION = "compaction"
 
 
 class SteerStatus(enum.StrEnum):
@@ -88,6 +112,9 @@ class SteerStatus(enum.StrEnum):
     UNKNOWN = "unknown"
     #: The running turn refuses messages (mode ``reject``).
     REJECTED = "rejected"
+    #: Gathered with the other messages that arrive while the turn runs (mode ``collect``):
+    #: run them as one next turn (``TurnResult.collected``, in arrival order).
+    COLLECTED = "collected"
     #: No turn of this session runs in this process: start one.
     NO_TURN = "no_turn"
 
@@ -214,7 +241,28 @@ MODE_FATES: Final[Mapping[SteerMode, SteerFate | None]] = {
     SteerMode.STEER: None,
     SteerMode.QUEUE: SteerFate(SteerStatus.QUEUED, "queue"),
     SteerMode.REJECT: SteerFate(SteerStatus.REJECTED, "reject"),
+    SteerMode.FOLLOWUP: SteerFate(SteerStatus.QUEUED, "followup"),
+    SteerMode.COLLECT: SteerFate(SteerStatus.COLLECTED, "collect"),
 }
+
+#: A message's fate by what holds the session and the mode (``None``: steer it). A run that
+#: refuses steering makes the runner wait for it and run the message next.
+_WAITS: Final = SteerFate(SteerStatus.QUEUED, "refuses_steering")
+RUN_FATES: Final[Mapping[tuple[RunKind, SteerMode], SteerFate | None]] = {
+    **{(RunKind.TURN, mode): fate for mode, fate in MODE_FATES.items()},
+    **{
+        (kind, mode): _WAITS if fate is None else fate
+        for kind in (RunKind.REVIEW, RunKind.COMPACTION)
+        for mode, fate in MODE_FATES.items()
+    },
+}
+
+
+def run_fate(kind: RunKind, mode: SteerMode) -> SteerFate | None:
+    """The fate of a message in ``mode`` while a run of ``kind`` holds the session
+    (:data:`RUN_FATES`); ``None``: steer it into the running turn."""
+    return RUN_FATES[(kind, mode)]
+
 
 STEERING_MACHINE = TableMachine(
     name="steering",

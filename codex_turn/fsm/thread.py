@@ -14,6 +14,11 @@ made once per turn from facts, and it lives here as an ordered table of rules:
 * no binding: start a thread (and project the engine's context into its first turn);
 * Codex refused to resume the bound thread (it no longer exists): rotate to a fresh thread,
   which has no native history and therefore gets the projected context;
+* a turn the runner asked to run apart from the session's thread: a *lightweight* run (a
+  cron job, say: Codex must not load the project docs, AGENTS.md and friends, which a thread
+  reads once, when it starts) or a *heartbeat* (its ``heartbeat_respond`` tool is a tool set
+  of its own, which Codex freezes at thread/start): a *transient* thread for this turn only,
+  before any other row; the binding keeps the session's thread;
 * a turn that declares no dynamic tools while the bound thread has some (a heartbeat, say):
   a *transient* thread for this turn only; the binding keeps the tooled thread (OpenClaw);
 * the conversation is never traded for a policy: when the bound thread was built with other
@@ -222,6 +227,9 @@ class ThreadFacts:
     oversized: bool = False
     #: Codex reported this turn's context window exceeded (the turn is retried once).
     overflowed: bool = False
+    #: The runner asked for a thread of this turn's own: a lightweight run (no project docs)
+    #: or a heartbeat (its own tool set).
+    own_thread: bool = False
     # Read by the continuity table (CONTINUITY_RULES), after the thread decision.
     has_history: bool = False  # the transcript holds messages before this turn
     stale: bool = False  # ... some of which the bound thread's native history lacks
@@ -274,6 +282,7 @@ def _thread(
 T = ThreadAction
 
 THREAD_RULES: tuple[Rule[ThreadDecision], ...] = (
+    _thread(T.TRANSIENT, True, "own-transient-thread", when=("own_thread",)),
     _thread(
         T.ROTATE, True, "context-window-exceeded", when=("overflowed",), unless=("tools_dropped",)
     ),
@@ -555,6 +564,8 @@ class FormFacts:
     per_turn: bool = False  # the engine projects per turn (not thread_bootstrap)
     can_inject: bool = False  # the app-server can fork and inject
     tools_dropped: bool = False  # a turn without the bound thread's tools (a transient one)
+    #: The runner asked for a thread of this turn's own (lightweight, heartbeat): transient.
+    own_thread: bool = False
     # Read last (they cost a conversion): the messages convert, and some fit the cap.
     convertible: bool = True
     fits: bool = True
@@ -569,6 +580,7 @@ FORM_RULES: tuple[Rule[Choice[ProjectionForm]], ...] = (
     Rule(Choice(F.TEXT, "thread-bootstrap-projection"), unless=("per_turn",)),
     Rule(Choice(F.TEXT, "app-server-cannot-inject"), unless=("can_inject",)),
     Rule(Choice(F.TEXT, "no-tools-transient-thread"), when=("tools_dropped",)),
+    Rule(Choice(F.TEXT, "own-transient-thread"), when=("own_thread",)),
     Rule(Choice(F.TEXT, "assembly-unconvertible"), unless=("convertible",)),
     Rule(Choice(F.TEXT, "nothing-to-project"), unless=("has_items",)),
     Rule(Choice(F.TEXT, "assembly-exceeds-cap"), unless=("fits",)),

@@ -76,6 +76,7 @@ from codex_turn.fsm.compaction import (
     NativeAction,
     NativeFacts,
 )
+from codex_turn.fsm.steering import RunKind
 from codex_turn.fsm.thread import decide
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver.client import CompactionResult
@@ -101,6 +102,7 @@ from codex_turn.harness.lifecycle import (
     harness_runtime_context,
     run_context_engine_maintenance,
 )
+from codex_turn.harness.turn.steering import refusing_steering
 from codex_turn.harness.turn.structured import drop_kept_fork
 from codex_turn.harness.violations import engine_fault, watch_contract
 
@@ -317,7 +319,11 @@ async def _compact_session(
         facts = CompactionFacts(
             engine_owns=owns, has_binding=binding is not None, manual=trigger == "manual"
         )
-        with CompactionModel.begin(facts) as model:
+        # A compaction refuses steering: a message meanwhile waits for it and runs next.
+        with (
+            refusing_steering(params.session_file, RunKind.COMPACTION),
+            CompactionModel.begin(facts) as model,
+        ):
             run = _Run(params, app_server, engine, trigger, owns, model)
             await drive(model, _STAGES, run)
             return run.report()

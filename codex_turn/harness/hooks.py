@@ -31,6 +31,12 @@ from codex_turn._log import format_error, get_logger
 from codex_turn.fsm import TraceEntry
 from codex_turn.harness.appserver.server_requests import ApprovalCallback, UserInputCallback
 from codex_turn.harness.engine.contract import AgentMessage
+from codex_turn.harness.observations import (
+    LlmInputObserved,
+    LlmOutputObserved,
+    Observer,
+    ToolCallObserved,
+)
 
 __all__ = [
     "CompactionHookEvent",
@@ -97,6 +103,13 @@ class TurnHooks:
     #: The host's answers to the model's ``request_user_input`` questions, bounded by
     #: ``TurnParams.user_input_timeout``; ``None``, a timeout or a failure: no answers.
     on_user_input: UserInputCallback | None = None
+    #: Observations (telemetry): they never block or change the turn; each call is bounded
+    #: by ``TurnParams.observer_timeout`` and a failure is logged by type only. See
+    #: :mod:`codex_turn.harness.observations`. Every tool call Codex completed:
+    after_tool_call: Observer[ToolCallObserved] | None = None
+    #: What the turn sends the model (before ``turn/start``) and what came back (its end).
+    llm_input: Observer[LlmInputObserved] | None = None
+    llm_output: Observer[LlmOutputObserved] | None = None
 
 
 def join_sections(*sections: str | None) -> str | None:

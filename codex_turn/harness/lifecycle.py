@@ -330,6 +330,7 @@ async def assemble_context_engine(
     model: str | None = None,
     prompt: str | None = None,
     facts: AssembleFacts | None = None,
+    is_heartbeat: bool = False,
 ) -> AssembleOutcome:
     """Ask the engine for this turn's context; a failure means "use the baseline prompt".
 
@@ -355,6 +356,7 @@ async def assemble_context_engine(
         model=model,
         prompt=prompt,
         **(attrs.asdict(facts, recurse=False) if facts is not None else {}),
+        is_heartbeat=is_heartbeat,
     )
     try:
         assemble = optional_method(engine, "assemble")

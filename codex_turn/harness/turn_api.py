@@ -26,6 +26,7 @@ from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
+from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.usage import Usage
 
@@ -46,6 +47,21 @@ TURN_START_TEXT_MAX_CHARS: Final = 1 << 20
 _INT64_MAX: Final = 2**63 - 1
 
 
+def _collaboration(value: Any) -> Any:
+    # A mapping of its fields (as a queued turn stores it) is the record; anything else is
+    # left to the validation.
+    if isinstance(value, Mapping):
+        fields = dict(value)
+        tools = fields.get("memory_tools")
+        if isinstance(tools, list):
+            fields["memory_tools"] = tuple(tools)
+        try:
+            return CollaborationInstructions(**fields)
+        except TypeError:
+            return value
+    return value
+
+
 def _images(value: Any) -> Any:
     # A string stays a string, so the validation refuses it instead of iterating characters;
     # so does anything that is not iterable.
@@ -63,6 +79,9 @@ class InvalidTurnParams(CodexTurnError, ValueError, TypeError):
     not be a prompt (raised by :func:`~codex_turn.steer_codex_turn` before anything is sent).
     A ``ValueError`` and a ``TypeError`` too."""
 
+
+#: The steering modes (:class:`~codex_turn.fsm.steering.SteerMode`).
+_STEERING_MODES: Final = ("steer", "queue", "reject", "followup", "collect")
 
 #: The text fields: each a string Codex can take (the optional ones may also be ``None``).
 _TEXT_FIELDS: Final = ("session_id", "prompt")
@@ -132,6 +151,9 @@ class TurnParams:
     #: idle timer does not run while one is pending (``turn_timeout`` still bounds the turn).
     approval_timeout: float = 60.0
     user_input_timeout: float = 60.0
+    #: Bound on each observation callback (``TurnHooks.after_tool_call``, ``llm_input``,
+    #: ``llm_output``): one still running then is cancelled (and logged).
+    observer_timeout: float = 2.0
     #: Host facts for the engine's runtime context, OpenClaw's camelCase keys.
     runtime_attempt: Mapping[str, Any] = attrs.field(factory=dict)
     turn_timeout: float = 600.0
@@ -148,9 +170,10 @@ class TurnParams:
     #: What a message for this session that arrives while this turn runs becomes
     #: (:func:`~codex_turn.harness.turn.steering.steer_codex_turn`): ``"steer"``, delivered to the
     #: running Codex turn (one ``turn/steer`` per batch; a batch closes once
-    #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"``, run as the
-    #: next turn; ``"reject"``, refused.
-    steering: Literal["steer", "queue", "reject"] = "steer"
+    #: ``steer_quiet_interval`` seconds pass without a new message); ``"queue"`` or
+    #: ``"followup"``, each run as its own next turn; ``"collect"``, gathered into one next
+    #: turn (``TurnResult.collected``); ``"reject"``, refused.
+    steering: Literal["steer", "queue", "reject", "followup", "collect"] = "steer"
     steer_quiet_interval: float = 0.25
     #: The share of the model's context window a bound thread's native history may fill
     #: (Codex's last reported usage of it, in this process) before a turn rotates it to a
@@ -178,6 +201,30 @@ class TurnParams:
     #: elided), ``"elide"`` (names kept, payloads replaced by a note). Secrets are redacted in
     #: every policy; Codex itself cuts a long tool result to ~12 KB in the prompt.
     tool_payloads: Literal["elide", "shape-only", "full"] = "full"
+    #: A lightweight run (a cron job, say): Codex loads no project docs (AGENTS.md and
+    #: friends) for this turn. A thread reads them when it starts, so the turn runs on a
+    #: transient thread of its own, started without them; the session's thread stays bound,
+    #: and the transcript carries the conversation to the transient thread.
+    lightweight: bool = False
+    #: Turn-scoped collaboration-mode developer instructions (a skills catalog, MEMORY.md
+    #: pointers, or the plain-text memory when no memory tool is available); the next turn
+    #: without them runs in Codex's default mode again. See :mod:`codex_turn.harness.collaboration`.
+    collaboration: CollaborationInstructions | None = attrs.field(
+        default=None, converter=_collaboration
+    )
+    #: A heartbeat turn (a scheduled wake): the ``heartbeat_respond`` tool is offered and its
+    #: answer comes back in ``TurnResult.heartbeat``; the heartbeat guidance goes as the
+    #: turn's collaboration-mode instructions; engines see ``is_heartbeat``. It runs on a
+    #: transient thread of its own (its tool set differs from the session's thread).
+    heartbeat: bool = False
+    #: The heartbeat checklist (HEARTBEAT.md): named by its path when non-empty, never inlined.
+    heartbeat_file: str | os.PathLike[str] | None = None
+    #: How the turn's dynamic tools are declared to Codex: ``"flat"`` (each visible to the
+    #: model), or ``"namespaced"``: in the searchable namespace ``openclaw`` (found through
+    #: Codex's ``tool_search``; needs a model that supports it), those marked
+    #: ``DynamicTool(direct=True)`` in ``openclaw_direct``, always visible. See
+    #: :mod:`codex_turn.harness.appserver.tools`. A thread keeps the catalog it started with.
+    tool_catalog: Literal["flat", "namespaced"] = "flat"
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -243,7 +290,7 @@ def _validate(p: TurnParams) -> None:
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
         _fail("concurrency must be 'wait' or 'reject'")
-    for name in ("yield_tool", "strict"):
+    for name in ("yield_tool", "strict", "lightweight", "heartbeat"):
         if not isinstance(getattr(p, name), bool):
             _fail(f"{name} must be a bool")
     timeouts = ("turn_timeout", "idle_timeout", "cleanup_timeout", "session_wait_timeout")
@@ -265,11 +312,35 @@ def _validate(p: TurnParams) -> None:
         _fail("projection_format must be 'structured' or 'text'")
     if p.tool_payloads not in ("elide", "shape-only", "full"):
         _fail("tool_payloads must be 'elide', 'shape-only' or 'full'")
-    if p.steering not in ("steer", "queue", "reject"):
-        _fail("steering must be 'steer', 'queue' or 'reject'")
+    if p.steering not in _STEERING_MODES:
+        _fail(f"steering must be one of {list(_STEERING_MODES)}")
+    _validate_collaboration(p)
+    if p.tool_catalog not in ("flat", "namespaced"):
+        _fail("tool_catalog must be 'flat' or 'namespaced'")
     quiet = p.steer_quiet_interval
     if isinstance(quiet, bool) or not isinstance(quiet, int | float) or not 0 <= quiet <= 60:
         _fail("steer_quiet_interval must be a number of seconds from 0 to 60")
+
+
+def _validate_collaboration(p: TurnParams) -> None:
+    """The collaboration instructions and the heartbeat file (collaboration.py)."""
+    given: Any = p.collaboration
+    if given is not None:
+        if not isinstance(given, CollaborationInstructions):
+            _fail("collaboration must be a CollaborationInstructions or None")
+        for name in ("skills_catalog", "memory_pointers", "memory_context"):
+            value = getattr(given, name)
+            if value is not None and (not isinstance(value, str) or has_lone_surrogate(value)):
+                _fail(f"collaboration.{name} must be a string (valid Unicode) or None")
+        tools: Any = given.memory_tools
+        if not isinstance(tools, tuple) or not all(isinstance(t, str) for t in tools):
+            _fail("collaboration.memory_tools must be a tuple of tool names")
+    path: Any = p.heartbeat_file
+    if path is not None:
+        if not isinstance(path, str | os.PathLike) or not is_os_string(path) or not os.fspath(path):
+            _fail("heartbeat_file must be a path the OS can open (a string or path), or None")
+        if not p.heartbeat:
+            _fail("heartbeat_file is for a heartbeat turn (heartbeat=True)")
 
 
 def _validate_runtime_controls(p: TurnParams) -> None:
@@ -295,7 +366,7 @@ def _validate_runtime_controls(p: TurnParams) -> None:
         isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1
     ):
         _fail("native_history_share must be a number in (0, 1], or None")
-    for name in ("approval_timeout", "user_input_timeout"):
+    for name in ("approval_timeout", "user_input_timeout", "observer_timeout"):
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             _fail(f"{name} must be a positive number")
@@ -350,6 +421,12 @@ class TurnResult:
     #: Messages steered into this turn while it ran, in arrival order (mirrored after the
     #: prompt; this turn's reply answers them too).
     steered: tuple[str, ...] = ()
+    #: A heartbeat turn's answer, as the model recorded it with ``heartbeat_respond`` (stay
+    #: silent, or notify with text); ``None``: not a heartbeat, or the model recorded none.
+    heartbeat: HeartbeatResponse | None = None
+    #: Messages collected while this turn ran (steering mode ``collect``), in arrival order:
+    #: run them as one next turn.
+    collected: tuple[str, ...] = ()
 
     @property
     def durations_ms(self) -> dict[str, float]:

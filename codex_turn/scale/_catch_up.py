@@ -187,6 +187,7 @@ async def _finalize(params: TurnParams, engine: object, completed: CompletedTurn
                 token_budget=params.context_token_budget,
                 runtime_context=context,
                 run_maintenance=False,  # bounded on its own, as the turn's maintain stage
+                is_heartbeat=params.heartbeat,
             ),
         )
         if finalized is None:

@@ -20,6 +20,8 @@ __all__ = ["TurnRecord", "params_from_wire", "params_to_wire", "record_of", "ses
 
 
 def _plain(value: Any) -> Any:
+    if attrs.has(type(value)):  # a record field (CollaborationInstructions): its fields
+        return _plain(attrs.asdict(value, recurse=False))
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if isinstance(value, tuple):

@@ -13,6 +13,12 @@ request carries (Codex froze the tool set at ``thread/start``; ``thread/fork`` t
 subset the structured projection uses). A ``None`` setting is not sent (Codex treats an absent
 field and ``null`` alike), except ``personality``, whose default is ``"none"``.
 
+``project_docs=False`` travels as the thread's ``config`` override ``project_doc_max_bytes =
+0`` (:data:`NO_PROJECT_DOCS`): Codex then reads no AGENTS.md (nor its fallbacks) into the
+thread (it reads them once, when the thread starts: verified against the binary, whose
+``thread/start`` answer lists no ``instructionSources`` then). Only ``thread/start`` sends
+it: a lightweight turn runs on a transient thread of its own (``THREAD_RULES``).
+
 The runtime policy (:data:`RUNTIME_POLICY`: approval policy, sandbox, approvals reviewer,
 service tier) is what a resume that loads a thread must re-send for it to keep running as it
 did (see :meth:`~.threads.Threads.resume_thread`).
@@ -30,7 +36,14 @@ import attrs
 from .tools import DynamicTool, ToolRegistry, as_registry
 from .types import ApprovalsReviewer, AskForApproval, SandboxMode, unstructure, wire_name
 
-__all__ = ["DEFAULT_SETTINGS", "RUNTIME_POLICY", "SENT", "ThreadRequest", "ThreadSettings"]
+__all__ = [
+    "DEFAULT_SETTINGS",
+    "NO_PROJECT_DOCS",
+    "RUNTIME_POLICY",
+    "SENT",
+    "ThreadRequest",
+    "ThreadSettings",
+]
 
 ThreadRequest = Literal["thread/start", "thread/resume", "thread/fork"]
 
@@ -58,6 +71,8 @@ class ThreadSettings:
     base_instructions: str | None = None
     model_provider: str | None = None
     personality: str | None = "none"
+    #: Load the project docs (AGENTS.md ...) into the thread; ``False``: a lightweight run.
+    project_docs: bool = attrs.field(default=True, metadata={"wire": "config"})
 
     @property
     def key(self) -> str:
@@ -81,11 +96,18 @@ class ThreadSettings:
             value = getattr(self, field.name)
             if isinstance(value, ToolRegistry):
                 value = unstructure(value.specs()) if value else None
+            if field.name == "project_docs":
+                if not value:  # travels as the thread's config override (module header)
+                    params[wire_name(field)] = dict(NO_PROJECT_DOCS)
+                continue
             if value is None and field.default is None:
                 continue
             params[wire_name(field)] = unstructure(value)
         return params
 
+
+#: The ``config`` override of a thread started without the project docs (AGENTS.md ...).
+NO_PROJECT_DOCS: Final[Mapping[str, Any]] = {"project_doc_max_bytes": 0}
 
 #: No settings of one's own: Codex's defaults (a start's default argument).
 DEFAULT_SETTINGS: Final = ThreadSettings()
@@ -98,8 +120,9 @@ _ALL: Final = frozenset(field.name for field in attrs.fields(ThreadSettings))
 #: The settings each thread request sends.
 SENT: Final[Mapping[ThreadRequest, frozenset[str]]] = {
     "thread/start": _ALL,
-    # Codex froze the tool set at thread/start: a resume binds the handlers locally only.
-    "thread/resume": _ALL - {"tools"},
+    # Codex froze the tool set (and read the project docs) at thread/start: a resume binds
+    # the handlers locally only.
+    "thread/resume": _ALL - {"tools", "project_docs"},
     # What the structured projection forks with (the fork inherits the rest from its base).
     "thread/fork": frozenset(
         {"developer_instructions", "cwd", "model", "approvals_reviewer", "service_tier"}

@@ -257,6 +257,9 @@ class Threads:
         #: Per cwd, the sticky turn defaults of Codex's configuration (``config/read``), or
         #: ``None`` when this app-server cannot tell.
         self._configured: dict[str | None, Mapping[str, Any] | None] = {}
+        #: The threads a turn of this process gave collaboration-mode instructions of its own
+        #: (kept across an unload: Codex may restore the mode from the rollout).
+        self._collaborating: set[str] = set()
 
     def note(self, n: Notification) -> None:
         """Keep :class:`LoadedThread` true (a listener of the connection): a compaction may
@@ -312,6 +315,55 @@ class Threads:
         )
         if overridden != loaded.overridden:
             self._loaded[thread_id] = attrs.evolve(loaded, overridden=overridden)
+
+    def collaboration(
+        self,
+        thread_id: str,
+        wire: Mapping[str, Any],
+        *,
+        model: str | None,
+        default_model: str | None = None,
+    ) -> dict[str, Any]:
+        """``wire`` (a ``turn/start``'s params) with its collaboration mode complete: the
+        settings' model and reasoning effort are what the turn runs with (Codex lets them
+        take precedence over the turn's own, and a ``null`` effort clears it), and a turn
+        without a mode of its own after one that had instructions of its own sends Codex's
+        default mode (its built-in instructions) once: instructions are turn-scoped (see
+        :mod:`codex_turn.harness.collaboration`). The model: the turn's (``model``), else
+        the thread's as Codex reported it, else ``default_model``; a mode whose model is
+        unknown is dropped."""
+        mode = wire.get("collaborationMode")
+        if mode is None and thread_id not in self._collaborating:
+            return dict(wire)
+        if mode is None:
+            mode = {"mode": "default", "settings": {"developer_instructions": None}}
+        loaded = self._loaded.get(thread_id)
+        settings = dict(mode.get("settings") or {})
+        settings.setdefault("developer_instructions", None)
+        held = loaded.result.model if loaded is not None else None
+        chosen = wire.get("model") or model or held or default_model
+        settings.setdefault("model", chosen)
+        default_effort = loaded.defaults.get("effort") if loaded is not None else None
+        settings.setdefault("reasoning_effort", wire.get("effort", default_effort))
+        out = {key: value for key, value in wire.items() if key != "collaborationMode"}
+        if not settings["model"]:
+            log.warning("appserver.collaboration_mode_dropped", thread_id=capped(thread_id))
+            return out
+        out["collaborationMode"] = {**mode, "settings": settings}
+        return out
+
+    def note_collaboration(self, thread_id: str, wire: Mapping[str, Any]) -> None:
+        """A ``turn/start`` sent ``wire``: record whether the thread now holds
+        collaboration-mode instructions of this process's own."""
+        mode = wire.get("collaborationMode")
+        if not isinstance(mode, Mapping):
+            return
+        settings = mode.get("settings")
+        own = isinstance(settings, Mapping) and settings.get("developer_instructions") is not None
+        if own:
+            self._collaborating.add(thread_id)
+        else:
+            self._collaborating.discard(thread_id)
 
     def register_tools(self, thread_id: str, tools: ToolRegistry | Iterable[DynamicTool]) -> None:
         """Bind Python tools to a thread (done by start/resume; also usable directly)."""
@@ -382,6 +434,7 @@ class Threads:
         Idempotent; unknown ids are ignored."""
         self.tools.pop(thread_id, None)
         self._loaded.pop(thread_id, None)
+        self._collaborating.discard(thread_id)
 
     async def start_thread(
         self,
@@ -395,10 +448,11 @@ class Threads:
         result reports the effective values."""
         registry = settings.tools
         configured = await self._configured_defaults(settings.cwd, timeout)
-        params = {
-            **settings.wire("thread/start"),
-            **unstructure(ThreadStartParams(config=config, ephemeral=ephemeral)),
-        }
+        wire = settings.wire("thread/start")
+        extra = unstructure(ThreadStartParams(config=config, ephemeral=ephemeral))
+        if "config" in wire and "config" in extra:  # the settings' overrides, then the caller's
+            extra["config"] = {**wire["config"], **extra["config"]}
+        params = {**wire, **extra}
         raw = await self._connection.request("thread/start", params, timeout=timeout)
         result = structure(raw, ThreadResult)
         if registry is not None:

@@ -13,6 +13,18 @@ result (``success: false``) whose text tells the model the tool failed. Codex ex
 dynamic tool calls one at a time and has no timeout of its own, so ``timeout`` bounds each
 call here.
 
+Catalogs. By default (``catalog="flat"``) every tool is declared on its own, directly visible
+to the model. In the ``"namespaced"`` catalog the host's tools live in the searchable
+namespace :data:`SEARCHABLE_NAMESPACE` (``openclaw``), each with ``deferLoading``: Codex
+leaves them out of the model's tool list and offers its ``tool_search`` tool, through which the
+model finds them; a tool marked ``direct=True`` lives in :data:`DIRECT_NAMESPACE`
+(``openclaw_direct``), always in the list. Verified against the binary: the model request then
+holds ``openclaw_direct`` (a ``namespace`` tool) and ``tool_search``, not ``openclaw``; Codex
+does so only for a model whose metadata declares ``supports_search_tool`` (every current
+OpenAI model's does). For a model without it, deferred tools are simply absent: keep such a
+model on the flat catalog. The model calls a namespaced tool with ``namespace`` and ``name``
+apart, and ``item/tool/call`` names the tool alone (names are unique across both namespaces).
+
 Return values: ``str`` (one text item), :class:`ToolResult`, a list of content-item dicts, or
 anything JSON-serialisable (sent as JSON text).
 
@@ -34,7 +46,7 @@ import itertools
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Final, Literal
 
 import anyio
 import attrs
@@ -44,9 +56,27 @@ import referencing  # jsonschema's own reference library (one of its dependencie
 from codex_turn._log import format_error, get_logger
 
 from .logsafe import capped
-from .types import DynamicToolSpec
+from .types import DynamicToolNamespace, DynamicToolSpec, unstructure
 
-__all__ = ["DynamicTool", "ToolRegistry", "ToolResult", "tool"]
+__all__ = [
+    "DIRECT_NAMESPACE",
+    "SEARCHABLE_NAMESPACE",
+    "DynamicTool",
+    "ToolCatalog",
+    "ToolRegistry",
+    "ToolResult",
+    "tool",
+]
+
+#: How a thread's dynamic tools are declared (see the module header).
+ToolCatalog = Literal["flat", "namespaced"]
+#: The namespaced catalog's two namespaces: searchable (deferred) and always visible.
+SEARCHABLE_NAMESPACE: Final = "openclaw"
+DIRECT_NAMESPACE: Final = "openclaw_direct"
+_NAMESPACE_DESCRIPTIONS: Final[Mapping[str, str]] = {
+    SEARCHABLE_NAMESPACE: "The host's tools: find the one you need with tool_search.",
+    DIRECT_NAMESPACE: "The host's tools that are always available.",
+}
 
 log = get_logger(__name__)
 
@@ -139,6 +169,9 @@ class DynamicTool:
     input_schema: Mapping[str, Any]
     fn: ToolFunction
     timeout: float | None = 300.0
+    #: In the namespaced catalog: always visible to the model (``openclaw_direct``), never
+    #: deferred behind tool search (OpenClaw's ``catalogMode: "direct-only"``).
+    direct: bool = False
     _validator: Any = attrs.field(init=False, repr=False, eq=False)
 
     @_validator.default
@@ -152,8 +185,25 @@ class DynamicTool:
         if value in BUILTIN_TOOL_NAMES:
             raise ValueError(f"dynamic tool name shadows a Codex built-in tool: {value!r}")
 
-    def spec(self) -> DynamicToolSpec:
-        return DynamicToolSpec(self.name, self.description, dict(self.input_schema))
+    def spec(self, *, defer_loading: bool | None = None) -> DynamicToolSpec:
+        return DynamicToolSpec(
+            self.name, self.description, dict(self.input_schema), defer_loading=defer_loading
+        )
+
+    def namespace(self, catalog: ToolCatalog) -> str | None:
+        """The namespace it is declared in (``None``: the flat catalog)."""
+        if catalog == "flat":
+            return None
+        return DIRECT_NAMESPACE if self.direct else SEARCHABLE_NAMESPACE
+
+    def catalog_entry(self, catalog: ToolCatalog) -> dict[str, Any]:
+        """What identifies it in ``catalog`` (its spec, and where it is declared): the input
+        of the thread's tools fingerprint, which a catalog change must change."""
+        entry = dict(unstructure(self.spec()))
+        namespace = self.namespace(catalog)
+        if namespace is not None:
+            entry["namespace"] = namespace
+        return entry
 
     def check_arguments(self, arguments: Any) -> str | None:
         """``None`` when ``arguments`` conform to :attr:`input_schema`; otherwise the message
@@ -212,9 +262,13 @@ def _to_result(value: Any) -> ToolResult:
 
 
 class ToolRegistry:
-    """The tools of one thread (or a shared set). Iteration order is declaration order."""
+    """The tools of one thread (or a shared set). Iteration order is declaration order;
+    ``catalog`` is how they are declared (see the module header)."""
 
-    def __init__(self, tools: Iterable[DynamicTool] = ()) -> None:
+    def __init__(self, tools: Iterable[DynamicTool] = (), *, catalog: ToolCatalog = "flat") -> None:
+        if catalog not in ("flat", "namespaced"):
+            raise ValueError(f"tool catalog must be 'flat' or 'namespaced': {catalog!r}")
+        self.catalog: ToolCatalog = catalog
         self._tools: dict[str, DynamicTool] = {}
         for t in tools:
             self.add(t)
@@ -237,8 +291,22 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def specs(self) -> list[DynamicToolSpec]:
-        return [t.spec() for t in self._tools.values()]
+    def specs(self) -> list[DynamicToolSpec | DynamicToolNamespace]:
+        """What ``thread/start`` declares: each tool, or the namespaces that hold them."""
+        if self.catalog == "flat":
+            return [t.spec() for t in self._tools.values()]
+        held: dict[str, list[DynamicToolSpec]] = {SEARCHABLE_NAMESPACE: [], DIRECT_NAMESPACE: []}
+        for t in self._tools.values():
+            namespace = t.namespace(self.catalog)
+            assert namespace is not None
+            held[namespace].append(
+                t.spec(defer_loading=True if namespace == SEARCHABLE_NAMESPACE else None)
+            )
+        return [
+            DynamicToolNamespace(name, _NAMESPACE_DESCRIPTIONS[name], specs)
+            for name, specs in held.items()
+            if specs
+        ]
 
     async def call(self, name: str, arguments: Any) -> dict[str, Any]:
         """Run a tool for ``item/tool/call`` and return the wire response. Never raises

@@ -121,9 +121,11 @@ class Turns:
 
         ``overrides``: more ``turn/start`` fields, wire names (``effort``, ``outputSchema``,
         ``approvalPolicy``, ``sandboxPolicy`` ...; ``threadId`` and ``input`` are this
-        method's own). ``handlers``: the host callbacks for this turn's approvals and
-        user-input requests, bound to the thread while the turn runs (see
-        :mod:`.server_requests`).
+        method's own). A ``collaborationMode`` needs only its instructions: the model and
+        reasoning effort are filled in, and the next turn without one goes back to the
+        default mode (:meth:`.threads.Threads.collaboration`). ``handlers``: the host
+        callbacks for this turn's approvals and user-input requests, bound to the thread
+        while the turn runs (see :mod:`.server_requests`).
 
         ``input`` is the text (or explicit input items); ``images`` are image URLs
         (``data:`` URLs included). ``prompt`` is the *raw* user prompt mirrored into the
@@ -148,9 +150,13 @@ class Turns:
             params = TurnStartParams(thread_id=thread_id, input=items)
             sticky = self._threads.sticky_defaults(thread_id, overrides or {})
             wire = {**sticky, **(overrides or {}), **unstructure(params)}  # its own fields win
+            wire = self._threads.collaboration(
+                thread_id, wire, model=model, default_model=self.model
+            )
             raw = await self._start_turn(thread_id, wire, queue, timeout)
             started = structure(raw, TurnStartResult)
             self._threads.note_sticky(thread_id, wire)
+            self._threads.note_collaboration(thread_id, wire)
             projector = TurnProjector(
                 thread_id=thread_id,
                 prompt=text if prompt is None else prompt,

@@ -29,6 +29,7 @@ __all__ = [
     "ApprovalsReviewer",
     "AskForApproval",
     "ClientInfo",
+    "DynamicToolNamespace",
     "DynamicToolSpec",
     "ImageInput",
     "InitializeCapabilities",
@@ -130,12 +131,26 @@ UserInput = TextInput | ImageInput | LocalImageInput
 
 @attrs.frozen
 class DynamicToolSpec:
-    """``{type:"function", name, description, inputSchema}`` as declared on thread/start."""
+    """``{type:"function", name, description, inputSchema}`` as declared on thread/start;
+    ``deferLoading`` (in a namespace only): left out of the model's tool list, found through
+    Codex's ``tool_search`` instead."""
 
     name: str
     description: str
     input_schema: Mapping[str, Any]
     type: Literal["function"] = "function"
+    defer_loading: bool | None = None
+
+
+@attrs.frozen
+class DynamicToolNamespace:
+    """``{type:"namespace", name, description, tools}``: dynamic tools under one namespace
+    (the model calls them with ``namespace`` and ``name`` apart)."""
+
+    name: str
+    description: str
+    tools: list[DynamicToolSpec]
+    type: Literal["namespace"] = "namespace"
 
 
 # --- threads ----------------------------------------------------------------------------

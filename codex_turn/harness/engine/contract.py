@@ -443,6 +443,9 @@ class AssembleParams:
     runtime_context: RuntimeContext | None = None
     #: How far the host read the transcript for ``messages`` (``transcriptReadFence``).
     transcript_read_fence: TranscriptReadFence | None = None
+    #: This turn is a heartbeat (a scheduled wake, ``TurnParams.heartbeat``): OpenClaw's
+    #: ``isHeartbeat``.
+    is_heartbeat: bool = False
 
 
 @attrs.frozen

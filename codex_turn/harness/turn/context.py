@@ -35,7 +35,6 @@ from codex_turn.harness.appserver import (
     TurnProjector,
 )
 from codex_turn.harness.appserver.thread_settings import RUNTIME_POLICY
-from codex_turn.harness.appserver.types import unstructure
 from codex_turn.harness.binding import (
     BINDING_SCHEMA_VERSION,
     ContextEngineBinding,
@@ -46,6 +45,7 @@ from codex_turn.harness.binding import (
     context_engine_policy_fingerprint,
     write_binding,
 )
+from codex_turn.harness.collaboration import HeartbeatRecorder
 from codex_turn.harness.engine import (
     AgentMessage,
     AssembleResult,
@@ -67,6 +67,7 @@ from codex_turn.harness.lifecycle import (
     BackgroundMaintenance,
     harness_runtime_context,
 )
+from codex_turn.harness.observations import Observations
 from codex_turn.harness.turn.continuity import Coverage, coverage_of
 from codex_turn.harness.turn_api import (
     TURN_START_TEXT_MAX_CHARS,
@@ -263,6 +264,10 @@ class TurnContext:
     #: What the turn machine recorded (Codex refused this turn's resume or fork).
     turn: TurnRecord
     switch: YieldSwitch = attrs.Factory(YieldSwitch)
+    #: The turn's observers (telemetry: scheduled, bounded, never awaited by the turn).
+    observations: Observations = attrs.Factory(lambda: Observations(timeout=2.0))
+    #: Where a heartbeat turn's ``heartbeat_respond`` records the model's answer.
+    heartbeat: HeartbeatRecorder = attrs.Factory(HeartbeatRecorder)
     # Stage records, in the order the stages set them.
     history: HistoryRead | None = None
     assembled: Assembled | None = None
@@ -301,7 +306,7 @@ class TurnContext:
         if self._tools_fingerprint is None:
             # From the very specs sent on thread/start, so the two can never drift apart.
             self._tools_fingerprint = dynamic_tools_fingerprint(
-                unstructure(t.spec()) for t in self.tools
+                t.catalog_entry(self.params.tool_catalog) for t in self.tools
             )
         return self._tools_fingerprint
 
@@ -636,4 +641,5 @@ def yield_tool(switch: YieldSwitch) -> DynamicTool:
         description="End this run now and yield control back to the user.",
         input_schema={"type": "object", "properties": {}},
         fn=request_yield,
+        direct=True,  # a control the model must always see
     )

@@ -47,6 +47,7 @@ from codex_turn.harness.appserver import (
     ThreadNotFound,
     ThreadResult,
     ThreadSettings,
+    ToolRegistry,
 )
 from codex_turn.harness.binding import (
     HistoryCoverage,
@@ -95,11 +96,13 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
         developer_instructions=ctx.plan.instructions,
         cwd=os.fspath(params.workspace_dir),
         model=params.model,
-        tools=ctx.tools,
+        tools=ToolRegistry(ctx.tools, catalog=params.tool_catalog),
         # The approval policy and sandbox are this turn's (turn/start): sent here they would
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
         approvals_reviewer=params.approvals_reviewer,
         service_tier=params.service_tier,
+        # A lightweight run starts its own (transient) thread without the project docs.
+        project_docs=not params.lightweight,
     )
 
 

@@ -141,6 +141,12 @@ def session_conversion(ctx: TurnContext) -> ConversionCache:
 _NO_TOOLS: Final = dynamic_tools_fingerprint(())
 
 
+def own_thread(ctx: TurnContext) -> bool:
+    """The runner asked for this turn on a transient thread of its own (a lightweight run, a
+    heartbeat: ``THREAD_RULES``' first row)."""
+    return ctx.params.lightweight or ctx.params.heartbeat
+
+
 def tools_dropped(ctx: TurnContext) -> bool:
     """This turn declares no dynamic tools while the bound thread has some."""
     binding = ctx.binding
@@ -172,6 +178,7 @@ class ConversionFacts:
         self.per_turn = per_turn
         self.can_inject = supports_structured(ctx.app_server)
         self.tools_dropped = tools_dropped(ctx)
+        self.own_thread = own_thread(ctx)
         #: The items to inject, once the table read ``fits`` and they fit (else ``None``).
         self.items: ConvertedItems | None = None
 
@@ -267,6 +274,7 @@ class TurnThreadFacts:
             binding.dynamic_tools_fingerprint, ctx.tools_fingerprint
         )
         self.tools_dropped = tools_dropped(ctx)
+        self.own_thread = own_thread(ctx)
         self.thread_bootstrap = epoch is not None
         self.epoch_match = (
             epoch is not None
@@ -285,6 +293,7 @@ class TurnThreadFacts:
             and self.can_inject
             and ctx.params.projection_format != "text"
             and not self.tools_dropped
+            and not self.own_thread
         )
         coverage = ctx.coverage
         self.coverage_lost = coverage.lost

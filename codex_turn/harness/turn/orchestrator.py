@@ -64,6 +64,7 @@ from codex_turn.fsm import (
 from codex_turn.harness._fs import pinned_session_path, run_in_worker
 from codex_turn.harness._gates import hold_session
 from codex_turn.harness.appserver import AppServerPort, DynamicTool
+from codex_turn.harness.collaboration import HeartbeatRecorder, heartbeat_tool
 from codex_turn.harness.driver import Caller, Row, Shelter, drive, stage_table, step
 from codex_turn.harness.durable_turns import durable_engine, recover_pending_turns
 from codex_turn.harness.engine import EngineHandle, engine_id, resolve_engine
@@ -77,6 +78,7 @@ from codex_turn.harness.idempotency import (
     message_turn_key,
 )
 from codex_turn.harness.maintenance import BackgroundMaintenance
+from codex_turn.harness.observations import Observations
 from codex_turn.harness.runtime_context import harness_runtime_context
 from codex_turn.harness.turn import context as turn_context
 from codex_turn.harness.turn import stages
@@ -251,7 +253,9 @@ async def run_codex_turn(
                     )
                     ctx.prompt_identity = prompt_identity
                     ctx.live = live
-                    result = await _drive(ctx, turn, on_turn_end)
+                    # Observers run beside the turn; its end waits for them (bounded).
+                    async with ctx.observations.running():
+                        result = await _drive(ctx, turn, on_turn_end)
         contract.raise_first(result)  # strict: the typed error, once the turn is delivered
         return result
 
@@ -334,6 +338,9 @@ async def prepare_turn(
     dynamic_tools = list(tools)
     if params.yield_tool:
         dynamic_tools.append(turn_context.yield_tool(switch))
+    heartbeat = HeartbeatRecorder()
+    if params.heartbeat:
+        dynamic_tools.append(heartbeat_tool(heartbeat))
     # The engine's tools join the host's (and count in the tools fingerprint with them).
     dynamic_tools += await offered_tools(
         handle,
@@ -359,7 +366,9 @@ async def prepare_turn(
         cut_short=turn.cut_short_trigger,
         turn=turn,
         switch=switch,
+        heartbeat=heartbeat,
     )
+    context.observations = Observations(timeout=params.observer_timeout, log=context.log)
     return context, turn
 
 
@@ -439,6 +448,8 @@ def _result(ctx: TurnContext, turn: TurnModel) -> TurnResult:
         mirror_error=ctx.mirror.error if ctx.mirror is not None else None,
         files=tuple(ctx.live.files) if ctx.live is not None else (),
         steered=tuple(m.text for m in ctx.live.steered) if ctx.live is not None else (),
+        heartbeat=ctx.heartbeat.response,
+        collected=ctx.live.take_collected() if ctx.live is not None else (),
     )
 
 

@@ -64,7 +64,13 @@ from codex_turn.harness.appserver import (
     Notification,
     TurnHandlePort,
 )
+from codex_turn.harness.appserver.types import TextInput, UserInput
 from codex_turn.harness.binding import ContextEngineBinding, ThreadBinding, read_binding
+from codex_turn.harness.collaboration import (
+    CollaborationPlan,
+    collaboration_mode,
+    collaboration_plan,
+)
 from codex_turn.harness.durable_turns import admit_turn, fence_history, settle_turn
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.hooks import (
@@ -83,6 +89,11 @@ from codex_turn.harness.maintenance import (
     MaintenanceOutcome,
     call_maintenance,
     defer_maintenance,
+)
+from codex_turn.harness.observations import (
+    LlmInputObserved,
+    LlmOutputObserved,
+    tool_call_observed,
 )
 from codex_turn.harness.runtime_controls import turn_request_handlers, turn_start_overrides
 from codex_turn.harness.session import (
@@ -236,6 +247,7 @@ async def assemble(ctx: TurnContext) -> TurnTrigger:
             model=params.model,
             prompt=params.prompt,
             facts=assemble_facts(ctx),
+            is_heartbeat=params.heartbeat,
         ),
     )
     if outcome is None or outcome.status != "assembled" or outcome.result is None:
@@ -364,6 +376,27 @@ async def _prepare_prompt(ctx: TurnContext, decision: ThreadDecision) -> PromptB
     )
 
 
+async def _collaboration(ctx: TurnContext) -> CollaborationPlan:
+    """This turn's collaboration-mode instructions and input context (collaboration.py); a
+    heartbeat file is named only when it is non-empty (its size looked up, never read)."""
+    params = ctx.params
+    named = None
+    if params.heartbeat and params.heartbeat_file is not None:
+        # A relative path is the workspace's (Codex's cwd, where the model reads it).
+        path = os.path.join(os.fspath(params.workspace_dir), os.fspath(params.heartbeat_file))
+        try:
+            if (await anyio.Path(path).stat()).st_size > 0:
+                named = params.heartbeat_file
+        except OSError:
+            named = None  # absent or unreadable: nothing to point at
+    return collaboration_plan(
+        params.collaboration,
+        tool_names=[t.name for t in ctx.tools],
+        heartbeat=params.heartbeat,
+        heartbeat_file=named,
+    )
+
+
 async def run_turn(ctx: TurnContext) -> TurnTrigger:
     """Run the Codex turn. The caller's cancellation is caught here (the client interrupts
     Codex on the way out), recorded for the driver to re-raise, and ends the turn as aborted:
@@ -387,13 +420,36 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
             ctx.log.warning(
                 "failed to sync the prompt to the transcript", error=format_error(unsynced)
             )
+        collaboration = await _collaboration(ctx)
+        overrides = turn_start_overrides(params, thread.result)
+        if collaboration.instructions is not None:
+            overrides["collaborationMode"] = collaboration_mode(collaboration.instructions)
+        text: str | list[UserInput] = plan.prompt
+        if collaboration.input_context is not None:
+            # The plain-text memory: input context of this turn, before the prompt.
+            text = [TextInput(collaboration.input_context), TextInput(plan.prompt)]
+        ctx.observations.emit(
+            "llm_input",
+            ctx.hooks.llm_input,
+            LlmInputObserved(
+                session_id=params.session_id,
+                thread_id=thread.thread_id,
+                model=params.model or thread.result.model,
+                prompt=plan.prompt,
+                developer_instructions=plan.instructions,
+                collaboration_instructions=collaboration.instructions,
+                images=len(params.images) + len(_restored_images(ctx)),
+                tools=tuple(t.name for t in ctx.tools),
+                history_messages=len(ctx.messages),
+            ),
+        )
         async with ctx.app_server.turn(
             thread.thread_id,
-            plan.prompt,
+            text,
             prompt=params.prompt,
             images=(*params.images, *_restored_images(ctx)),
             model=params.model,
-            overrides=turn_start_overrides(params, thread.result),
+            overrides=overrides,
             handlers=turn_request_handlers(params, ctx.hooks),
         ) as handle:
             handle_box.append(handle)
@@ -445,6 +501,21 @@ async def run_turn(ctx: TurnContext) -> TurnTrigger:
         # Kept with what it now holds (steered messages included, as mirrored).
         settle_fork(ctx, ctx.ran.codex)
     ctx.log = ctx.log.bind(turn_id=codex.turn_id)
+    ran = ctx.ran.codex
+    ctx.observations.emit(
+        "llm_output",
+        ctx.hooks.llm_output,
+        LlmOutputObserved(
+            session_id=params.session_id,
+            thread_id=thread.thread_id,
+            turn_id=ran.turn_id,
+            model=params.model or thread.result.model,
+            status=end.value if end is not RunEnd.OVERFLOWED else RunEnd.FAILED.value,
+            assistant_text=ran.final_text,
+            usage=ran.usage,
+            error=ran.prompt_error,
+        ),
+    )
     return run_end_trigger(end, yield_requested=ctx.switch.requested)
 
 
@@ -524,6 +595,10 @@ def _delivering(ctx: TurnContext, handle: TurnHandlePort) -> AbstractAsyncContex
 async def on_codex_event(ctx: TurnContext, note: Notification) -> None:
     if ctx.live is not None:
         ctx.live.on_notification(note)  # the runner's event stream, the files Codex saved
+    if note.method == "item/completed" and note.item is not None:
+        observed = tool_call_observed(note.item, thread_id=note.thread_id, turn_id=note.turn_id)
+        if observed is not None:
+            ctx.observations.emit("after_tool_call", ctx.hooks.after_tool_call, observed)
     phase = note.compaction_phase
     if phase is None:
         return
@@ -654,6 +729,7 @@ async def finalize(ctx: TurnContext) -> TurnTrigger:
             runtime_context=runtime_context(ctx, usage=codex.usage),
             run_maintenance=False,  # the turn machine decides; see maintain
             snapshot_is_fallback=fallback,
+            is_heartbeat=ctx.params.heartbeat,
         ),
     )
     if finalized is None:  # it timed out
@@ -691,6 +767,7 @@ async def _settle(ctx: TurnContext, snapshot: list[AgentMessage], fallback: bool
             session_file=ctx.session_file,
             runtime_context=runtime_context(ctx, usage=codex.usage),
             token_budget=ctx.params.context_token_budget,
+            is_heartbeat=ctx.params.heartbeat,
         ),
     )
     succeeded = settled is not None and settled.succeeded

@@ -33,6 +33,17 @@ the turn's ``TurnParams.steering`` mode says (or the ``mode`` given):
 * ``queue``: :attr:`SteerStatus.QUEUED` at once: run it as the next turn
   (``run_codex_turn`` with ``concurrency="wait"`` waits for the running one).
 * ``reject``: :attr:`SteerStatus.REJECTED` at once (tell the user the session is busy).
+* ``followup``: :attr:`SteerStatus.QUEUED` at once (``reason="followup"``): each message its
+  own next turn.
+* ``collect``: :attr:`SteerStatus.COLLECTED` at once: the messages that arrive while the turn
+  runs are gathered, in arrival order, into ``TurnResult.collected``: run them as one next
+  turn. One that arrives once the result is made is queued (``reason="turn_ended"``).
+
+A run that refuses steering holds the session instead of a turn (a compaction,
+:func:`refusing_steering`; a review): a ``steer`` message is :attr:`SteerStatus.QUEUED` with
+``reason="refuses_steering"``: wait for the run (``run_codex_turn`` with
+``concurrency="wait"`` does) and run it next; the other modes keep their fate
+(:data:`~codex_turn.fsm.steering.RUN_FATES`).
 
 No turn of the session running in this process: :attr:`SteerStatus.NO_TURN` (start one).
 Messages that arrive before the Codex turn started (while the engine assembles) wait for it;
@@ -59,7 +70,7 @@ for the whole turn (once it holds the session) and the running_turn stage delive
 into a :class:`SteeringHost` (the turn context is one; steering needs only these few things
 of it).
 
-Size (~650 lines): the public API (modes, receipts, :func:`steer_codex_turn`), the inbox and
+Size (~700 lines): the public API (modes, receipts, :func:`steer_codex_turn`), the inbox and
 the batch's effects per state stay together: each effect reads the inbox and the live turn
 handle, and split apart they would share them through private names.
 """
@@ -78,14 +89,15 @@ import attrs
 from codex_turn._log import format_error, get_logger
 from codex_turn.fsm import TraceEntry, TurnTrigger
 from codex_turn.fsm.steering import (
-    MODE_FATES,
     STEER_FATES,
+    RunKind,
     SteerBatchModel,
     SteerFate,
     SteerMode,
     SteerState,
     SteerStatus,
     SteerTrigger,
+    run_fate,
 )
 from codex_turn.harness._fs import session_path
 from codex_turn.harness.appserver import (
@@ -118,6 +130,7 @@ __all__ = [
     "SteerStatus",
     "SteeringHost",
     "codex_turn_running",
+    "refusing_steering",
     "steer_codex_turn",
 ]
 
@@ -133,6 +146,10 @@ class SteerReceipt:
     #: was over, or never started), ``"refused"`` (Codex refused the ``turn/steer``); the
     #: mode itself otherwise (``"queue"``, ``"reject"``); ``"timed_out"`` (``UNKNOWN``).
     reason: str | None = None
+
+
+#: Unreachable (a refusing run steers nothing): the fate a steer would get after the turn.
+_NEVER_STEERED: Final = STEER_FATES[SteerState.QUEUED]
 
 
 def _receipt(fate: SteerFate, turn_id: str | None = None) -> SteerReceipt:
@@ -219,6 +236,22 @@ MAX_BATCH_INTERVALS: Final = 4
 
 #: The running turns of this process, by session key (:func:`~._fs.session_path`).
 _running: dict[str, LiveTurn] = {}
+#: The runs of this process that hold a session and refuse steering, by session key.
+_refusing: dict[str, RunKind] = {}
+
+
+@contextlib.contextmanager
+def refusing_steering(session_file: str | os.PathLike[str], kind: RunKind) -> Iterator[None]:
+    """For the block, a run of ``kind`` that refuses steering holds the session: messages for
+    it wait and run next (:data:`~codex_turn.fsm.steering.RUN_FATES`)."""
+    key = session_path(session_file)
+    _refusing[key] = kind
+    try:
+        yield
+    finally:
+        if _refusing.get(key) is kind:
+            del _refusing[key]
+
 
 _ITEM_EVENTS: Final = ("item/started", "item/completed")
 
@@ -266,6 +299,9 @@ class LiveTurn:
         #: How many messages went out in a steer whose fate stayed unknown (``UNKNOWN``): the
         #: thread may hold them although nothing mirrored them.
         self.unconfirmed = 0
+        #: Messages collected for one next turn (mode ``collect``), in arrival order; ``None``
+        #: once the turn's result took them.
+        self._collected: list[str] | None = []
         #: The batch messages join; once steering ended, the last one (``queued``), whose
         #: fate a later message gets.
         self._open = _Batch()
@@ -574,9 +610,18 @@ class LiveTurn:
 
     # -- the runner's side -------------------------------------------------------------------
 
+    def take_collected(self) -> tuple[str, ...]:
+        """The messages collected for one next turn; later ones are queued instead."""
+        collected, self._collected = self._collected or [], None
+        return tuple(collected)
+
     async def submit(self, text: str, mode: SteerMode) -> SteerReceipt:
-        fate = MODE_FATES[mode]
-        if fate is not None:  # queued or rejected at once, whatever the turn does
+        fate = run_fate(RunKind.TURN, mode)
+        if fate is not None and fate.status is SteerStatus.COLLECTED:
+            if self._collected is None:  # the result is made: it runs next on its own
+                return _receipt(STEER_FATES[SteerState.QUEUED])
+            self._collected.append(text)
+        if fate is not None:  # decided at once, whatever the turn does
             return _receipt(fate)
         batch = self._open
         if not batch.fsm.allows(SteerTrigger.MESSAGE_ARRIVED):  # steering ended
@@ -649,7 +694,11 @@ async def steer_codex_turn(
         got = repr(mode[:40]) if isinstance(mode, str) else type(mode).__name__
         raise InvalidTurnParams(f"steering mode must be one of {allowed} (got {got})")
     chosen = SteerMode(mode) if mode is not None else None
-    live = _running.get(session_path(session_file))
+    key = session_path(session_file)
+    live = _running.get(key)
     if live is None:
+        refusing = _refusing.get(key)
+        if refusing is not None:  # a run that refuses steering holds the session
+            return _receipt(run_fate(refusing, chosen or SteerMode.STEER) or _NEVER_STEERED)
         return SteerReceipt(status=SteerStatus.NO_TURN)
     return await live.submit(text, chosen or live.mode)
