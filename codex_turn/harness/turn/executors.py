@@ -91,10 +91,13 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
     instructions, after the hooks)."""
     assert ctx.plan is not None
     params = ctx.params
+    # A supervised binding locks the model: its thread keeps the model and provider it
+    # persisted, so nothing of the turn's is sent (Codex restores the pair on resume).
+    supervised = ctx.binding is not None and bool(ctx.binding.supervised)
     return ThreadSettings(
         developer_instructions=ctx.plan.instructions,
         cwd=os.fspath(params.workspace_dir),
-        model=params.model,
+        model=None if supervised else params.model,
         tools=ctx.tools,
         # The approval policy and sandbox are this turn's (turn/start): sent here they would
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
