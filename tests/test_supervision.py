@@ -268,10 +268,12 @@ async def test_a_failed_branch_still_archives_its_temporary_fork(failing: str, r
     )
     result = await branch_native_thread(port, "s")
     assert (result.outcome, result.reason) == (BranchState.FAILED, reason)
-    assert result.fork_archived and result.fork_thread_id == "fork-1"
+    assert result.fork_archived
+    assert result.fork_thread_id == "fork-1"
     assert ("thread/archive", {"threadId": "fork-1"}) in port.sent
     assert port.forgotten == ["fork-1"]
-    assert result.error is not None and "refused" in result.error
+    assert result.error is not None
+    assert "refused" in result.error
 
 
 async def test_the_branch_pins_the_fork_model_and_binds_a_supervised_session(
@@ -291,7 +293,8 @@ async def test_the_branch_pins_the_fork_model_and_binds_a_supervised_session(
     session = tmp_path / "s.jsonl"
     bind_branch(session, result, session_id="sess")
     binding = read_binding(session, session_id="sess")
-    assert binding is not None and binding.supervised is True
+    assert binding is not None
+    assert binding.supervised is True
     assert (binding.thread_id, binding.model, binding.model_provider) == ("new-1", "gpt-x", "prov")
 
 
@@ -375,7 +378,8 @@ async def test_approved_diagnostics_upload_each_thread_and_its_subthreads() -> N
 
 async def test_thread_only_diagnostics_upload_the_current_thread_alone() -> None:
     async def approve(request: DiagnosticsRequest) -> DiagnosticsDecision:
-        assert request.threads == 1 and request.thread_only
+        assert request.threads == 1
+        assert request.thread_only
         return DiagnosticsDecision.APPROVE
 
     port = FakePort({"t": thread("t"), "u": thread("u")}, descendants=[[thread("sub")]])
@@ -398,4 +402,5 @@ async def test_a_refused_upload_surfaces_codexs_error() -> None:
         "upload-failed",
         (),
     )
-    assert result.error is not None and "disabled by configuration" in result.error
+    assert result.error is not None
+    assert "disabled by configuration" in result.error
