@@ -11,14 +11,18 @@ recorded protocol.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from codex_turn import TurnOutcome, TurnParams, cli, run_codex_turn
 from codex_turn.fsm.supervision import ArchiveState, BranchState, NativeStatus
 from codex_turn.harness.appserver import AppServer, AppServerConfig, ThreadSettings
+from codex_turn.harness.binding import read_binding
 from codex_turn.harness.supervision import (
     archive_native_thread,
     branch_native_thread,
@@ -27,7 +31,7 @@ from codex_turn.harness.supervision import (
 )
 from codex_turn.testing import OfflineModel, Reply
 
-pytestmark = [pytest.mark.anyio, pytest.mark.codex]
+pytestmark = [pytest.mark.codex]
 
 #: What a passive look may send: nothing that loads, subscribes or answers.
 PASSIVE = {"initialize", "initialized", "thread/list", "thread/read", "account/read"}
@@ -53,6 +57,7 @@ async def _native_thread(config: AppServerConfig, model: OfflineModel, cwd: Path
         return thread.thread_id
 
 
+@pytest.mark.anyio
 async def test_a_native_thread_is_listed_passively_branched_and_archived_safely(
     make_appserver_config: Callable[..., AppServerConfig],
     offline_model: OfflineModel,
@@ -151,3 +156,71 @@ async def test_a_native_thread_is_listed_passively_branched_and_archived_safely(
         assert query["params"]["ancestorThreadId"] == branch.thread_id
         assert "subAgent" in query["params"]["sourceKinds"]
         assert branch.thread_id not in {t.thread_id for t in await list_native_threads(server)}
+
+
+def test_the_threads_commands_and_a_supervised_session_keep_the_threads_model(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    workspace: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = make_appserver_config()
+    source_id = anyio.run(_native_thread, config, offline_model, workspace)
+    home = ["--codex-home", str(config.codex_home), "--json"]
+
+    assert cli.main(["threads", "list", *home]) == cli.EXIT_OK
+    [row] = json.loads(capsys.readouterr().out)
+    assert (row["threadId"], row["status"], row["resume"]) == (
+        source_id,
+        "notLoaded",
+        f"codex resume {source_id}",
+    )
+    assert cli.main(["threads", "archive", source_id, *home]) == cli.EXIT_NOT_OK
+    assert json.loads(capsys.readouterr().out)["reason"] == "needs-confirmation"
+
+    session = tmp_path / "branch.jsonl"
+    branch_args = ["threads", "branch", source_id, "--session", str(session)]
+    assert cli.main([*branch_args, "--session-id", "session-b", *home]) == cli.EXIT_OK
+    branched = json.loads(capsys.readouterr().out)
+    assert (branched["outcome"], branched["model"], branched["messages"]) == (
+        "branched",
+        "mock-model",
+        4,
+    )
+    binding = read_binding(session, session_id="session-b")
+    assert binding is not None
+    assert (binding.thread_id, binding.supervised) == (branched["threadId"], True)
+
+    assert cli.main(["threads", "archive", source_id, "--yes", *home]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["outcome"] == "archived"
+    assert cli.main(["threads", "list", *home]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == []  # the source is archived
+
+    # The supervised session's next turn resumes the thread without a model of its own:
+    # Codex runs it on the model the thread persisted, whatever the turn picked.
+    params = TurnParams(
+        session_id="session-b",
+        session_key="agent:main:session-b",
+        session_file=session,
+        workspace_dir=workspace,
+        prompt="continue please",
+        model="picked-model",
+    )
+
+    async def next_turn() -> Any:
+        async with AppServer.start(
+            make_appserver_config(codex_home=config.codex_home), record_sent=True
+        ) as server:
+            result = await run_codex_turn(params, app_server=server)
+            return result, requests(server.sent)
+
+    result, sent = anyio.run(next_turn)
+    assert result.outcome is TurnOutcome.COMPLETED
+    assert result.thread_id == branched["threadId"]
+    resume = next(m for m in sent if m["method"] == "thread/resume")
+    assert not {"model", "modelProvider"} & set(resume["params"])
+    last = offline_model.turn_requests()[-1]
+    assert last.body["model"] == "mock-model"
+    assert last.user_messages[-1] == "continue please"
+    assert "first question" in last.user_messages
