@@ -1,0 +1,148 @@
+"""Native hooks against the real binary: per-thread hook config relayed to host callbacks.
+
+One session pins what Codex does with the config a thread is started with: ``hooks/list``
+does not show the session-flags layer (it lists the home's), an untrusted hook never runs
+(the trust hash :func:`trusted_hash` computes is Codex's: it runs), each call reaches the
+typed callback, a deny blocks the tool (the model is told why), PostToolUse and Stop are
+seen, ``hook/started`` / ``hook/completed`` become :class:`HookRun` events; with app-server
+approvals on, PermissionRequest is injected only when asked for, and an explicit allow or
+deny answers the permission without the app-server approval being asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from codex_turn.harness.appserver import AppServer, AppServerConfig, ThreadSettings
+from codex_turn.harness.appserver.native_hooks import (
+    HookCall,
+    HookEvent,
+    HookVerdict,
+    NativeHooks,
+    serve_hook_relay,
+)
+from codex_turn.harness.turn.streaming import HookRun, events_of
+from codex_turn.testing import OfflineModel, Reply
+
+pytestmark = [pytest.mark.anyio, pytest.mark.codex]
+
+
+def exec_call(cmd: str, **extra: Any) -> Reply:
+    return Reply.function_call("exec_command", {"cmd": cmd, "yield_time_ms": 500, **extra})
+
+
+async def test_hooks_are_injected_per_thread_relayed_and_answered_explicitly(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    workspace: Path,
+) -> None:
+    calls: list[HookCall] = []
+
+    async def pre_tool_use(call: HookCall) -> HookVerdict | None:
+        calls.append(call)
+        if "forbidden" in str(call.tool_input):
+            return HookVerdict.deny("the host forbids it")
+        return None
+
+    async def permission(call: HookCall) -> HookVerdict | None:
+        calls.append(call)
+        if "allowed_file" in str(call.tool_input):
+            return HookVerdict.allow()
+        return HookVerdict.deny("no writes here")
+
+    async def observe(call: HookCall) -> HookVerdict | None:
+        calls.append(call)
+        return None
+
+    hooks = NativeHooks(
+        callbacks={
+            HookEvent.PRE_TOOL_USE: pre_tool_use,
+            HookEvent.POST_TOOL_USE: observe,
+            HookEvent.PERMISSION_REQUEST: permission,
+            HookEvent.STOP: observe,
+        },
+        timeout=20,
+    )
+    notes: list[Any] = []
+    async with (
+        serve_hook_relay(hooks) as relay,
+        AppServer.start(make_appserver_config(), record_sent=True) as server,
+    ):
+        server.add_listener(notes.append)
+        # With approvals on, PermissionRequest is left out unless asked for.
+        assert "PermissionRequest" not in relay.thread_config("on-request")["hooks"]
+        config = relay.thread_config("never")
+        thread = await server.start_thread(ThreadSettings(cwd=str(workspace)), config=config)
+        listed = await server.request("hooks/list", {"cwds": [str(workspace)]})
+        assert listed["data"][0]["hooks"] == []  # the session-flags layer is not listed
+
+        offline_model.script(exec_call("echo hooked-ok"), Reply.fixed("ran it"))
+        await server.run_turn(thread.thread_id, "run a tool", idle_timeout=30)
+        offline_model.script(exec_call("echo forbidden-thing"), Reply.fixed("blocked"))
+        await server.run_turn(thread.thread_id, "run another", idle_timeout=30)
+
+        seen = [(c.event, c.tool_name, c.tool_input) for c in calls]
+        assert seen == [
+            (HookEvent.PRE_TOOL_USE, "Bash", {"command": "echo hooked-ok"}),
+            (HookEvent.POST_TOOL_USE, "Bash", {"command": "echo hooked-ok"}),
+            (HookEvent.STOP, None, None),
+            (HookEvent.PRE_TOOL_USE, "Bash", {"command": "echo forbidden-thing"}),
+            (HookEvent.STOP, None, None),
+        ]
+        assert calls[1].tool_response == "hooked-ok\n"
+        assert calls[0].session_id == thread.thread_id
+        assert calls[2].last_assistant_message == "ran it"
+        outputs = offline_model.turn_requests()[-1].function_call_outputs
+        assert "the host forbids it" in str(outputs[-1])
+        runs = [
+            event(0, 0)
+            for note in notes
+            if note.method.startswith("hook/")
+            for event in events_of(note)
+        ]
+        assert all(isinstance(run, HookRun) for run in runs)
+        completed = [(r.event_name, r.status) for r in runs if r.phase == "completed"]
+        assert completed == [
+            ("preToolUse", "completed"),
+            ("postToolUse", "completed"),
+            ("stop", "completed"),
+            ("preToolUse", "blocked"),
+            ("stop", "completed"),
+        ]
+        assert {r.source for r in runs} == {"sessionFlags"}
+
+        # Without its trust state the same config runs nothing: Codex checks the hash.
+        calls.clear()
+        untrusted = {"hooks": {k: v for k, v in config["hooks"].items() if k != "state"}}
+        bare = await server.start_thread(ThreadSettings(cwd=str(workspace)), config=untrusted)
+        offline_model.script(exec_call("echo untrusted"), Reply.fixed("ok"))
+        await server.run_turn(bare.thread_id, "run a tool", idle_timeout=30)
+        assert calls == []
+
+        # Approvals on, PermissionRequest asked for: an explicit allow or deny answers it,
+        # and the app-server approval is never asked.
+        calls.clear()
+        asked = NativeHooks(callbacks=hooks.callbacks, timeout=20, permission_request=True)
+        relay.hooks = asked
+        on_request = relay.thread_config("on-request")
+        assert "PermissionRequest" in on_request["hooks"]
+        guarded = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), approval_policy="on-request"), config=on_request
+        )
+        escalate = {"sandbox_permissions": "require_escalated", "justification": "write?"}
+        offline_model.script(
+            exec_call("touch allowed_file && echo wrote", **escalate),
+            exec_call("touch denied_file", **escalate),
+            Reply.fixed("done"),
+        )
+        await server.run_turn(guarded.thread_id, "write two files", idle_timeout=30)
+        permissions = [c for c in calls if c.event is HookEvent.PERMISSION_REQUEST]
+        assert len(permissions) == 2
+        assert (workspace / "allowed_file").exists()
+        assert not (workspace / "denied_file").exists()
+        assert "no writes here" in str(offline_model.turn_requests()[-1].function_call_outputs)
+        assert server.server_requests == {}  # no app-server approval was asked
