@@ -52,6 +52,7 @@ KEY_CASES: list[tuple[str, Any]] = [
     ("base_instructions", "be someone"),
     ("model_provider", "other"),
     ("personality", "friendly"),
+    ("config", {"hooks": {}}),
 ]
 
 

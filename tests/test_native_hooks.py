@@ -48,7 +48,7 @@ ALL = dict.fromkeys(HookEvent, _none)
     ("policy", "listed", "permission_request"),
     [
         ("never", False, True),
-        (None, False, True),
+        (None, False, False),
         ("on-request", False, False),
         ("on-request", True, True),
         ({"granular": {}}, False, False),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from codex_turn import TurnEventStream, TurnOutcome, TurnParams, run_codex_turn
 from codex_turn.harness.appserver import AppServer, AppServerConfig, ThreadSettings
 from codex_turn.harness.appserver.native_hooks import (
     HookCall,
@@ -39,6 +40,7 @@ async def test_hooks_are_injected_per_thread_relayed_and_answered_explicitly(
     make_appserver_config: Callable[..., AppServerConfig],
     offline_model: OfflineModel,
     workspace: Path,
+    tmp_path: Path,
 ) -> None:
     calls: list[HookCall] = []
 
@@ -146,3 +148,27 @@ async def test_hooks_are_injected_per_thread_relayed_and_answered_explicitly(
         assert not (workspace / "denied_file").exists()
         assert "no writes here" in str(offline_model.turn_requests()[-1].function_call_outputs)
         assert server.server_requests == {}  # no app-server approval was asked
+
+        # A turn of a session: the relay rides on TurnParams, the hook runs on its stream.
+        calls.clear()
+        relay.hooks = hooks
+        events = TurnEventStream()
+        params = TurnParams(
+            session_id="hooked",
+            session_file=tmp_path / "hooked.jsonl",
+            workspace_dir=workspace,
+            prompt="one more tool",
+            approval_policy="never",
+            native_hooks=relay,
+        )
+        offline_model.script(exec_call("echo via-turn"), Reply.fixed("turn done"))
+        result = await run_codex_turn(params, app_server=server, events=events)
+        streamed = [event async for event in events]
+        assert result.outcome is TurnOutcome.COMPLETED
+        assert [c.event for c in calls] == [
+            HookEvent.PRE_TOOL_USE,
+            HookEvent.POST_TOOL_USE,
+            HookEvent.STOP,
+        ]
+        hook_runs = [e for e in streamed if isinstance(e, HookRun) and e.phase == "completed"]
+        assert [r.event_name for r in hook_runs] == ["preToolUse", "postToolUse", "stop"]

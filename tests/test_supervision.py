@@ -303,7 +303,12 @@ def test_a_supervised_binding_resumes_without_a_model_of_its_own(tmp_path: Path)
 
     def ctx(binding: ThreadBinding | None) -> Any:
         params = types.SimpleNamespace(
-            workspace_dir=tmp_path, model="picked-model", approvals_reviewer=None, service_tier=None
+            workspace_dir=tmp_path,
+            model="picked-model",
+            approvals_reviewer=None,
+            service_tier=None,
+            native_hooks=None,
+            approval_policy=None,
         )
         plan = types.SimpleNamespace(instructions="i")
         return types.SimpleNamespace(params=params, plan=plan, tools=None, binding=binding)

@@ -25,6 +25,7 @@ from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
+from codex_turn.harness.appserver.native_hooks import HookRelay
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.engine import AgentMessage
 from codex_turn.harness.usage import Usage
@@ -178,6 +179,11 @@ class TurnParams:
     #: elided), ``"elide"`` (names kept, payloads replaced by a note). Secrets are redacted in
     #: every policy; Codex itself cuts a long tool result to ~12 KB in the prompt.
     tool_payloads: Literal["elide", "shape-only", "full"] = "full"
+    #: Native Codex hooks relayed to the host's callbacks
+    #: (:func:`~codex_turn.harness.appserver.native_hooks.serve_hook_relay`): the thread is
+    #: started and resumed with the relay's per-thread hook config for this turn's approval
+    #: policy. ``None``: no hooks of the host's.
+    native_hooks: HookRelay | None = None
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -243,6 +249,8 @@ def _validate(p: TurnParams) -> None:
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
         _fail("concurrency must be 'wait' or 'reject'")
+    if p.native_hooks is not None and not isinstance(p.native_hooks, HookRelay):
+        _fail("native_hooks must be a HookRelay (serve_hook_relay) or None")
     for name in ("yield_tool", "strict"):
         if not isinstance(getattr(p, name), bool):
             _fail(f"{name} must be a bool")

@@ -179,8 +179,9 @@ class NativeHooks:
     allow_always_window: float = attrs.field(default=600.0, validator=attrs.validators.ge(0))
 
     def events(self, approval_policy: object) -> tuple[HookEvent, ...]:
-        """The events a thread with ``approval_policy`` gets (:data:`INJECT_RULES`)."""
-        approvals_on = approval_policy not in (None, "never")
+        """The events a thread with ``approval_policy`` gets (:data:`INJECT_RULES`);
+        ``None`` (Codex's configured default, unknown here) counts as approvals on."""
+        approvals_on = approval_policy != "never"
         return tuple(
             event
             for event in HookEvent

@@ -58,6 +58,9 @@ class ThreadSettings:
     base_instructions: str | None = None
     model_provider: str | None = None
     personality: str | None = "none"
+    #: Config overrides for the thread (Codex's session-flags layer), e.g. the per-thread
+    #: hook config of :meth:`~.native_hooks.HookRelay.thread_config`.
+    config: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> str:

@@ -103,6 +103,9 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
         approvals_reviewer=params.approvals_reviewer,
         service_tier=params.service_tier,
+        config=params.native_hooks.thread_config(params.approval_policy)
+        if params.native_hooks is not None
+        else None,
     )
 
 
