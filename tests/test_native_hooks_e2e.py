@@ -6,7 +6,10 @@ does not show the session-flags layer (it lists the home's), an untrusted hook n
 typed callback, a deny blocks the tool (the model is told why), PostToolUse and Stop are
 seen, ``hook/started`` / ``hook/completed`` become :class:`HookRun` events; with app-server
 approvals on, PermissionRequest is injected only when asked for, and an explicit allow or
-deny answers the permission without the app-server approval being asked.
+deny answers the permission without the app-server approval being asked; in report mode a
+PreToolUse that wants the host's approval gets no native decision and the app-server
+approval for the same tool use finds it recorded; a session's turn carries the relay
+(``TurnParams.native_hooks``) and streams the runs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from typing import Any
 import pytest
 
 from codex_turn import TurnEventStream, TurnOutcome, TurnParams, run_codex_turn
-from codex_turn.harness.appserver import AppServer, AppServerConfig, ThreadSettings
+from codex_turn.harness.appserver import (
+    AppServer,
+    AppServerConfig,
+    ApprovalDecision,
+    ApprovalRequest,
+    ThreadSettings,
+    TurnRequestHandlers,
+)
 from codex_turn.harness.appserver.native_hooks import (
     HookCall,
     HookEvent,
@@ -148,6 +158,39 @@ async def test_hooks_are_injected_per_thread_relayed_and_answered_explicitly(
         assert not (workspace / "denied_file").exists()
         assert "no writes here" in str(offline_model.turn_requests()[-1].function_call_outputs)
         assert server.server_requests == {}  # no app-server approval was asked
+
+        # Report mode: a PreToolUse the host wants approved gets no native decision; the
+        # app-server approval Codex then sends for the same tool use finds it recorded.
+        async def wants_approval(call: HookCall) -> HookVerdict:
+            calls.append(call)
+            return HookVerdict.ask()
+
+        approvals: list[tuple[str | None, HookCall | None]] = []
+
+        async def on_approval(request: ApprovalRequest) -> ApprovalDecision:
+            approvals.append((request.item_id, relay.deferred_approval(request.item_id or "")))
+            return ApprovalDecision.APPROVE
+
+        calls.clear()
+        relay.hooks = NativeHooks(
+            callbacks={HookEvent.PRE_TOOL_USE: wants_approval}, timeout=20, report_mode=True
+        )
+        reported = await server.start_thread(
+            ThreadSettings(cwd=str(workspace), approval_policy="on-request"),
+            config=relay.thread_config("on-request"),
+        )
+        offline_model.script(exec_call("touch reported_file", **escalate), Reply.fixed("ok"))
+        async with server.turn(
+            reported.thread_id,
+            "write it",
+            handlers=TurnRequestHandlers(on_approval=on_approval),
+        ) as handle:
+            await handle.collect(idle_timeout=30)
+        [(item_id, deferred)] = approvals
+        assert deferred is not None
+        assert deferred.tool_use_id == item_id
+        assert deferred.tool_input == {"command": "touch reported_file"}
+        assert (workspace / "reported_file").exists()
 
         # A turn of a session: the relay rides on TurnParams, the hook runs on its stream.
         calls.clear()
