@@ -22,10 +22,10 @@ import pytest
 
 from codex_turn import TurnEventStream, TurnOutcome, TurnParams, run_codex_turn
 from codex_turn.harness.appserver import (
-    AppServer,
-    AppServerConfig,
     ApprovalDecision,
     ApprovalRequest,
+    AppServer,
+    AppServerConfig,
     ThreadSettings,
     TurnRequestHandlers,
 )
