@@ -215,3 +215,29 @@ async def test_hooks_are_injected_per_thread_relayed_and_answered_explicitly(
         ]
         hook_runs = [e for e in streamed if isinstance(e, HookRun) and e.phase == "completed"]
         assert [r.event_name for r in hook_runs] == ["preToolUse", "postToolUse", "stop"]
+
+
+async def test_a_thread_resumed_in_a_new_process_gets_its_hooks_back(
+    make_appserver_config: Callable[..., AppServerConfig],
+    offline_model: OfflineModel,
+    workspace: Path,
+) -> None:
+    """Codex keeps no session flags across processes: ``thread/resume`` takes the config
+    again (what a turn's resume sends, ``ThreadSettings.config``)."""
+    seen: list[HookEvent] = []
+
+    async def observe(call: HookCall) -> HookVerdict | None:
+        seen.append(call.event)
+        return None
+
+    config = make_appserver_config()
+    async with serve_hook_relay(NativeHooks(callbacks={HookEvent.PRE_TOOL_USE: observe})) as relay:
+        async with AppServer.start(config) as server:
+            thread = await server.start_thread(ThreadSettings(cwd=str(workspace)))
+            await server.run_turn(thread.thread_id, "hello", idle_timeout=30)
+        async with AppServer.start(make_appserver_config(codex_home=config.codex_home)) as server:
+            settings = ThreadSettings(cwd=str(workspace), config=relay.thread_config("never"))
+            await server.resume_thread(thread.thread_id, settings)
+            offline_model.script(exec_call("echo resumed"), Reply.fixed("ok"))
+            await server.run_turn(thread.thread_id, "a tool", idle_timeout=30)
+    assert seen == [HookEvent.PRE_TOOL_USE]

@@ -325,6 +325,14 @@ class HookRelay:
         return wire_answer(choice.action, call.event, reason)
 
     async def _serve(self, stream: anyio.abc.ByteStream) -> None:
+        """One connection: one call in, one answer out. Whatever goes wrong stays inside
+        (the listener serves the next call; the client prints its safe answer)."""
+        try:
+            await self._serve_one(stream)
+        except Exception as exc:
+            log.warning("hooks.connection_failed", error=capped(type(exc).__name__))
+
+    async def _serve_one(self, stream: anyio.abc.ByteStream) -> None:
         async with stream:
             data = b""
             try:
