@@ -220,3 +220,36 @@ async def test_the_relay_client_carries_a_call_to_the_callback_and_back() -> Non
     assert answer["hookSpecificOutput"]["permissionDecisionReason"] == "host says no"
     assert seen[0].tool_input == {"command": "rm -rf x"}
     assert seen[0].tool_use_id == "call_9"
+
+
+def test_hook_notifications_become_hook_run_events_without_their_text() -> None:
+    from codex_turn.harness.appserver import Notification
+    from codex_turn.harness.turn.streaming import HookRun, events_of
+
+    run = {  # hook/completed as codex 0.163 sent it (tests/test_native_hooks_e2e.py)
+        "id": "pre-tool-use:0:/<session-flags>/config.toml:call_1",
+        "eventName": "preToolUse",
+        "handlerType": "command",
+        "executionMode": "sync",
+        "scope": "turn",
+        "source": "sessionFlags",
+        "status": "blocked",
+        "durationMs": 3,
+        "entries": [{"kind": "feedback", "text": SECRET}],
+    }
+    note = Notification("hook/completed", {"threadId": "t", "turnId": "u", "run": run})
+    [pending] = events_of(note)
+    event = pending(7, 11)
+    assert event == HookRun(
+        seq=7,
+        monotonic_ns=11,
+        phase="completed",
+        run_id=run["id"],
+        event_name="preToolUse",
+        status="blocked",
+        source="sessionFlags",
+        duration_ms=3,
+        entries=1,
+    )
+    assert SECRET not in repr(event)
+    assert events_of(Notification("hook/started", {"threadId": "t", "run": None})) == []
