@@ -51,6 +51,13 @@ from codex_turn.harness.appserver import (
     UserInputRequest,
     tool,
 )
+from codex_turn.harness.appserver.native_hooks import (
+    HookCall,
+    HookEvent,
+    HookVerdict,
+    NativeHooks,
+    serve_hook_relay,
+)
 from codex_turn.harness.binding import BindingError, ThreadBinding, read_binding
 from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.compaction import (
@@ -58,6 +65,12 @@ from codex_turn.harness.compaction import (
     CompactSessionParams,
     compact_codex_session,
     compact_codex_session_traced,
+)
+from codex_turn.harness.diagnostics import (
+    DiagnosticsDecision,
+    DiagnosticsRequest,
+    DiagnosticsResult,
+    upload_diagnostics,
 )
 from codex_turn.harness.engine import (
     AfterTurnParams,
@@ -114,6 +127,15 @@ from codex_turn.harness.session import (
     mirror_turn,
     reset_session,
 )
+from codex_turn.harness.supervision import (
+    ArchiveResult,
+    BranchResult,
+    NativeThread,
+    archive_native_thread,
+    bind_branch,
+    branch_native_thread,
+    list_native_threads,
+)
 from codex_turn.harness.turn.orchestrator import (
     InvalidTurnParams,
     MaintenanceReport,
@@ -133,6 +155,7 @@ from codex_turn.harness.turn.streaming import (
     AgentMessageDelta,
     CompactionEvent,
     FileSaved,
+    HookRun,
     MessagesSteered,
     PlanDelta,
     PlanStep,
@@ -169,12 +192,14 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalKind",
     "ApprovalRequest",
+    "ArchiveResult",
     "AssembleParams",
     "AssembleResult",
     "BackgroundMaintenance",
     "BindingError",
     "BootstrapParams",
     "BootstrapResult",
+    "BranchResult",
     "CodexBinaryMissing",
     "CodexContextProjection",
     "CodexHomeNotPrivate",
@@ -192,6 +217,9 @@ __all__ = [
     "ContextEngine",
     "ContextEngineInfo",
     "ContextProjection",
+    "DiagnosticsDecision",
+    "DiagnosticsRequest",
+    "DiagnosticsResult",
     "DynamicTool",
     "EngineContractError",
     "EngineContractViolation",
@@ -200,6 +228,10 @@ __all__ = [
     "EngineUnavailable",
     "FileSaved",
     "HeartbeatResponse",
+    "HookCall",
+    "HookEvent",
+    "HookRun",
+    "HookVerdict",
     "HostLlm",
     "HostRequirementsUnmet",
     "IllegalTransition",
@@ -219,6 +251,8 @@ __all__ = [
     "MaintenanceReport",
     "MaintenanceResult",
     "MessagesSteered",
+    "NativeHooks",
+    "NativeThread",
     "PlanDelta",
     "PlanStep",
     "PlanUpdated",
@@ -260,12 +294,16 @@ __all__ = [
     "UserInputQuestion",
     "UserInputRequest",
     "__version__",
+    "archive_native_thread",
+    "bind_branch",
+    "branch_native_thread",
     "check_engine",
     "codex_turn_running",
     "compact_codex_session",
     "compact_codex_session_traced",
     "configure_logging",
     "dynamic_tools_fingerprint",
+    "list_native_threads",
     "load_engine",
     "load_session_messages",
     "mirror_turn",
@@ -276,6 +314,8 @@ __all__ = [
     "run_codex_turn",
     "run_turn",
     "runtime_llm",
+    "serve_hook_relay",
     "steer_codex_turn",
     "tool",
+    "upload_diagnostics",
 ]

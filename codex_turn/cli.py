@@ -10,6 +10,8 @@
     codex-turn engine ACTION SESSION     the engine's control: status, doctor, rotate
     codex-turn login [--with-api-key]    log Codex in (the pinned binary's login); logout
     codex-turn diagrams [--out DIR]      render the state diagrams from the tables
+    codex-turn threads list|branch|archive   a Codex home's native threads (supervision)
+    codex-turn diagnostics [SESSION]     feedback/upload of a session's thread, on approval
 
 Every command takes ``-v``/``-q`` and ``--log-format``; ``--json`` where the output is data.
 Errors are mapped once, in :func:`main` (see :data:`codex_turn._cli_support.EXIT_CODES`): a
@@ -230,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     from codex_turn._cli_login import add_login_parsers
 
     add_login_parsers(sub)
+    from codex_turn._cli_threads import add_supervision_parsers
+
+    add_supervision_parsers(sub, _common)
 
     worker = sub(
         "worker",
@@ -267,7 +272,17 @@ def build_parser() -> argparse.ArgumentParser:
 #: (:func:`~codex_turn._cli_support.path_arg`); every other value given as text is checked as
 #: text (:func:`~codex_turn._cli_support.text_arg`).
 PATH_VALUES: frozenset[str] = frozenset(
-    {"session_file", "codex_home", "codex_bin", "workspace", "out", "trace", "directory"}
+    {
+        "session_file",
+        "codex_home",
+        "codex_bin",
+        "workspace",
+        "out",
+        "trace",
+        "directory",
+        "cwd",
+        "session",
+    }
 )
 
 
@@ -713,6 +728,18 @@ def _logout(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return logout_command(args, out, err)
 
 
+def _threads(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_threads import threads_command
+
+    return threads_command(args, out, err)
+
+
+def _diagnostics(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from codex_turn._cli_threads import diagnostics_command
+
+    return diagnostics_command(args, out, err)
+
+
 COMMANDS: dict[str, Command] = {
     "demo": _demo,
     "run": _run,
@@ -725,6 +752,8 @@ COMMANDS: dict[str, Command] = {
     "worker": _worker,
     "login": _login,
     "logout": _logout,
+    "threads": _threads,
+    "diagnostics": _diagnostics,
 }
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ anywhere else (an installed package writes only where it is told to).
 The diagrams are *generated*, never drawn by hand, from the very same tables as the runtime
 machines; the output is byte-stable (a test renders it under several hash seeds).
 
-Writes ``turn.mmd``, ``compaction.mmd`` and ``steering.mmd`` (Mermaid ``flowchart TB``: the
+Writes ``turn.mmd``, ``compaction.mmd``, ``steering.mmd`` and the supervision machines'
+``branch.mmd``, ``archive.mmd`` and ``diagnostics.mmd`` (Mermaid ``flowchart TB``: the
 text source, golden files checked by a test, rendered by GitHub) and, when the ``diagrams``
 extra (pygraphviz, which bundles Graphviz) is installed, ``turn.svg``, ``compaction.svg`` and
 ``steering.svg`` from the same drawing (:func:`layout`), so the two cannot disagree.
@@ -51,6 +52,7 @@ import attrs
 from codex_turn.fsm import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
 from codex_turn.fsm.steering import STEERING_MACHINE
+from codex_turn.fsm.supervision import ARCHIVE_MACHINE, BRANCH_MACHINE, DIAGNOSTICS_MACHINE
 from codex_turn.fsm.turn import (
     CUT_SHORT_TRIGGERS,
     FORM_TRIGGERS,
@@ -80,6 +82,9 @@ DIAGRAMS: dict[str, TableMachine] = {
     "turn": TURN_MACHINE,
     "compaction": COMPACTION_MACHINE,
     "steering": STEERING_MACHINE,
+    "branch": BRANCH_MACHINE,
+    "archive": ARCHIVE_MACHINE,
+    "diagnostics": DIAGNOSTICS_MACHINE,
 }
 
 #: The boxes states are drawn in, per diagram, in drawing order: a reader's grouping, not a
@@ -575,7 +580,7 @@ def render_dot(name: str) -> Any:
     return graph
 
 
-_RANKSEP_STEPS = ("0.34", "0.5", "0.65", "0.8", "1.0", "1.2")
+_RANKSEP_STEPS = ("0.34", "0.5", "0.65", "0.8", "1.0", "1.2", "1.5", "1.8")
 
 
 def _make_portrait(graph: Any) -> None:

@@ -723,7 +723,10 @@ def test_diagrams_write_where_asked_never_into_the_current_directory(tmp_path: P
     done = run_cli("diagrams", "--out", "out", "--no-svg", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "archive.mmd",
+        "branch.mmd",
         "compaction.mmd",
+        "diagnostics.mmd",
         "steering.mmd",
         "turn.mmd",
     ]

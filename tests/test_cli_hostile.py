@@ -51,6 +51,8 @@ def _base(command: str, root: Path) -> list[str]:
         "diagrams": ["diagrams", "--out", str(root / "diagrams"), "--no-svg"],
         "login": ["login", "--with-api-key", "--codex-bin", missing],
         "logout": ["logout", "--codex-bin", missing],
+        "threads": ["threads", "list", "--codex-bin", missing],
+        "diagnostics": ["diagnostics", "--thread", "t", "--codex-bin", missing],
     }[command]
 
 

@@ -300,7 +300,14 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         )
         outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
     assert outputs[0] == outputs[1] == outputs[2]
-    assert set(outputs[0]) == {"turn.mmd", "compaction.mmd", "steering.mmd"}
+    assert set(outputs[0]) == {
+        "turn.mmd",
+        "compaction.mmd",
+        "steering.mmd",
+        "branch.mmd",
+        "archive.mmd",
+        "diagnostics.mmd",
+    }
 
 
 def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
@@ -317,6 +324,12 @@ def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
         "compaction.svg",
         "steering.mmd",
         "steering.svg",
+        "branch.mmd",
+        "branch.svg",
+        "archive.mmd",
+        "archive.svg",
+        "diagnostics.mmd",
+        "diagnostics.svg",
     }
 
 
@@ -339,11 +352,21 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
     out = tmp_path / "out"
     assert cli.main(["diagrams", "--out", str(out), "--no-svg"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["compaction.mmd", "steering.mmd", "turn.mmd"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "archive.mmd",
+        "branch.mmd",
+        "compaction.mmd",
+        "diagnostics.mmd",
+        "steering.mmd",
+        "turn.mmd",
+    ]
     assert capsys.readouterr().out.split() == [
         str(out / "turn.mmd"),
         str(out / "compaction.mmd"),
         str(out / "steering.mmd"),
+        str(out / "branch.mmd"),
+        str(out / "archive.mmd"),
+        str(out / "diagnostics.mmd"),
     ]
 
 

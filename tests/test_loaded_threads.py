@@ -53,6 +53,7 @@ KEY_CASES: list[tuple[str, Any]] = [
     ("model_provider", "other"),
     ("personality", "friendly"),
     ("project_docs", False),
+    ("config", {"hooks": {}}),
 ]
 
 

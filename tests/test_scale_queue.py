@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from codex_turn import InvalidTurnParams, TurnParams, cli
+from codex_turn.harness.appserver.native_hooks import HookRelay, NativeHooks
 from codex_turn.scale import InvalidQueueConfig, TurnQueue, TurnWorker
 
 
@@ -53,6 +54,18 @@ def test_bad_input_is_a_typed_error(tmp_path: Path) -> None:
             queue.submit(
                 TurnParams(session_id="s", session_file="s.jsonl", workspace_dir=".", prompt="x"),
                 turn_id="a:b",
+            )
+        relay = HookRelay(NativeHooks(callbacks={}), str(tmp_path / "relay.sock"))
+        with pytest.raises(InvalidTurnParams, match="native_hooks cannot be queued"):
+            queue.submit(
+                TurnParams(
+                    session_id="s",
+                    session_file="s.jsonl",
+                    workspace_dir=".",
+                    prompt="x",
+                    native_hooks=relay,
+                ),
+                turn_id="t-2",
             )
     with pytest.raises(InvalidQueueConfig, match="database URL"):
         TurnQueue("mysql://x")

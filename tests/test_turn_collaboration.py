@@ -107,6 +107,13 @@ def test_a_lightweight_thread_starts_without_project_docs() -> None:
     assert "config" not in ThreadSettings(cwd="/w").wire("thread/start")
     assert "config" not in light.wire("thread/resume")
     assert light.key != ThreadSettings(cwd="/w").key
+    # Per-thread hook config and the lightweight override travel in the one ``config``.
+    hooked = ThreadSettings(cwd="/w", project_docs=False, config={"hooks": {"Stop": []}})
+    assert hooked.wire("thread/start")["config"] == {
+        "project_doc_max_bytes": 0,
+        "hooks": {"Stop": []},
+    }
+    assert hooked.wire("thread/resume")["config"] == {"hooks": {"Stop": []}}
 
 
 def test_collaboration_params_are_checked() -> None:

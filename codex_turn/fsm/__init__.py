@@ -1,4 +1,5 @@
-"""The turn, compaction and steering state machines: states, triggers, guards and tables as data.
+"""The turn, compaction, steering and supervision machines: states, triggers, guards and
+tables as data.
 
 No I/O and no async in this package. See :mod:`codex_turn.fsm.turn` for the theory.
 """
@@ -18,6 +19,15 @@ from codex_turn.fsm.steering import (
     SteerBatchModel,
     SteerState,
     SteerTrigger,
+)
+from codex_turn.fsm.supervision import (
+    ARCHIVE_TABLE,
+    BRANCH_TABLE,
+    DIAGNOSTICS_TABLE,
+    ArchiveState,
+    BranchState,
+    DiagnosticsState,
+    NativeStatus,
 )
 from codex_turn.fsm.thread import (
     BASE_RULES,
@@ -48,24 +58,31 @@ from codex_turn.fsm.turn import (
 )
 
 __all__ = [
+    "ARCHIVE_TABLE",
     "BASE_RULES",
+    "BRANCH_TABLE",
     "COMPACTION_TABLE",
+    "DIAGNOSTICS_TABLE",
     "FORK_RULES",
     "FORM_RULES",
     "STEERING_TABLE",
     "STEER_FATES",
     "THREAD_RULES",
     "TURN_TABLE",
+    "ArchiveState",
+    "BranchState",
     "Choice",
     "CompactionFacts",
     "CompactionModel",
     "CompactionState",
     "CompactionTrigger",
+    "DiagnosticsState",
     "Edge",
     "ForkAction",
     "ForkFacts",
     "FsmError",
     "IllegalTransition",
+    "NativeStatus",
     "ProjectionForm",
     "Rule",
     "SkipReason",

@@ -201,6 +201,10 @@ class ThreadBinding:
     history_covered_through: HistoryCoverage | None = None
     session_id: str | None = None
     transcript_id: str | None = None
+    #: A supervised binding (a branch of a native thread, :mod:`codex_turn.harness.supervision`):
+    #: the model picker is locked, so its resumes send no model or provider and Codex restores
+    #: the pair the thread persisted. Unset (absent from the JSON): an ordinary binding.
+    supervised: bool | None = None
     created_at: str = attrs.Factory(_now_iso)
     updated_at: str = attrs.Factory(_now_iso)
 
@@ -577,6 +581,8 @@ def read_binding(
     for key in ("sessionId", "transcriptId"):
         if key in raw:
             cleaned[key] = raw[key]  # checked by _foreign
+    if raw.get("supervised") is True:
+        cleaned["supervised"] = True
     cleaned.update(schemaVersion=1, threadId=thread_id, sessionFile=os.fspath(session_file))
     try:
         return _converter.structure(cleaned, ThreadBinding)

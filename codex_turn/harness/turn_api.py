@@ -25,6 +25,7 @@ from codex_turn._text import has_lone_surrogate, is_os_string
 from codex_turn.errors import CodexTurnError
 from codex_turn.fsm import TraceEntry, TurnOutcome
 from codex_turn.fsm.thread import ThreadDecision
+from codex_turn.harness.appserver.native_hooks import HookRelay
 from codex_turn.harness.appserver.types import ApprovalsReviewer, SandboxMode
 from codex_turn.harness.collaboration import CollaborationInstructions, HeartbeatResponse
 from codex_turn.harness.engine import AgentMessage
@@ -225,6 +226,11 @@ class TurnParams:
     #: ``DynamicTool(direct=True)`` in ``openclaw_direct``, always visible. See
     #: :mod:`codex_turn.harness.appserver.tools`. A thread keeps the catalog it started with.
     tool_catalog: Literal["flat", "namespaced"] = "flat"
+    #: Native Codex hooks relayed to the host's callbacks
+    #: (:func:`~codex_turn.harness.appserver.native_hooks.serve_hook_relay`): the thread is
+    #: started and resumed with the relay's per-thread hook config for this turn's approval
+    #: policy. ``None``: no hooks of the host's.
+    native_hooks: HookRelay | None = None
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
@@ -290,6 +296,8 @@ def _validate(p: TurnParams) -> None:
         _fail("runtime_attempt must be a mapping of camelCase host facts")
     if p.concurrency not in ("wait", "reject"):
         _fail("concurrency must be 'wait' or 'reject'")
+    if p.native_hooks is not None and not isinstance(p.native_hooks, HookRelay):
+        _fail("native_hooks must be a HookRelay (serve_hook_relay) or None")
     for name in ("yield_tool", "strict", "lightweight", "heartbeat"):
         if not isinstance(getattr(p, name), bool):
             _fail(f"{name} must be a bool")

@@ -214,6 +214,8 @@ class TurnQueue:
     def submit(self, params: TurnParams, *, turn_id: str) -> QueuedTurn:
         if not isinstance(params, TurnParams):
             raise InvalidTurnParams(f"params must be TurnParams, not {type(params).__name__}")
+        if params.native_hooks is not None:  # a live relay of this process: nothing to store
+            raise InvalidTurnParams("native_hooks cannot be queued: run the turn in-process")
         prompt_identity_for(turn_id)  # the turn id becomes the prompt's identity: check it now
         options: EnqueueOptions = {
             "workflow_name": WORKFLOW_NAME,

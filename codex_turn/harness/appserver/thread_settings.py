@@ -73,6 +73,9 @@ class ThreadSettings:
     personality: str | None = "none"
     #: Load the project docs (AGENTS.md ...) into the thread; ``False``: a lightweight run.
     project_docs: bool = attrs.field(default=True, metadata={"wire": "config"})
+    #: Config overrides for the thread (Codex's session-flags layer), e.g. the per-thread
+    #: hook config of :meth:`~.native_hooks.HookRelay.thread_config`.
+    config: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> str:
@@ -98,7 +101,11 @@ class ThreadSettings:
                 value = unstructure(value.specs()) if value else None
             if field.name == "project_docs":
                 if not value:  # travels as the thread's config override (module header)
-                    params[wire_name(field)] = dict(NO_PROJECT_DOCS)
+                    params.setdefault("config", {}).update(NO_PROJECT_DOCS)
+                continue
+            if field.name == "config":
+                if value:  # one ``config`` object, whatever sets overrides in it
+                    params.setdefault("config", {}).update(unstructure(value))
                 continue
             if value is None and field.default is None:
                 continue

@@ -576,6 +576,8 @@ async def save_binding(
         if decision is not None
         else None,
         "history_covered_through": coverage,
+        # A supervised binding stays supervised (its model stays locked).
+        "supervised": previous.supervised if previous is not None else None,
     }
     if previous is not None:
         fields["created_at"] = previous.created_at

@@ -92,10 +92,13 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
     instructions, after the hooks)."""
     assert ctx.plan is not None
     params = ctx.params
+    # A supervised binding locks the model: its thread keeps the model and provider it
+    # persisted, so nothing of the turn's is sent (Codex restores the pair on resume).
+    supervised = ctx.binding is not None and bool(ctx.binding.supervised)
     return ThreadSettings(
         developer_instructions=ctx.plan.instructions,
         cwd=os.fspath(params.workspace_dir),
-        model=params.model,
+        model=None if supervised else params.model,
         tools=ToolRegistry(ctx.tools, catalog=params.tool_catalog),
         # The approval policy and sandbox are this turn's (turn/start): sent here they would
         # become the thread's defaults and outlive the turn (an auto-resume re-sends them).
@@ -103,6 +106,9 @@ def thread_settings(ctx: TurnContext) -> ThreadSettings:
         service_tier=params.service_tier,
         # A lightweight run starts its own (transient) thread without the project docs.
         project_docs=not params.lightweight,
+        config=params.native_hooks.thread_config(params.approval_policy)
+        if params.native_hooks is not None
+        else None,
     )
 
 

@@ -13,8 +13,9 @@ The stream ends (the iteration stops) once the turn ended and what was buffered 
 carries, in order, every step of the turn machine (:class:`StateChanged`, built on the same
 trace entries ``TurnHooks.on_transition`` sees) and what Codex reported while the turn ran:
 agent message deltas and completed messages, reasoning summary deltas, tool calls (started,
-completed), plan updates, compactions (start, end), messages steered into the turn and files
-Codex saved (:class:`FileSaved`). One stream serves one turn.
+completed), plan updates, compactions (start, end), native hook runs (:class:`HookRun`),
+messages steered into the turn and files Codex saved (:class:`FileSaved`). One stream
+serves one turn.
 
 Back-pressure never reaches the turn: publishing never waits. Only deltas (agent message,
 reasoning summary and plan deltas) are ever dropped: a delta that finds ``max_buffered`` events
@@ -56,6 +57,7 @@ __all__ = [
     "AgentMessageDelta",
     "CompactionEvent",
     "FileSaved",
+    "HookRun",
     "MessagesSteered",
     "PlanDelta",
     "PlanStep",
@@ -202,6 +204,21 @@ class MessagesSteered(TurnEvent):
 
 
 @attrs.frozen(kw_only=True)
+class HookRun(TurnEvent):
+    """A native hook run Codex reports (``hook/started``, ``hook/completed``): for
+    trajectory analysis and debugging; it invokes nothing of the host's. ``entries`` counts
+    the output entries Codex recorded (their text is the hook's, not carried here)."""
+
+    phase: Literal["started", "completed"]
+    run_id: str
+    event_name: str
+    status: str
+    source: str | None
+    duration_ms: int | None
+    entries: int
+
+
+@attrs.frozen(kw_only=True)
 class FileSaved(TurnEvent):
     file: TurnFile
 
@@ -266,6 +283,32 @@ def events_of(note: Notification) -> list[Pending]:
         said = explanation if isinstance(explanation, str) else None
         return [
             lambda seq, ns: PlanUpdated(seq=seq, monotonic_ns=ns, explanation=said, steps=steps)
+        ]
+    if method in ("hook/started", "hook/completed"):
+        run = params.get("run")
+        if not isinstance(run, Mapping):
+            return []
+        hook_phase: Literal["started", "completed"] = (
+            "started" if method == "hook/started" else "completed"
+        )
+        duration, entries, source = run.get("durationMs"), run.get("entries"), run.get("source")
+        run_id, event_name, run_status = (
+            _text(run.get("id")),
+            _text(run.get("eventName")),
+            _text(run.get("status")),
+        )
+        return [
+            lambda seq, ns: HookRun(
+                seq=seq,
+                monotonic_ns=ns,
+                phase=hook_phase,
+                run_id=run_id,
+                event_name=event_name,
+                status=run_status,
+                source=source if isinstance(source, str) else None,
+                duration_ms=duration if isinstance(duration, int) else None,
+                entries=len(entries) if isinstance(entries, list) else 0,
+            )
         ]
     if method == "thread/compacted":
         return [
