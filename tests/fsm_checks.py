@@ -198,6 +198,33 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
     oracle, with at most one native compaction pair; yields (triggers, final state, outcome).
     """
 
+    # The oracle's answers for one node depend on these facts alone: asked once per facts,
+    # not once per path through them (hundreds of thousands of paths share a few hundred).
+    moves: dict[tuple[str, str | None, bool, bool, bool], list[tuple[str, str]]] = {}
+
+    def legal_moves(
+        state: str, outcome: str | None, resume_failed: bool, fork_failed: bool, overflowed: bool
+    ) -> list[tuple[str, str]]:
+        key = (state, outcome, resume_failed, fork_failed, overflowed)
+        if key not in moves:
+            found = []
+            for trigger in TURN_TRIGGERS:
+                if overflowed and trigger in _COVERED_BEFORE_A_RETRY:
+                    continue  # the same steps as before the overflow: paths would multiply
+                dest = turn_oracle(
+                    state,
+                    trigger,
+                    outcome=outcome,
+                    resume_failed=resume_failed,
+                    fork_failed=fork_failed,
+                    overflowed=overflowed,
+                    **flags,
+                )
+                if dest is not None:
+                    found.append((trigger, dest))
+            moves[key] = found
+        return moves[key]
+
     def walk(
         state: str, path: list[str], outcome: str | None, compactions: int
     ) -> Iterator[tuple[list[str], str, str | None]]:
@@ -207,20 +234,7 @@ def legal_turn_paths(flags: dict[str, bool]) -> Iterator[tuple[list[str], str, s
         resume_failed = "thread_resume_failed" in path
         fork_failed = "fork_failed" in path
         overflowed = "turn_overflowed" in path
-        for trigger in TURN_TRIGGERS:
-            if overflowed and trigger in _COVERED_BEFORE_A_RETRY:
-                continue  # the same steps as before the overflow: paths would multiply
-            dest = turn_oracle(
-                state,
-                trigger,
-                outcome=outcome,
-                resume_failed=resume_failed,
-                fork_failed=fork_failed,
-                overflowed=overflowed,
-                **flags,
-            )
-            if dest is None:
-                continue
+        for trigger, dest in legal_moves(state, outcome, resume_failed, fork_failed, overflowed):
             if dest == INTERNAL:
                 # Only the ordered pair, once: started then completed.
                 if compactions >= 1 or trigger != "native_compaction_started":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import attrs
 import pytest
 from fsm_checks import (
     TURN_FLAG_COMBOS,
@@ -51,22 +52,49 @@ def test_vocabulary_matches_the_oracle() -> None:
     assert TURN_TABLE[TurnState.FAILED] == ()
 
 
+def _fork(turn: TurnModel) -> TurnModel:
+    """A second model in ``turn``'s state, with its attributes and trace: so the paths that
+    share a prefix fire it once (a walk of their trie) instead of once per path."""
+    twin = TurnModel.begin(turn.facts, state=turn.state, outcome=turn.outcome)
+    for field in attrs.fields(TurnModel):
+        if field.name not in ("facts", "outcome"):
+            value = getattr(turn, field.name)
+            setattr(twin, field.name, list(value) if isinstance(value, list) else value)
+    return twin
+
+
 def test_every_legal_path_from_idle_to_a_terminal_state_is_accepted() -> None:
     seen_paths = 0
     terminal_states = set()
     for flags in TURN_FLAG_COMBOS:
+        # The legal paths as a trie: node -> {trigger: child}, a leaf keeps its path's end.
+        trie: dict[Any, Any] = {}
         for path, final_state, outcome in legal_turn_paths(flags):
-            turn = TurnModel.begin(turn_facts(flags))
+            node = trie
             for trigger in path:
-                turn.fire(trigger)
-            assert turn.state.name == final_state, path
-            assert [entry.trigger for entry in turn.trace] == path
-            assert (turn.outcome.value if turn.outcome else None) == outcome
-            expected = expected_skip_reason(flags, path, outcome)
-            assert (turn.skip_reason.value if turn.skip_reason else None) == expected, path
-            assert id(turn) not in TURN_MACHINE.live  # detached at the end
-            seen_paths += 1
-            terminal_states.add(final_state)
+                node = node.setdefault(trigger, {})
+            node[None] = (path, final_state, outcome)
+
+        def walk(turn: TurnModel, node: dict[Any, Any], flags: dict[str, bool]) -> None:
+            nonlocal seen_paths
+            if None in node:
+                path, final_state, outcome = node[None]
+                assert turn.state.name == final_state, path
+                assert [entry.trigger for entry in turn.trace] == path
+                assert (turn.outcome.value if turn.outcome else None) == outcome
+                expected = expected_skip_reason(flags, path, outcome)
+                assert (turn.skip_reason.value if turn.skip_reason else None) == expected, path
+                assert id(turn) not in TURN_MACHINE.live  # detached at the end
+                seen_paths += 1
+                terminal_states.add(final_state)
+            children = [(trigger, child) for trigger, child in node.items() if trigger is not None]
+            for index, (trigger, child) in enumerate(children):
+                # The last child goes on with this model; the others each with a twin.
+                branch = turn if index == len(children) - 1 else _fork(turn)
+                branch.fire(trigger)
+                walk(branch, child, flags)
+
+        walk(TurnModel.begin(turn_facts(flags)), trie, flags)
     assert terminal_states == {"DONE", "FAILED"}
     assert seen_paths > 500  # the enumeration really walked the branches
 

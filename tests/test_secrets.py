@@ -510,7 +510,7 @@ _SCALING_SCRIPT = textwrap.dedent(
             best = min(best, time.process_time() - start)
         return max(best, 1e-4)
 
-    small, large = cases(100_000), cases(1_000_000)
+    small, large = cases(40_000), cases(400_000)
     print(json.dumps({name: cost(large[name]) / cost(small[name]) for name in small}))
     """
 )
@@ -532,7 +532,7 @@ def test_redaction_time_grows_linearly_even_on_adversarial_text() -> None:
             cwd=ROOT,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("redacting 1 MB of adversarial text did not finish in 300 s")
+        pytest.fail("redacting 400 kB of adversarial text did not finish in 300 s")
     assert done.returncode == 0, done.stderr
     ratios: dict[str, float] = json.loads(done.stdout)
     assert len(ratios) == 22

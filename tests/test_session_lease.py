@@ -55,7 +55,9 @@ ROOT = Path(__file__).parent.parent
 
 # One turn in one process. argv: session file, label, concurrency, wait timeout, delay (seconds
 # the fake Codex takes to start or resume the thread), ttl ("" for the default), host ("" for
-# this host). Prints "holding <time>" at the turn's first step, then one JSON line.
+# this host). Prints "began <time>" before the turn, "holding <time>" at its first step, then
+# one JSON line. With LEASE_TEST_GATE set, the fake Codex also waits for that file to exist
+# (a test opens the gate once another process is known to be waiting: no race on load).
 SCRIPT = textwrap.dedent(
     """
     import itertools, json, os, sys, time
@@ -75,14 +77,23 @@ SCRIPT = textwrap.dedent(
     codex_turn.configure_logging(level="WARNING", format="json")
 
 
+    gate = os.environ.get("LEASE_TEST_GATE")
+
+
+    async def hold():
+        await anyio.sleep(float(delay))
+        while gate and not os.path.exists(gate):
+            await anyio.sleep(0.02)
+
+
     class SharedHomeCodex(FakeAppServer):
         # Two app-servers on one Codex home: any thread of the home can be resumed.
         async def start_thread(self, settings):
-            await anyio.sleep(float(delay))
+            await hold()
             return await super().start_thread(settings)
 
         async def resume_thread(self, thread_id, settings):
-            await anyio.sleep(float(delay))
+            await hold()
             if thread_id not in self.threads:
                 self.threads[thread_id] = ToolRegistry(())
                 self._policies[thread_id] = _Policy()
@@ -109,6 +120,7 @@ SCRIPT = textwrap.dedent(
             session_wait_timeout=float(wait_timeout),
         )
         began = time.time()
+        print(f"began {began!r}", flush=True)
         try:
             result = await run_codex_turn(
                 params, app_server=server, hooks=TurnHooks(on_transition=on_transition)
@@ -146,11 +158,14 @@ def _spawn(
     delay: float = 0.0,
     ttl: float | None = None,
     host: str = "",
+    gate: Path | None = None,
 ) -> subprocess.Popen[str]:
     script = tmp_path / "lease_turn.py"
     if not script.exists():
         script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    if gate is not None:
+        env["LEASE_TEST_GATE"] = str(gate)
     args = [str(session), label, concurrency, str(wait_timeout), str(delay)]
     args += ["" if ttl is None else str(ttl), host]
     return subprocess.Popen(
@@ -165,9 +180,16 @@ def _spawn(
 
 def _wait_holding(proc: subprocess.Popen[str]) -> float:
     """Block until the process reports its turn's first step (it holds the lease)."""
+    return _wait_for(proc, "holding ")
+
+
+def _wait_for(proc: subprocess.Popen[str], prefix: str) -> float:
+    """Block until the process prints the line ``prefix <time>``; that time."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
-    assert line.startswith("holding "), (line, proc.stderr.read() if proc.stderr else "")
+    while line.startswith("began ") and prefix != "began ":
+        line = proc.stdout.readline()
+    assert line.startswith(prefix), (line, proc.stderr.read() if proc.stderr else "")
     return float(line.split()[1])
 
 
@@ -194,10 +216,14 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 def test_two_processes_take_turns_and_share_one_thread(tmp_path: Path) -> None:
     session = tmp_path / "s.jsonl"
-    first = _spawn(tmp_path, session, "A", delay=1.0)
+    gate = tmp_path / "gate"
+    first = _spawn(tmp_path, session, "A", gate=gate)
     try:
         _wait_holding(first)
         second = _spawn(tmp_path, session, "B")
+        _wait_for(second, "began ")  # B is under way while A holds the session ...
+        time.sleep(0.2)
+        gate.touch()  # ... and only then may A go on
         a, _ = _finish(first)
         b, b_err = _finish(second)
     finally:
