@@ -9,10 +9,10 @@ The diagrams are *generated*, never drawn by hand, from the very same tables as 
 machines; the output is byte-stable (a test renders it under several hash seeds).
 
 Writes ``turn.mmd``, ``compaction.mmd``, ``steering.mmd`` and the supervision machines'
-``branch.mmd``, ``archive.mmd`` and ``diagnostics.mmd`` (Mermaid ``flowchart TB``: the
-text source, golden files checked by a test, rendered by GitHub) and, when the ``diagrams``
-extra (pygraphviz, which bundles Graphviz) is installed, ``turn.svg``, ``compaction.svg`` and
-``steering.svg`` from the same drawing (:func:`layout`), so the two cannot disagree.
+``branch.mmd``, ``archive.mmd`` and ``diagnostics.mmd`` (Mermaid ``flowchart TB``: the text
+source, golden files checked by a test, rendered by GitHub), then the rule tables' (below),
+and, when the ``diagrams`` extra (pygraphviz, which bundles Graphviz) is installed, an ``.svg``
+of each from the same drawing (:func:`layout`, :func:`chart`), so the two cannot disagree.
 
 How a table becomes a drawing, all of it derived from the tables:
 
@@ -37,12 +37,28 @@ How a table becomes a drawing, all of it derived from the tables:
   shows the machine, not a run.
 * A machine's decision tables that are not rows become remarks on the rows they choose, in
   parentheses: ``turn_aborted  (Codex: interrupted)``, ``mirror_failed  (cut short)``.
+
+The first-match rule tables (:data:`RULE_DIAGRAMS`: ``THREAD_RULES``, ``CONTINUITY_RULES``,
+``INJECT_RULES``, ``ANSWER_RULES``) change a turn's course without being any machine's rows;
+each is a flowchart of its own (``thread_rules.mmd`` ...), drawn as :func:`decide` reads it:
+
+* one question per row, in table order, labelled with the facts that must hold and, as
+  ``!fact``, those that must not; ``yes`` (bold) goes to the row's answer (its action, its
+  reason, and for a thread decision whether it keeps the raw prompt or the binding), ``no``
+  (dashed) to the next row; the unconditional last row is the final ``otherwise``, with no
+  ``no``. A row and its answer are drawn level, so the questions form one column.
+* ``run_fates.mmd`` is :data:`~codex_turn.fsm.steering.RUN_FATES` (run kind x queue mode ->
+  fate): a box per run kind, a line per mode, stacked.
+
+Both come from one drawing (:func:`chart`), like the machines'; :func:`write_diagrams` writes
+the machines and the tables.
 """
 
 from __future__ import annotations
 
 import enum
 import html
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,8 +67,22 @@ import attrs
 
 from codex_turn.fsm import Edge, TableMachine
 from codex_turn.fsm.compaction import COMPACTION_MACHINE
-from codex_turn.fsm.steering import STEERING_MACHINE
+from codex_turn.fsm.hooks import ANSWER_RULES, INJECT_RULES
+from codex_turn.fsm.steering import (
+    RUN_FATES,
+    STEERING_MACHINE,
+    RunKind,
+    SteerFate,
+    SteerMode,
+)
 from codex_turn.fsm.supervision import ARCHIVE_MACHINE, BRANCH_MACHINE, DIAGNOSTICS_MACHINE
+from codex_turn.fsm.thread import (
+    CONTINUITY_RULES,
+    THREAD_RULES,
+    Choice,
+    Rule,
+    ThreadDecision,
+)
 from codex_turn.fsm.turn import (
     CUT_SHORT_TRIGGERS,
     FORM_TRIGGERS,
@@ -65,15 +95,29 @@ from codex_turn.fsm.turn import (
 
 __all__ = [
     "DIAGRAMS",
+    "FATES_DIAGRAM",
     "PHASES",
+    "RULE_DIAGRAMS",
     "Arrow",
     "ArrowKind",
+    "Chart",
+    "ChartLink",
+    "ChartNode",
     "Drawing",
+    "LinkKind",
+    "NodeKind",
     "Row",
+    "chart",
+    "decision_lines",
+    "fate_label",
     "layout",
+    "render_chart_dot",
+    "render_chart_mermaid",
+    "render_chart_svg",
     "render_dot",
     "render_mermaid",
     "render_svg",
+    "rule_facts",
     "spine",
     "write_diagrams",
 ]
@@ -583,12 +627,13 @@ def render_dot(name: str) -> Any:
 _RANKSEP_STEPS = ("0.34", "0.5", "0.65", "0.8", "1.0", "1.2", "1.5", "1.8")
 
 
-def _make_portrait(graph: Any) -> None:
+def _make_portrait(graph: Any, spread: str = "ranksep") -> None:
     """Spread the ranks (``ranksep``, in steps) until the drawing is no wider than tall: the
     labels of arrows that skip states sit side by side, and more room between the ranks lets
-    them stack instead of widening the page."""
-    for ranksep in _RANKSEP_STEPS:
-        graph.graph_attr["ranksep"] = ranksep
+    them stack instead of widening the page. A left-to-right drawing spreads its nodes
+    (``nodesep``) instead: there the ranks are columns."""
+    for step in _RANKSEP_STEPS:
+        graph.graph_attr[spread] = step
         # The "plain" output starts ``graph SCALE WIDTH HEIGHT``, as the SVG will be drawn.
         plain: bytes = graph.draw(format="plain", prog="dot")
         _, _, width, height = plain.split(b"\n", 1)[0].split()[:4]
@@ -606,6 +651,281 @@ def render_svg(name: str) -> bytes | None:
     return data
 
 
+# Rule tables -----------------------------------------------------------------------------
+
+#: The first-match rule tables drawn as flowcharts (:func:`chart`), by diagram name: the
+#: decisions that change a turn's course without being a machine's rows.
+RULE_DIAGRAMS: dict[str, Sequence[Rule[Any]]] = {
+    "thread_rules": THREAD_RULES,
+    "continuity_rules": CONTINUITY_RULES,
+    "inject_rules": INJECT_RULES,
+    "answer_rules": ANSWER_RULES,
+}
+
+#: The queue-mode table (run kind x mode -> fate), drawn as a chart of its own.
+FATES_DIAGRAM = "run_fates"
+
+#: The drawings' titles: the table, and what it decides.
+_CHART_SOURCES: dict[str, str] = {
+    "thread_rules": "THREAD_RULES (how a turn gets its thread)",
+    "continuity_rules": "CONTINUITY_RULES (what goes with the prompt)",
+    "inject_rules": "INJECT_RULES (a thread's hook events)",
+    "answer_rules": "ANSWER_RULES (a hook call's answer)",
+    FATES_DIAGRAM: "RUN_FATES (a message's fate)",
+}
+
+
+class NodeKind(enum.Enum):
+    CONDITION = "condition"  # a rule's facts: the question a row asks
+    OTHERWISE = "otherwise"  # the unconditional last row
+    DECISION = "decision"  # what a row answers
+    RUN = "run"  # what holds the session, and each mode's fate (the fates table)
+
+
+class LinkKind(enum.Enum):
+    YES = "yes"  # the row holds: its decision
+    NO = "no"  # it does not: the next row
+    ALWAYS = "always"  # the last row holds whatever the facts
+    ORDER = "order"  # no arrow: the boxes of the fates table stacked in order
+
+
+@attrs.frozen
+class ChartNode:
+    key: str  # the node's id in both renderers
+    lines: tuple[str, ...]
+    kind: NodeKind
+
+
+@attrs.frozen
+class ChartLink:
+    source: str
+    dest: str
+    kind: LinkKind
+    label: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.source}->{self.dest}"
+
+
+@attrs.frozen
+class Chart:
+    """A table that is not a machine, as both renderers draw it: nodes, links and the nodes
+    drawn level with each other (a row and its decision)."""
+
+    name: str
+    title: str
+    legend: str
+    direction: str  # "TB" or "LR"
+    nodes: tuple[ChartNode, ...]
+    links: tuple[ChartLink, ...]
+    level: tuple[tuple[str, ...], ...] = ()
+
+
+def rule_facts(rule: Rule[Any]) -> tuple[str, ...]:
+    """A row's question, one fact a line: ``items``, ``& !tools_dropped`` ..."""
+    facts = [*rule.when, *(f"!{fact}" for fact in rule.unless)]
+    return tuple(fact if i == 0 else f"& {fact}" for i, fact in enumerate(facts))
+
+
+def decision_lines(decision: object) -> tuple[str, ...]:
+    """A row's answer: its action, then its reason, then what else it says (a thread
+    decision that keeps the raw prompt or the bound thread's record)."""
+    if isinstance(decision, ThreadDecision):
+        lines = [decision.action.value, decision.reason]
+        if not decision.project:
+            lines.append("raw prompt")
+        if not decision.rebind:
+            lines.append("binding unchanged")
+        return tuple(lines)
+    if isinstance(decision, Choice):
+        return (_value(decision.action), decision.reason)
+    return (_value(decision),)
+
+
+def _value(value: object) -> str:
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
+
+
+def chart(name: str) -> Chart:
+    """The drawing of table ``name`` (:data:`RULE_DIAGRAMS` or :data:`FATES_DIAGRAM`)."""
+    if name == FATES_DIAGRAM:
+        return _fates_chart()
+    rules = RULE_DIAGRAMS[name]
+    nodes: list[ChartNode] = []
+    links: list[ChartLink] = []
+    last = len(rules)
+    for index, rule in enumerate(rules, start=1):
+        row, answer = f"R{index}", f"D{index}"
+        if index == last:
+            nodes.append(ChartNode(row, ("otherwise",), NodeKind.OTHERWISE))
+            links.append(ChartLink(row, answer, LinkKind.ALWAYS))
+        else:
+            nodes.append(ChartNode(row, rule_facts(rule), NodeKind.CONDITION))
+            links.append(ChartLink(row, answer, LinkKind.YES, "yes"))
+            links.append(ChartLink(row, f"R{index + 1}", LinkKind.NO, "no"))
+        nodes.append(ChartNode(answer, decision_lines(rule.decision), NodeKind.DECISION))
+    return Chart(
+        name=name,
+        title=f"codex-turn: {_CHART_SOURCES[name]}",
+        legend="the first row whose facts hold decides · !fact: it does not hold",
+        direction="TB",
+        nodes=tuple(nodes),
+        links=tuple(links),
+        level=tuple((f"R{i}", f"D{i}") for i in range(1, last + 1)),
+    )
+
+
+def _fates_chart() -> Chart:
+    """:data:`RUN_FATES` as one box per run kind (what holds the session), one line a queue
+    mode and the message's fate in it, the boxes stacked in :class:`RunKind`'s order."""
+    nodes = tuple(
+        ChartNode(
+            f"RUN_{kind.name}",
+            (
+                kind.value,
+                *(f"{mode.value} → {fate_label(RUN_FATES[(kind, mode)])}" for mode in SteerMode),
+            ),
+            NodeKind.RUN,
+        )
+        for kind in RunKind
+    )
+    links = tuple(
+        ChartLink(above.key, below.key, LinkKind.ORDER)
+        for above, below in itertools.pairwise(nodes)
+    )
+    return Chart(
+        name=FATES_DIAGRAM,
+        title=f"codex-turn: {_CHART_SOURCES[FATES_DIAGRAM]}",
+        legend="while a run of this kind holds the session: mode → fate",
+        direction="TB",
+        nodes=nodes,
+        links=links,
+    )
+
+
+def fate_label(fate: SteerFate | None) -> str:
+    """``queued (refuses_steering)``; ``None`` is steering (the steering machine decides)."""
+    if fate is None:
+        return "steered into the running turn"
+    return f"{fate.status.value} ({fate.reason})" if fate.reason else fate.status.value
+
+
+_MERMAID_SHAPES: dict[NodeKind, tuple[str, str]] = {
+    NodeKind.CONDITION: ("{{", "}}"),
+    NodeKind.OTHERWISE: ("([", "])"),
+    NodeKind.DECISION: ("[", "]"),
+    NodeKind.RUN: ("[", "]"),
+}
+_MERMAID_CHART_LINKS: dict[LinkKind, tuple[str, str]] = {
+    LinkKind.YES: ("==>", "stroke:#222,stroke-width:2px"),
+    LinkKind.NO: ("-.->", "stroke:#888,stroke-width:1px"),
+    LinkKind.ALWAYS: ("==>", "stroke:#222,stroke-width:2px"),
+    LinkKind.ORDER: ("~~~", ""),
+}
+
+
+_MERMAID_NODE_STYLE: dict[NodeKind, str] = {
+    NodeKind.CONDITION: "fill:#f1f5fb,stroke:#333,color:#111",
+    NodeKind.OTHERWISE: "fill:#f1f5fb,stroke:#333,color:#111",
+    NodeKind.DECISION: "fill:#fff,stroke:#333,color:#111",
+    NodeKind.RUN: "fill:#fff,stroke:#333,color:#111",
+}
+
+
+def render_chart_mermaid(name: str) -> str:
+    """The Mermaid flowchart of table ``name``, newline-terminated: each row a node in table
+    order, ``yes`` (thick) to its decision, ``no`` (dotted) to the next row."""
+    drawing = chart(name)
+    lines = ["---", f"title: {drawing.title}", "---", f"flowchart {drawing.direction}"]
+    lines.append(f"  %% {drawing.legend}")
+    kinds = {node.kind for node in drawing.nodes}
+    lines += [
+        f"  classDef {kind.value}Node {_MERMAID_NODE_STYLE[kind]}"
+        for kind in NodeKind
+        if kind in kinds
+    ]
+    for node in drawing.nodes:
+        opening, closing = _MERMAID_SHAPES[node.kind]
+        label = "<br/>".join(node.lines)
+        lines.append(f'  {node.key}{opening}"{label}"{closing}:::{node.kind.value}Node')
+    for link in drawing.links:
+        arrow = _MERMAID_CHART_LINKS[link.kind][0]
+        said = f'|"{link.label}"|' if link.label else ""
+        lines.append(f"  {link.source} {arrow}{said} {link.dest}")
+    for kind in LinkKind:
+        indices = [str(i) for i, link in enumerate(drawing.links) if link.kind is kind]
+        if indices and _MERMAID_CHART_LINKS[kind][1]:
+            lines.append(f"  linkStyle {','.join(indices)} {_MERMAID_CHART_LINKS[kind][1]}")
+    return "\n".join(lines) + "\n"
+
+
+_DOT_NODE_STYLE: dict[NodeKind, dict[str, str]] = {
+    NodeKind.CONDITION: {"shape": "hexagon", "style": "filled", "fillcolor": "#f1f5fb"},
+    NodeKind.OTHERWISE: {"shape": "box", "style": "rounded,filled", "fillcolor": "#f1f5fb"},
+    NodeKind.DECISION: {"shape": "box", "style": "rounded"},
+    NodeKind.RUN: {"shape": "box", "style": "rounded"},
+}
+_DOT_LINK_STYLE: dict[LinkKind, dict[str, str]] = {
+    LinkKind.YES: {"penwidth": "1.8", "color": "#222222", "weight": "0"},
+    LinkKind.NO: {"style": "dashed", "color": "#8a8a8a", "fontcolor": "#555555", "weight": "100"},
+    LinkKind.ALWAYS: {"penwidth": "1.8", "color": "#222222", "weight": "0"},
+    LinkKind.ORDER: {"style": "invis"},
+}
+
+
+def render_chart_dot(name: str) -> Any:
+    """The ``pygraphviz.AGraph`` of table ``name`` (not laid out); needs the diagrams extra.
+    Every link has the id ``SOURCE->DEST``, every node its key as its title."""
+    import pygraphviz
+
+    drawing = chart(name)
+    graph = pygraphviz.AGraph(directed=True, strict=False, name=name)
+    graph.graph_attr.update(
+        label=_html_lines(drawing.title, (drawing.legend,), size=10),
+        labelloc="t",
+        fontname=_FONT,
+        fontsize="15",
+        rankdir=drawing.direction,
+        newrank="true",
+        nodesep="0.3",
+        size=f"{_MAX_WIDTH_PT / 72:.2f},100",
+        ranksep=_RANKSEP_STEPS[0],
+        pad="0.2",
+    )
+    graph.node_attr.update(
+        fontname=_FONT, fontsize="11", color="#333333", margin="0.12,0.05", height="0.36"
+    )
+    graph.edge_attr.update(fontname=_FONT, fontsize="10", arrowsize="0.7")
+    for node in drawing.nodes:
+        first, *rest = node.lines
+        label = (
+            _html_lines(first, rest, size=10)
+            if node.kind in (NodeKind.DECISION, NodeKind.RUN)
+            else "\\l".join(node.lines) + "\\l"
+        )
+        extra = {"group": "rows"} if node.kind in (NodeKind.CONDITION, NodeKind.OTHERWISE) else {}
+        graph.add_node(node.key, label=label, **_DOT_NODE_STYLE[node.kind], **extra)
+    for index, keys in enumerate(drawing.level):
+        graph.add_subgraph(list(keys), name=f"level_{index}", rank="same")
+    for link in drawing.links:
+        graph.add_edge(
+            link.source, link.dest, id=link.key, label=link.label, **_DOT_LINK_STYLE[link.kind]
+        )
+    _make_portrait(graph, "ranksep" if drawing.direction == "TB" else "nodesep")
+    return graph
+
+
+def render_chart_svg(name: str) -> bytes | None:
+    """SVG bytes of table ``name`` via pygraphviz, or ``None`` when it is not installed."""
+    try:
+        import pygraphviz  # noqa: F401
+    except ImportError:
+        return None
+    data: bytes = render_chart_dot(name).draw(format="svg", prog="dot")
+    return data
+
+
 def write_diagrams(directory: Path, *, svg: bool = True) -> list[Path]:
     """Write every diagram into ``directory`` (created if needed); return the paths written.
 
@@ -613,11 +933,17 @@ def write_diagrams(directory: Path, *, svg: bool = True) -> list[Path]:
     command (``codex-turn diagrams``) defaults to the source checkout's ``diagrams/``."""
     directory.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for name in DIAGRAMS:
+    renderers: list[tuple[str, Callable[[str], str], Callable[[str], bytes | None]]] = [
+        (name, render_mermaid, render_svg) for name in DIAGRAMS
+    ]
+    renderers += [
+        (name, render_chart_mermaid, render_chart_svg) for name in (*RULE_DIAGRAMS, FATES_DIAGRAM)
+    ]
+    for name, mermaid, draw_svg in renderers:
         path = directory / f"{name}.mmd"
-        path.write_text(render_mermaid(name), encoding="utf-8")
+        path.write_text(mermaid(name), encoding="utf-8")
         written.append(path)
-        if svg and (data := render_svg(name)) is not None:
+        if svg and (data := draw_svg(name)) is not None:
             svg_path = directory / f"{name}.svg"
             svg_path.write_bytes(data)
             written.append(svg_path)

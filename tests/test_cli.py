@@ -723,11 +723,16 @@ def test_diagrams_write_where_asked_never_into_the_current_directory(tmp_path: P
     done = run_cli("diagrams", "--out", "out", "--no-svg", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "answer_rules.mmd",
         "archive.mmd",
         "branch.mmd",
         "compaction.mmd",
+        "continuity_rules.mmd",
         "diagnostics.mmd",
+        "inject_rules.mmd",
+        "run_fates.mmd",
         "steering.mmd",
+        "thread_rules.mmd",
         "turn.mmd",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -13,6 +13,7 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,9 +22,14 @@ from codex_turn import diagrams as diagrams_module
 from codex_turn._cli_support import EXIT_USAGE
 from codex_turn.diagrams import (
     DIAGRAMS,
+    FATES_DIAGRAM,
     PHASES,
+    RULE_DIAGRAMS,
     ArrowKind,
+    decision_lines,
     layout,
+    render_chart_mermaid,
+    render_chart_svg,
     render_mermaid,
     render_svg,
     row_label,
@@ -31,7 +37,9 @@ from codex_turn.diagrams import (
     write_diagrams,
 )
 from codex_turn.fsm.compaction import CompactionFacts, CompactionModel
-from codex_turn.fsm.steering import SteerBatchModel, SteerState
+from codex_turn.fsm.hooks import ANSWER_RULES, INJECT_RULES
+from codex_turn.fsm.steering import RUN_FATES, RunKind, SteerBatchModel, SteerMode, SteerState
+from codex_turn.fsm.thread import CONTINUITY_RULES, THREAD_RULES, Rule
 from codex_turn.fsm.turn import TurnFacts, TurnModel, TurnOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,6 +315,11 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         "branch.mmd",
         "archive.mmd",
         "diagnostics.mmd",
+        "thread_rules.mmd",
+        "continuity_rules.mmd",
+        "inject_rules.mmd",
+        "answer_rules.mmd",
+        "run_fates.mmd",
     }
 
 
@@ -330,6 +343,16 @@ def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
         "archive.svg",
         "diagnostics.mmd",
         "diagnostics.svg",
+        "thread_rules.mmd",
+        "thread_rules.svg",
+        "continuity_rules.mmd",
+        "continuity_rules.svg",
+        "inject_rules.mmd",
+        "inject_rules.svg",
+        "answer_rules.mmd",
+        "answer_rules.svg",
+        "run_fates.mmd",
+        "run_fates.svg",
     }
 
 
@@ -353,11 +376,16 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
     out = tmp_path / "out"
     assert cli.main(["diagrams", "--out", str(out), "--no-svg"]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
+        "answer_rules.mmd",
         "archive.mmd",
         "branch.mmd",
         "compaction.mmd",
+        "continuity_rules.mmd",
         "diagnostics.mmd",
+        "inject_rules.mmd",
+        "run_fates.mmd",
         "steering.mmd",
+        "thread_rules.mmd",
         "turn.mmd",
     ]
     assert capsys.readouterr().out.split() == [
@@ -367,6 +395,11 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
         str(out / "branch.mmd"),
         str(out / "archive.mmd"),
         str(out / "diagnostics.mmd"),
+        str(out / "thread_rules.mmd"),
+        str(out / "continuity_rules.mmd"),
+        str(out / "inject_rules.mmd"),
+        str(out / "answer_rules.mmd"),
+        str(out / "run_fates.mmd"),
     ]
 
 
@@ -396,3 +429,166 @@ def test_the_module_cli_help_describes_itself(capsys: pytest.CaptureFixture[str]
     assert "source checkout" in help_text
     assert "render the state diagrams from the tables" in help_text
     assert "``" not in help_text  # not a docstring's markup
+
+
+# --- rule tables ------------------------------------------------------------------------------
+
+CHARTS = sorted((*RULE_DIAGRAMS, FATES_DIAGRAM))
+CHART_NODE = re.compile(r'^  (\w+)(\{\{|\(\[|\[)"(.*)"(\}\}|\]\)|\]):::(\w+)Node$')
+CHART_LINK = re.compile(r'^  (\w+) (==>|-\.->|~~~)(?:\|"(\w+)"\|)? (\w+)$')
+
+
+def chart_nodes(name: str) -> list[tuple[str, list[str]]]:
+    """(id, label lines) of every node of the Mermaid source, in drawing order."""
+    source = render_chart_mermaid(name)
+    return [
+        (match[1], match[3].split("<br/>"))
+        for line in source.splitlines()
+        if (match := CHART_NODE.match(line))
+    ]
+
+
+def chart_links(name: str) -> list[tuple[str, str | None, str]]:
+    """(source, label, dest) of every link of the Mermaid source, in drawing order."""
+    source = render_chart_mermaid(name)
+    return [
+        (match[1], match[3], match[4])
+        for line in source.splitlines()
+        if (match := CHART_LINK.match(line))
+    ]
+
+
+def facts_of(rule: Rule[Any]) -> list[str]:
+    return [*rule.when, *(f"!{fact}" for fact in rule.unless)]
+
+
+def test_the_four_rule_tables_are_drawn() -> None:
+    assert RULE_DIAGRAMS == {
+        "thread_rules": THREAD_RULES,
+        "continuity_rules": CONTINUITY_RULES,
+        "inject_rules": INJECT_RULES,
+        "answer_rules": ANSWER_RULES,
+    }
+
+
+@pytest.mark.parametrize("name", CHARTS)
+def test_committed_rule_diagram_is_fresh(name: str) -> None:
+    committed = (ROOT / "diagrams" / f"{name}.mmd").read_text(encoding="utf-8")
+    assert committed == render_chart_mermaid(name), (
+        f"diagrams/{name}.mmd is stale: run `python -m codex_turn diagrams`"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(RULE_DIAGRAMS))
+def test_a_rule_table_ends_with_its_only_unconditional_row(name: str) -> None:
+    """``decide`` needs the last row to hold always; an earlier one would hide the rest."""
+    rules = RULE_DIAGRAMS[name]
+    assert [bool(facts_of(rule)) for rule in rules] == [True] * (len(rules) - 1) + [False]
+
+
+@pytest.mark.parametrize("name", sorted(RULE_DIAGRAMS))
+def test_every_rule_is_drawn_exactly_once_in_table_order_in_mermaid(name: str) -> None:
+    rules = RULE_DIAGRAMS[name]
+    source = render_chart_mermaid(name)
+    assert "\nflowchart TB\n" in source
+    nodes = chart_nodes(name)
+    rows = [(key, lines) for key, lines in nodes if key.startswith("R")]
+    answers = dict((key, lines) for key, lines in nodes if key.startswith("D"))
+    assert [key for key, _ in rows] == [f"R{i}" for i in range(1, len(rules) + 1)]
+    assert len(nodes) == 2 * len(rules)
+    for (key, lines), rule in zip(rows, rules, strict=True):
+        if rule is rules[-1]:
+            assert lines == ["otherwise"]
+        else:
+            assert [lines[0], *(line.removeprefix("& ") for line in lines[1:])] == facts_of(rule), (
+                key
+            )
+        said = answers[key.replace("R", "D")]
+        assert said == list(decision_lines(rule.decision))
+        action = getattr(rule.decision, "action", rule.decision)
+        assert said[0] == action.value
+        if reason := getattr(rule.decision, "reason", None):
+            assert said[1] == reason
+    # yes to the row's answer, no to the next row; the last row has no "no".
+    expected: list[tuple[str, str | None, str]] = []
+    for i in range(1, len(rules)):
+        expected += [(f"R{i}", "yes", f"D{i}"), (f"R{i}", "no", f"R{i + 1}")]
+    expected.append((f"R{len(rules)}", None, f"D{len(rules)}"))
+    assert chart_links(name) == expected
+
+
+@pytest.mark.parametrize("name", sorted(RULE_DIAGRAMS))
+def test_every_rule_is_drawn_exactly_once_in_table_order_in_the_svg(name: str) -> None:
+    rules = RULE_DIAGRAMS[name]
+    data = render_chart_svg(name)
+    assert data is not None, "pygraphviz (the diagrams extra) must be installed for tests"
+    root = ET.fromstring(data)
+    texts: dict[str, list[str]] = {}
+    for g in root.iter(f"{SVG}g"):
+        title = g.find(f"{SVG}title")
+        if g.attrib.get("class") == "node" and title is not None and title.text:
+            texts[title.text] = [t.text or "" for t in g.iter(f"{SVG}text")]
+    assert sorted(texts) == sorted(
+        [f"R{i}" for i in range(1, len(rules) + 1)] + [f"D{i}" for i in range(1, len(rules) + 1)]
+    )
+    for i, rule in enumerate(rules, start=1):
+        facts = facts_of(rule) or ["otherwise"]
+        drawn = [line.replace("\xa0", " ").removeprefix("& ") for line in texts[f"R{i}"]]
+        assert drawn == facts, i
+        assert texts[f"D{i}"] == list(decision_lines(rule.decision)), i
+    edges = [g.attrib["id"] for g in root.iter(f"{SVG}g") if g.attrib.get("class") == "edge"]
+    last = len(rules)
+    assert sorted(edges) == sorted(
+        [f"R{i}->D{i}" for i in range(1, last + 1)] + [f"R{i}->R{i + 1}" for i in range(1, last)]
+    )
+    assert not any(edge.startswith(f"R{last}->R") for edge in edges)
+
+
+def test_a_thread_row_says_when_it_keeps_the_raw_prompt_and_the_binding() -> None:
+    answers = dict(chart_nodes("thread_rules"))
+    kept = [lines for key, lines in answers.items() if "binding unchanged" in lines]
+    assert (
+        kept
+        == [["resume", "context-unavailable-keep-thread", "raw prompt", "binding unchanged"]] * 3
+    )
+    assert answers["D1"] == ["transient", "own-transient-thread"]
+
+
+@pytest.mark.parametrize("name", CHARTS)
+def test_the_rule_svg_fits_the_readme(name: str) -> None:
+    """At most 1000 px wide; a table of more than two rows is portrait (two rows side by
+    side with their answers are wider than tall, however far apart)."""
+    data = render_chart_svg(name)
+    assert data is not None, "pygraphviz (the diagrams extra) must be installed for tests"
+    root = ET.fromstring(data)
+    width_pt = float(root.attrib["width"].removesuffix("pt"))
+    height_pt = float(root.attrib["height"].removesuffix("pt"))
+    assert width_pt * 96 / 72 <= 1000, (width_pt, height_pt)
+    if len(RULE_DIAGRAMS.get(name, ())) != 2:
+        assert width_pt <= height_pt, (width_pt, height_pt)
+
+
+def test_every_run_fate_is_drawn_once_per_run_kind() -> None:
+    nodes = chart_nodes(FATES_DIAGRAM)
+    assert [key for key, _ in nodes] == [f"RUN_{kind.name}" for kind in RunKind]
+    drawn = {
+        (kind, line.split(" → ")[0]): line.split(" → ")[1]
+        for (_, (title, *lines)), kind in zip(nodes, RunKind, strict=True)
+        for line in lines
+        if title == kind.value
+    }
+    assert len(drawn) == len(RUN_FATES) == len(RunKind) * len(SteerMode)
+    assert set(drawn) == {(kind, mode.value) for kind, mode in RUN_FATES}
+    assert drawn[(RunKind.TURN, "steer")] == "steered into the running turn"
+    assert drawn[(RunKind.REVIEW, "steer")] == "queued (refuses_steering)"
+    assert drawn[(RunKind.COMPACTION, "collect")] == "collected (collect)"
+    # The boxes are stacked by invisible links, nothing else.
+    assert chart_links(FATES_DIAGRAM) == [
+        ("RUN_TURN", None, "RUN_REVIEW"),
+        ("RUN_REVIEW", None, "RUN_COMPACTION"),
+    ]
+    data = render_chart_svg(FATES_DIAGRAM)
+    assert data is not None
+    svg_text = [t.text or "" for t in ET.fromstring(data).iter(f"{SVG}text")]
+    for (kind, mode), fate in drawn.items():
+        assert f"{mode} → {fate}" in [line.replace("\xa0", " ") for line in svg_text], (kind, mode)
