@@ -39,8 +39,9 @@ How a table becomes a drawing, all of it derived from the tables:
   parentheses: ``turn_aborted  (Codex: interrupted)``, ``mirror_failed  (cut short)``.
 
 The first-match rule tables (:data:`RULE_DIAGRAMS`: ``THREAD_RULES``, ``CONTINUITY_RULES``,
-``INJECT_RULES``, ``ANSWER_RULES``) change a turn's course without being any machine's rows;
-each is a flowchart of its own (``thread_rules.mmd`` ...), drawn as :func:`decide` reads it:
+the native hooks' ``INJECT_RULES`` and ``ANSWER_RULES``, the fork tables, ``NATIVE_RULES``)
+change a run's course without being any machine's rows; each is a flowchart of its own
+(``thread_rules.mmd`` ...), drawn as :func:`decide` reads it:
 
 * one question per row, in table order, labelled with the facts that must hold and, as
   ``!fact``, those that must not; ``yes`` (bold) goes to the row's answer (its action, its
@@ -66,7 +67,7 @@ from typing import Any
 import attrs
 
 from codex_turn.fsm import Edge, TableMachine
-from codex_turn.fsm.compaction import COMPACTION_MACHINE
+from codex_turn.fsm.compaction import COMPACTION_MACHINE, NATIVE_RULES
 from codex_turn.fsm.hooks import ANSWER_RULES, INJECT_RULES
 from codex_turn.fsm.steering import (
     RUN_FATES,
@@ -77,7 +78,11 @@ from codex_turn.fsm.steering import (
 )
 from codex_turn.fsm.supervision import ARCHIVE_MACHINE, BRANCH_MACHINE, DIAGNOSTICS_MACHINE
 from codex_turn.fsm.thread import (
+    BASE_RULES,
     CONTINUITY_RULES,
+    FORK_RULES,
+    FORM_RULES,
+    KEEP_RULES,
     THREAD_RULES,
     Choice,
     Rule,
@@ -660,6 +665,11 @@ RULE_DIAGRAMS: dict[str, Sequence[Rule[Any]]] = {
     "continuity_rules": CONTINUITY_RULES,
     "inject_rules": INJECT_RULES,
     "answer_rules": ANSWER_RULES,
+    "form_rules": FORM_RULES,
+    "base_rules": BASE_RULES,
+    "fork_rules": FORK_RULES,
+    "keep_rules": KEEP_RULES,
+    "native_rules": NATIVE_RULES,
 }
 
 #: The queue-mode table (run kind x mode -> fate), drawn as a chart of its own.
@@ -671,6 +681,11 @@ _CHART_SOURCES: dict[str, str] = {
     "continuity_rules": "CONTINUITY_RULES (what goes with the prompt)",
     "inject_rules": "INJECT_RULES (a thread's hook events)",
     "answer_rules": "ANSWER_RULES (a hook call's answer)",
+    "form_rules": "FORM_RULES (text frame or items)",
+    "base_rules": "BASE_RULES (which base a fork uses)",
+    "fork_rules": "FORK_RULES (whether a kept fork continues)",
+    "keep_rules": "KEEP_RULES (whether a fork is kept)",
+    "native_rules": "NATIVE_RULES (native compaction)",
     FATES_DIAGRAM: "RUN_FATES (a message's fate)",
 }
 

@@ -5,8 +5,10 @@ from the other rows, and no state styled as the current one."""
 from __future__ import annotations
 
 import enum
+import importlib
 import inspect
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from codex_turn import cli
+from codex_turn import cli, fsm
 from codex_turn import diagrams as diagrams_module
 from codex_turn._cli_support import EXIT_USAGE
 from codex_turn.diagrams import (
@@ -319,6 +321,11 @@ def test_rendering_is_byte_stable_across_hash_seeds(tmp_path: Path) -> None:
         "continuity_rules.mmd",
         "inject_rules.mmd",
         "answer_rules.mmd",
+        "form_rules.mmd",
+        "base_rules.mmd",
+        "fork_rules.mmd",
+        "keep_rules.mmd",
+        "native_rules.mmd",
         "run_fates.mmd",
     }
 
@@ -351,6 +358,16 @@ def test_svg_is_rendered_with_the_diagrams_extra(tmp_path: Path) -> None:
         "inject_rules.svg",
         "answer_rules.mmd",
         "answer_rules.svg",
+        "form_rules.mmd",
+        "form_rules.svg",
+        "base_rules.mmd",
+        "base_rules.svg",
+        "fork_rules.mmd",
+        "fork_rules.svg",
+        "keep_rules.mmd",
+        "keep_rules.svg",
+        "native_rules.mmd",
+        "native_rules.svg",
         "run_fates.mmd",
         "run_fates.svg",
     }
@@ -378,11 +395,16 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
     assert sorted(p.name for p in out.iterdir()) == [
         "answer_rules.mmd",
         "archive.mmd",
+        "base_rules.mmd",
         "branch.mmd",
         "compaction.mmd",
         "continuity_rules.mmd",
         "diagnostics.mmd",
+        "fork_rules.mmd",
+        "form_rules.mmd",
         "inject_rules.mmd",
+        "keep_rules.mmd",
+        "native_rules.mmd",
         "run_fates.mmd",
         "steering.mmd",
         "thread_rules.mmd",
@@ -399,6 +421,11 @@ def test_the_module_cli_outside_a_checkout_needs_out_and_writes_nothing(
         str(out / "continuity_rules.mmd"),
         str(out / "inject_rules.mmd"),
         str(out / "answer_rules.mmd"),
+        str(out / "form_rules.mmd"),
+        str(out / "base_rules.mmd"),
+        str(out / "fork_rules.mmd"),
+        str(out / "keep_rules.mmd"),
+        str(out / "native_rules.mmd"),
         str(out / "run_fates.mmd"),
     ]
 
@@ -462,13 +489,23 @@ def facts_of(rule: Rule[Any]) -> list[str]:
     return [*rule.when, *(f"!{fact}" for fact in rule.unless)]
 
 
-def test_the_four_rule_tables_are_drawn() -> None:
-    assert RULE_DIAGRAMS == {
-        "thread_rules": THREAD_RULES,
-        "continuity_rules": CONTINUITY_RULES,
-        "inject_rules": INJECT_RULES,
-        "answer_rules": ANSWER_RULES,
-    }
+def test_every_rule_table_of_the_fsm_package_is_drawn() -> None:
+    """A rule table added to ``codex_turn.fsm`` gets its diagram: every module-level tuple of
+    ``Rule`` rows there is in the registry, under its own name in lower case."""
+    tables: dict[str, object] = {}
+    for info in pkgutil.iter_modules(fsm.__path__, f"{fsm.__name__}."):
+        module = importlib.import_module(info.name)
+        for attribute, value in vars(module).items():
+            if isinstance(value, tuple) and value and all(isinstance(r, Rule) for r in value):
+                tables[attribute.lower()] = value
+    assert {"thread_rules", "continuity_rules", "inject_rules", "answer_rules"} <= set(tables)
+    assert set(RULE_DIAGRAMS) == set(tables)
+    for name, rules in RULE_DIAGRAMS.items():
+        assert rules is tables[name], name
+    assert RULE_DIAGRAMS["thread_rules"] is THREAD_RULES
+    assert RULE_DIAGRAMS["continuity_rules"] is CONTINUITY_RULES
+    assert RULE_DIAGRAMS["inject_rules"] is INJECT_RULES
+    assert RULE_DIAGRAMS["answer_rules"] is ANSWER_RULES
 
 
 @pytest.mark.parametrize("name", CHARTS)
