@@ -309,9 +309,11 @@ def test_a_supervised_binding_resumes_without_a_model_of_its_own(tmp_path: Path)
             service_tier=None,
             native_hooks=None,
             approval_policy=None,
+            tool_catalog="flat",
+            lightweight=False,
         )
         plan = types.SimpleNamespace(instructions="i")
-        return types.SimpleNamespace(params=params, plan=plan, tools=None, binding=binding)
+        return types.SimpleNamespace(params=params, plan=plan, tools=(), binding=binding)
 
     supervised = ThreadBinding(thread_id="t", supervised=True, model="gpt-x")
     assert thread_settings(ctx(supervised)).model is None
