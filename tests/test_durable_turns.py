@@ -62,7 +62,7 @@ from codex_turn.harness.idempotency import (
     advancement_key_for,
     completed_turn,
 )
-from codex_turn.harness.outbox import SETTLED_KEPT, TurnOutbox
+from codex_turn.harness.outbox import SETTLED_KEPT, OutboxUnreadable, TurnOutbox
 from codex_turn.harness.session import mirror_prompt, mirror_turn
 from codex_turn.harness.turn.context import stripped_histories
 from codex_turn.testing import DURABLE_TURN_CHECKS, check_engine_conformance
@@ -224,6 +224,34 @@ def test_the_outbox_file_is_owner_only_bounded_and_forgiving(tmp_path: Path) -> 
     assert "completed" in json.dumps(document)
     Path(outbox.path).write_text("{not json")
     assert outbox.entries() == []
+
+
+def test_a_write_never_drops_the_entries_a_failed_read_did_not_see(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = TurnOutbox.of(tmp_path / "s.jsonl")
+    outbox.fire("turn-a", OutboxTrigger.ADMITTED, prompt_key="pa")
+    before = Path(outbox.path).read_bytes()
+    real_open = open
+
+    def failing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == outbox.path and args[:1] == ("rb",):
+            raise OSError(5, "Input/output error")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    with pytest.raises(OSError, match="Input/output error"):
+        outbox.fire("turn-b", OutboxTrigger.ADMITTED, prompt_key="pb")
+    monkeypatch.undo()
+    assert Path(outbox.path).read_bytes() == before  # turn-a is still there, nothing lost
+    # One entry this version cannot read (a newer state): the rest is not rewritten without it.
+    document = json.loads(before)
+    document["turns"].append({"advancementKey": "turn-x", "state": "from-a-newer-version"})
+    Path(outbox.path).write_text(json.dumps(document))
+    assert [e.advancement_key for e in outbox.entries()] == ["turn-a"]  # read: skipped
+    with pytest.raises(OutboxUnreadable):
+        outbox.fire("turn-b", OutboxTrigger.ADMITTED, prompt_key="pb")
+    assert "turn-x" in Path(outbox.path).read_text()
 
 
 def test_the_advancement_key_is_the_hosts_turn_id_else_the_runs() -> None:

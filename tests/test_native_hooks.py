@@ -12,7 +12,9 @@ from typing import Any
 import anyio
 import pytest
 from structlog.testing import capture_logs
+from support.turns import turn_params
 
+from codex_turn import InvalidTurnParams
 from codex_turn.harness.appserver import hook_relay_client
 from codex_turn.harness.appserver.native_hooks import (
     HookCall,
@@ -173,8 +175,25 @@ async def test_report_mode_defers_an_approval_to_the_app_server_request() -> Non
         assert deferred is not None
         assert deferred.tool_input == {"command": SECRET}
         assert relay.deferred_approval("call_1") is None
+    # Asked for approval with no approval to wait for (not in report mode, or a call that
+    # names no tool use): the tool is blocked, never let through undecided.
     plain = NativeHooks(callbacks={HookEvent.PRE_TOOL_USE: ask})
-    assert await answers(plain, call(HookEvent.PRE_TOOL_USE)) == [{}]
+    untraced = call(HookEvent.PRE_TOOL_USE, tool_use_id=None)
+    for answer in [
+        *await answers(plain, call(HookEvent.PRE_TOOL_USE)),
+        *await answers(hooks, untraced),
+    ]:
+        assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    # Report mode needs app-server approvals to hand the decision to.
+    async with serve_hook_relay(hooks) as relay:
+        with pytest.raises(InvalidTurnParams, match="report-mode native hooks"):
+            turn_params("s.jsonl", "hi", native_hooks=relay, approval_policy="never")
+
+
+def test_a_hook_timeout_is_finite() -> None:
+    for bad in (float("inf"), float("nan"), 0.0, 1e9):
+        with pytest.raises(ValueError, match="timeout"):
+            NativeHooks(callbacks={}, timeout=bad)
 
 
 def run_client(socket_path: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -98,6 +98,7 @@ class AnswerFacts:
     failed: bool = False  # the callback raised or did not answer in time
     remembered: bool = False  # an allow-always of this exact fingerprint is in its window
     report_mode: bool = False  # the hooks run in report mode
+    traceable: bool = True  # the call names its tool use (an approval can be matched to it)
 
     @property
     def pre_tool_use(self) -> bool:
@@ -120,8 +121,11 @@ ANSWER_RULES: tuple[Rule[Choice[HookAnswer]], ...] = (
     Rule(Choice(A.NO_DECISION, "callback-failed"), when=("failed",)),
     Rule(
         Choice(A.DEFER, "report-mode-approval"),
-        when=("pre_tool_use", "report_mode", "needs_approval"),
+        when=("pre_tool_use", "report_mode", "needs_approval", "traceable"),
     ),
+    # Approval asked for and no approval that can be matched to the call: the tool waits
+    # for nobody, so it does not run (no decision is never an allow).
+    Rule(Choice(A.BLOCK_TOOL, "needs-approval"), when=("pre_tool_use", "needs_approval")),
     Rule(Choice(A.BLOCK_TOOL, "denied"), when=("pre_tool_use", "denied")),
     Rule(Choice(A.DENY, "denied"), when=("permission_request", "denied")),
     Rule(Choice(A.ALLOW, "allowed"), when=("permission_request", "allowed")),

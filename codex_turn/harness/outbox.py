@@ -41,7 +41,14 @@ from codex_turn.fsm.outbox import (
 )
 from codex_turn.harness._fs import atomic_write, session_path
 
-__all__ = ["OUTBOX_SUFFIX", "SETTLED_KEPT", "OutboxEntry", "TurnOutbox", "outbox_path"]
+__all__ = [
+    "OUTBOX_SUFFIX",
+    "SETTLED_KEPT",
+    "OutboxEntry",
+    "OutboxUnreadable",
+    "TurnOutbox",
+    "outbox_path",
+]
 
 OUTBOX_SUFFIX: Final = ".turns.json"
 OUTBOX_VERSION: Final = 1
@@ -111,6 +118,11 @@ class OutboxEntry:
         )
 
 
+class OutboxUnreadable(OSError):
+    """The outbox exists but cannot be read whole (malformed, a newer version): it is left
+    as it is, never rewritten from the part that could be read."""
+
+
 @attrs.define
 class TurnOutbox:
     """The outbox of one session file (see the module docstring)."""
@@ -122,14 +134,21 @@ class TurnOutbox:
         return cls(outbox_path(session_file))
 
     def entries(self) -> list[OutboxEntry]:
-        """The entries, oldest first (an empty list for a missing or unreadable outbox)."""
+        """The entries, oldest first, for reading (recovery, inspection): an unreadable or
+        malformed outbox reads as empty and a malformed entry is skipped, both logged."""
+        try:
+            return self._read(strict=False)
+        except OSError as error:
+            _log.warning("turn outbox unreadable; read as empty", error=format_error(error))
+            return []
+
+    def _read(self, *, strict: bool) -> list[OutboxEntry]:
+        """The entries; ``strict`` (before a write): any doubt raises :class:`OSError` instead,
+        so that a rewrite never drops the entries a failed or partial read did not see."""
         try:
             with open(self.path, "rb") as handle:
                 raw = handle.read(_MAX_OUTBOX_BYTES + 1)
         except FileNotFoundError:
-            return []
-        except OSError as error:
-            _log.warning("turn outbox unreadable; read as empty", error=format_error(error))
             return []
         try:
             if len(raw) > _MAX_OUTBOX_BYTES:
@@ -137,10 +156,23 @@ class TurnOutbox:
             document = json.loads(raw)
             if not isinstance(document, dict) or document.get("version") != OUTBOX_VERSION:
                 raise ValueError("not a turn outbox of this version")
-            return [OutboxEntry.from_json(item) for item in document.get("turns", [])]
+            items = document.get("turns", [])
+            if not isinstance(items, list):
+                raise ValueError("the outbox's turns are not a list")
         except (ValueError, TypeError) as error:
+            if strict:
+                raise OutboxUnreadable(f"the turn outbox is malformed: {error}") from None
             _log.warning("turn outbox malformed; read as empty", error=format_error(error))
             return []
+        entries = []
+        for item in items:
+            try:
+                entries.append(OutboxEntry.from_json(item))
+            except (ValueError, TypeError, KeyError) as error:
+                if strict:
+                    raise OutboxUnreadable(f"an outbox entry is malformed: {error}") from None
+                _log.warning("turn outbox entry malformed; skipped", error=format_error(error))
+        return entries
 
     def entry(self, advancement_key: str) -> OutboxEntry | None:
         return next((e for e in self.entries() if e.advancement_key == advancement_key), None)
@@ -149,8 +181,9 @@ class TurnOutbox:
         """Move the entry of ``advancement_key`` on ``trigger`` as the outbox table says (an
         unknown key is created by ``admitted`` only), set ``changes``, and write the outbox.
         Raises :class:`~codex_turn.fsm.IllegalTransition` for a move the table refuses, and
-        :class:`OSError` when the outbox cannot be written (it is then unchanged)."""
-        entries = self.entries()
+        :class:`OSError` when the outbox cannot be read whole or written (it is then
+        unchanged: a write never drops what a failed read did not see)."""
+        entries = self._read(strict=True)
         index = next(
             (i for i, e in enumerate(entries) if e.advancement_key == advancement_key), None
         )

@@ -298,6 +298,10 @@ def _validate(p: TurnParams) -> None:
         _fail("concurrency must be 'wait' or 'reject'")
     if p.native_hooks is not None and not isinstance(p.native_hooks, HookRelay):
         _fail("native_hooks must be a HookRelay (serve_hook_relay) or None")
+    hooks = p.native_hooks
+    if hooks is not None and hooks.hooks.report_mode and p.approval_policy == "never":
+        # No app-server approval would ever be asked for: report mode would decide nothing.
+        _fail("report-mode native hooks need app-server approvals (approval_policy 'never')")
     for name in ("yield_tool", "strict", "lightweight", "heartbeat"):
         if not isinstance(getattr(p, name), bool):
             _fail(f"{name} must be a bool")

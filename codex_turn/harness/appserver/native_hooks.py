@@ -163,6 +163,11 @@ class HookCall:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: The longest a hook callback may be given (Codex's own bound on the hook is derived from it).
+MAX_HOOK_TIMEOUT: Final = 3600.0
+#: Report-mode requirements kept for an approval that may never come (the oldest dropped).
+MAX_DEFERRED: Final = 1024
+
 #: ``await callback(call)``: a :class:`HookVerdict`, or ``None`` for no decision.
 HookCallback = Callable[[HookCall], Awaitable[HookVerdict | None]]
 
@@ -172,7 +177,10 @@ class NativeHooks:
     """The host's hook callbacks and the relay's policy (see the module header)."""
 
     callbacks: Mapping[HookEvent, HookCallback]
-    timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    #: Seconds a callback may take (finite: at most an hour).
+    timeout: float = attrs.field(
+        default=30.0, validator=[attrs.validators.gt(0), attrs.validators.le(MAX_HOOK_TIMEOUT)]
+    )
     #: Inject PermissionRequest even while app-server approvals are on.
     permission_request: bool = False
     report_mode: bool = False
@@ -305,6 +313,7 @@ class HookRelay:
             failed=failed,
             remembered=remembered,
             report_mode=self.hooks.report_mode,
+            traceable=call.tool_use_id is not None,
         )
         choice = decide(ANSWER_RULES, facts)
         if choice.action is HookAnswer.ALLOW and verdict is not None and verdict.always:
@@ -312,6 +321,8 @@ class HookRelay:
             self._allowed[call.fingerprint()] = time.monotonic() + window
         if choice.action is HookAnswer.DEFER and call.tool_use_id is not None:
             self._deferred[call.tool_use_id] = call
+            while len(self._deferred) > MAX_DEFERRED:  # never matched: the oldest go first
+                del self._deferred[next(iter(self._deferred))]
         log.info(
             "hooks.answered",
             hook_event=call.event.value,
