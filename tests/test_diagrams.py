@@ -618,7 +618,8 @@ def test_every_run_fate_is_drawn_once_per_run_kind() -> None:
     assert set(drawn) == {(kind, mode.value) for kind, mode in RUN_FATES}
     assert drawn[(RunKind.TURN, "steer")] == "steered into the running turn"
     assert drawn[(RunKind.REVIEW, "steer")] == "queued (refuses_steering)"
-    assert drawn[(RunKind.COMPACTION, "collect")] == "collected (collect)"
+    assert drawn[(RunKind.TURN, "collect")] == "collected (collect)"
+    assert drawn[(RunKind.COMPACTION, "collect")] == "queued (refuses_steering)"
     # The boxes are stacked by invisible links, nothing else.
     assert chart_links(FATES_DIAGRAM) == [
         ("RUN_TURN", None, "RUN_REVIEW"),

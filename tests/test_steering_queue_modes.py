@@ -37,9 +37,12 @@ from codex_turn.harness.turn.steering import (
 
 
 def fate_oracle(kind: str, mode: str) -> tuple[str, str] | None:
-    """Hand-written from the runtime contract: only steer into a turn that takes it."""
+    """Hand-written from the runtime contract: only steer into a turn that takes it, and
+    only collect into a turn whose result carries the collected messages back."""
+    if mode in ("steer", "collect") and kind != "turn":
+        return ("queued", "refuses_steering")
     if mode == "steer":
-        return None if kind == "turn" else ("queued", "refuses_steering")
+        return None
     return {
         "queue": ("queued", "queue"),
         "followup": ("queued", "followup"),
@@ -109,7 +112,8 @@ async def test_a_refusing_run_makes_steer_wait_and_keeps_the_other_modes(tmp_pat
         (SteerStatus.QUEUED, "queue"),
         (SteerStatus.REJECTED, "reject"),
         (SteerStatus.QUEUED, "followup"),
-        (SteerStatus.COLLECTED, "collect"),
+        # No turn result would carry a collected message back: it waits and runs next.
+        (SteerStatus.QUEUED, "refuses_steering"),
     ]
     assert (await steer_codex_turn(session, "hi")).status is SteerStatus.NO_TURN
 

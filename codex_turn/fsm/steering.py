@@ -246,12 +246,13 @@ MODE_FATES: Final[Mapping[SteerMode, SteerFate | None]] = {
 }
 
 #: A message's fate by what holds the session and the mode (``None``: steer it). A run that
-#: refuses steering makes the runner wait for it and run the message next.
+#: refuses steering makes the runner wait for it and run the message next; so does one that
+#: cannot collect (no turn result would carry the collected message back).
 _WAITS: Final = SteerFate(SteerStatus.QUEUED, "refuses_steering")
 RUN_FATES: Final[Mapping[tuple[RunKind, SteerMode], SteerFate | None]] = {
     **{(RunKind.TURN, mode): fate for mode, fate in MODE_FATES.items()},
     **{
-        (kind, mode): _WAITS if fate is None else fate
+        (kind, mode): _WAITS if fate is None or fate.status is SteerStatus.COLLECTED else fate
         for kind in (RunKind.REVIEW, RunKind.COMPACTION)
         for mode, fate in MODE_FATES.items()
     },

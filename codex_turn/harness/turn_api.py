@@ -13,9 +13,10 @@ of a turn's input text, shared with the messages steered into a running turn.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, NoReturn, get_args
 
 import attrs
@@ -443,9 +444,14 @@ class TurnResult:
     @property
     def durations_ms(self) -> dict[str, float]:
         """Time spent in each state, from the FSM trace (internal transitions included)."""
-        spent: dict[str, float] = {}
-        for entry, following in zip(self.trace, self.trace[1:], strict=False):
-            spent[entry.dest] = (
-                spent.get(entry.dest, 0.0) + (following.monotonic_ns - entry.monotonic_ns) / 1e6
-            )
-        return spent
+        return state_durations_ms(self.trace)
+
+
+def state_durations_ms(trace: Sequence[TraceEntry]) -> dict[str, float]:
+    """Milliseconds spent in each state of ``trace`` (internal transitions included)."""
+    spent: dict[str, float] = {}
+    for entry, following in itertools.pairwise(trace):
+        spent[entry.dest] = (
+            spent.get(entry.dest, 0.0) + (following.monotonic_ns - entry.monotonic_ns) / 1e6
+        )
+    return spent

@@ -92,6 +92,7 @@ from codex_turn.harness.turn_api import (
     MaintenanceReport,
     TurnParams,
     TurnResult,
+    state_durations_ms,
 )
 from codex_turn.harness.violations import watch_contract
 
@@ -411,7 +412,7 @@ async def _drive(
         raise ctx.cancellation
     finally:
         turn.close()
-        if ctx.log.is_enabled_for(logging.INFO):  # its fields cost a second result: only if shown
+        if ctx.log.is_enabled_for(logging.INFO):  # its fields cost a walk of the trace
             ctx.log.info(
                 "codex turn finished",
                 state=turn.state_name,
@@ -419,7 +420,9 @@ async def _drive(
                 skip_reason=turn.skip_reason.value if turn.skip_reason else None,
                 native_compactions=turn.native_compactions,
                 duration_ms=round((time.monotonic() - started) * 1000, 1),
-                durations_ms={k: round(v, 2) for k, v in _result(ctx, turn).durations_ms.items()},
+                # From the trace, never a second result: that would take the collected
+                # messages the turn's own result has to carry.
+                durations_ms={k: round(v, 2) for k, v in state_durations_ms(turn.trace).items()},
             )
 
 
