@@ -78,7 +78,9 @@ class EngineSettings:
     summary_timeout_s: float = 120.0
     #: Who writes summaries when the engine is given no summariser: ``"auto"`` (the host's
     #: model when a compaction may call one and the host lends it, else extractive) or
-    #: ``"extractive"`` (never a model).
+    #: ``"extractive"`` (never a model). Not ``"auto"`` by default: with a model lent, debt
+    #: waits for background maintenance (never a model in the foreground), so a host that
+    #: maintains inline after each turn would stop compacting there.
     summarizer: Literal["auto", "extractive"] = "extractive"
     #: How long the circuit breaker stays open after a summariser auth error, or after
     #: ``breaker_failures`` consecutive model failures (errors or timeouts).
