@@ -30,6 +30,7 @@ __all__ = [
     "flag",
     "integer",
     "number",
+    "one_of",
     "positive_rate",
     "seconds",
     "validate",
@@ -96,6 +97,16 @@ def flag(*, optional: bool = False) -> Check:
 
     def check(value: Any) -> str | None:
         return None if isinstance(value, bool) or (value is None and optional) else what
+
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    """One of the strings ``choices``."""
+    what = "must be one of " + ", ".join(repr(c) for c in choices)
+
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, str) and value in choices else what
 
     return check
 

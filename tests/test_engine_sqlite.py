@@ -137,6 +137,8 @@ BAD_SETTINGS: list[tuple[str, Any]] = [
     ("sweep_deadline_s", float("inf")),
     ("summary_timeout_s", 10**400),
     ("breaker_cooldown_s", -1),
+    ("breaker_failures", 0),
+    ("summarizer", "model"),
     ("debt_backoff_s", float("nan")),
     ("busy_timeout_s", float("inf")),
     ("busy_timeout_s", 1e300),

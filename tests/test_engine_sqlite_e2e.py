@@ -1,6 +1,7 @@
 """SqliteContextEngine end to end: 30 turns through the REAL ``codex app-server`` and the
 offline model, with the engine's own compaction crossing the threshold mid-way; and the
-Codex-backed summariser writing the summaries (and tripping the breaker on an auth error).
+Codex-backed summariser writing the summaries (and tripping the breaker on an auth error), and
+the model the host lends (``runtime_context["llm"]``) writing them with ``summarizer="auto"``.
 
 What is asserted is what the binary sent to the model: the first request after the engine
 compacted starts a fresh thread whose input carries the summary and the fresh tail (the
@@ -16,6 +17,7 @@ import re
 import sqlite3
 from pathlib import Path
 
+import attrs
 import pytest
 
 from codex_turn import AppServer, TurnOutcome, TurnParams, run_codex_turn
@@ -26,7 +28,7 @@ from codex_turn.engines import (
     Summarizer,
     _store,
 )
-from codex_turn.engines.codex_summarizer import REQUEST_MARKER
+from codex_turn.engines.summarizers import REQUEST_MARKER, SUMMARY_INSTRUCTIONS
 from codex_turn.fsm.thread import ThreadAction
 from codex_turn.harness.engine import (
     AfterTurnParams,
@@ -34,6 +36,7 @@ from codex_turn.harness.engine import (
     CompactParams,
     ToolCallParams,
 )
+from codex_turn.harness.host_llm import CodexHostLlm
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import load_session_messages
 from codex_turn.testing import OfflineModel, RecordedRequest, Reply
@@ -204,6 +207,61 @@ async def test_codex_summariser_writes_the_summaries_and_trips_the_breaker_on_au
     assert used[0] == "codex/1"
     assert "extractive/1" in used
     assert (await engine.doctor(repair=False)).problems == ()
+    assert offline_model.proxy_attempts == []
+    engine.close()
+
+
+async def test_the_model_the_host_lends_writes_the_summaries_of_a_compaction(
+    appserver: AppServer, offline_model: OfflineModel, workspace: Path, tmp_path: Path
+) -> None:
+    settings = attrs.evolve(SETTINGS, summarizer="auto")
+    engine = SqliteContextEngine(tmp_path / "store.sqlite", settings=settings)
+    messages: list[dict[str, object]] = []
+    for index in range(12):
+        messages += [
+            {"role": "user", "content": prompt(index), "timestamp": 1_000 * index},
+            {"role": "assistant", "content": [{"type": "text", "text": reply(index)}]},
+        ]
+    await engine.after_turn(
+        AfterTurnParams(
+            session_id="lent", session_file="", messages=messages, pre_prompt_message_count=0
+        )
+    )
+    offline_model.script(
+        Reply.fixed("HOST-SUMMARY: the user listed topics."),
+        user_contains=REQUEST_MARKER,
+        times=50,
+    )
+    llm = CodexHostLlm(appserver, cwd=workspace)
+    result = await engine.compact(
+        CompactParams(
+            session_id="lent",
+            session_file="",
+            token_budget=BUDGET,
+            force=True,
+            runtime_context={"llm": llm},
+        )
+    )
+    assert result.compacted
+    asked = [r for r in offline_model.turn_requests() if REQUEST_MARKER in r.last_user_text]
+    assert asked
+    assert "PROMPT-00" in asked[0].last_user_text
+    assert any(SUMMARY_INSTRUCTIONS in part for part in asked[0].developer_parts)
+    with sqlite3.connect(engine.path) as conn:
+        written = conn.execute("SELECT summarizer, content FROM summaries").fetchall()
+    assert written
+    assert set(written) == {("host-llm/1", "HOST-SUMMARY: the user listed topics.")}
+    # The first prompt, summarised by the model, is still reached byte for byte.
+    found = await engine.call_tool(
+        ToolCallParams(session_id="lent", name="recall_grep", arguments={"query": "PROMPT-00"})
+    )
+    hit = next(h for h in json.loads(found.text)["hits"] if h.get("seq") == 0)
+    assert hit["expand"].startswith("sum_")
+    page = await engine.call_tool(
+        ToolCallParams(session_id="lent", name="recall_expand", arguments={"id": hit["expand"]})
+    )
+    first = next(m for m in json.loads(page.text)["messages"] if m["seq"] == 0)
+    assert json.loads(first["json"]) == messages[0]
     assert offline_model.proxy_attempts == []
     engine.close()
 

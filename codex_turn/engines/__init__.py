@@ -40,6 +40,7 @@ from codex_turn.engines.settings import EngineSettings, InvalidEngineSettings
 from codex_turn.engines.sqlite import ENGINE_ID, SqliteContextEngine
 from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
+    HostModelSummarizer,
     Summarizer,
     SummarizerAuthError,
     SummaryRequest,
@@ -53,6 +54,7 @@ __all__ = [
     "DoctorReport",
     "EngineSettings",
     "ExtractiveSummarizer",
+    "HostModelSummarizer",
     "InvalidEngineSettings",
     "RetentionReport",
     "SqliteContextEngine",

@@ -18,9 +18,20 @@ seconds), then commits optimistically (``_store.commit_summary``): if the planne
 changed meanwhile (another process compacted) nothing is written and the sweep re-plans.
 The summariser escalation is the engine's: normal, aggressive, then deterministic
 truncation, each output checked (non-empty, rendered smaller than its sources, capped at
-3x the target). An auth error writes nothing and opens the circuit breaker; the
-deterministic :class:`~codex_turn.engines.summarizers.ExtractiveSummarizer` stands in while
-it is open, and whenever a model may not be called (the foreground).
+3x the target). The deterministic
+:class:`~codex_turn.engines.summarizers.ExtractiveSummarizer` stands in whenever a model may
+not be called (the foreground).
+
+*Which model.* The engine's own summariser when it was given one; else, with
+``summarizer="auto"``, the model the host lends in the call's runtime context
+(:class:`~codex_turn.engines.summarizers.HostModelSummarizer`, made per pass); else the
+extractive one.
+
+*Circuit breaker.* A refused login (an auth error: that pass writes nothing) or
+``breaker_failures`` consecutive model failures (errors or timeouts; any answer resets the
+count) open the breaker for ``breaker_cooldown_s``: the extractive summariser stands in,
+mid-pass too, until it closes. Opening and closing are logged (the reason and counts, never
+content).
 
 The report is the sweep's own accounting, not a second reading: ``tokens_before`` is the
 stored context the sweep started from, ``tokens_after`` that minus what the sweep's own
@@ -58,6 +69,7 @@ from codex_turn.engines._schema import Pool
 from codex_turn.engines.settings import EngineSettings
 from codex_turn.engines.summarizers import (
     ExtractiveSummarizer,
+    HostModelSummarizer,
     Summarizer,
     SummarizerAuthError,
     SummaryRequest,
@@ -65,6 +77,7 @@ from codex_turn.engines.summarizers import (
     checked,
     truncation_summary,
 )
+from codex_turn.harness.engine.host import HostLlm
 
 __all__ = ["Compactor", "SweepReport"]
 
@@ -105,28 +118,62 @@ class Compactor:
         *,
         settings: EngineSettings,
         estimator: TokenEstimator,
-        summarizer: Summarizer,
+        summarizer: Summarizer | None,
         fallback: ExtractiveSummarizer,
         db: DbRunner,
         pool: Callable[[], Pool],
     ) -> None:
+        """``summarizer``: the engine's own, or ``None`` (``settings.summarizer`` decides)."""
         self.settings = settings
         self._estimate = estimator
         self._summarizer = summarizer
         self._fallback = fallback
         self._db = db
         self._pool = pool
-        self._breaker_until = 0.0
+        self._breaker_until = 0.0  # 0.0: closed (and logged so)
+        self._failures = 0  # consecutive model failures
 
     @property
     def breaker_open(self) -> bool:
         return time.monotonic() < self._breaker_until
 
-    def usable_summarizer(self, allow_model: bool) -> Summarizer:
-        chosen = self._summarizer
-        if time.monotonic() < self._breaker_until or (chosen.uses_model and not allow_model):
+    def wants_model(self, llm: HostLlm | None) -> bool:
+        """Whether a compaction with model access ``llm`` would call a model."""
+        if self._summarizer is not None:
+            return self._summarizer.uses_model
+        return llm is not None and self.settings.summarizer == "auto"
+
+    def usable_summarizer(self, allow_model: bool, llm: HostLlm | None = None) -> Summarizer:
+        if self._breaker_until and not self.breaker_open:
+            self._breaker_until, self._failures = 0.0, 0
+            _log.info("summariser circuit breaker closed")
+        chosen: Summarizer = self._summarizer or self._fallback
+        if self._summarizer is None and llm is not None and self.settings.summarizer == "auto":
+            chosen = HostModelSummarizer(llm)
+        if chosen.uses_model and (self.breaker_open or not allow_model):
             return self._fallback
         return chosen
+
+    def _open_breaker(self, summarizer: Summarizer, reason: str) -> None:
+        self._breaker_until = time.monotonic() + self.settings.breaker_cooldown_s
+        _log.warning(
+            "summariser circuit breaker open",
+            summarizer=summarizer.id,
+            reason=reason,
+            failures=self._failures,
+            cooldown_s=self.settings.breaker_cooldown_s,
+        )
+
+    def _model_answered(self, summarizer: Summarizer) -> None:
+        if summarizer.uses_model:
+            self._failures = 0
+
+    def _model_failed(self, summarizer: Summarizer) -> None:
+        if not summarizer.uses_model:
+            return
+        self._failures += 1
+        if self._failures >= self.settings.breaker_failures and not self.breaker_open:
+            self._open_breaker(summarizer, "consecutive failures")
 
     def _request(
         self,
@@ -165,6 +212,8 @@ class Compactor:
         """Escalation: normal -> aggressive -> deterministic truncation. ``None`` when no
         output is smaller than the sources (the pass writes nothing)."""
         for aggressive in (False, True):
+            if summarizer.uses_model and self.breaker_open:
+                summarizer = self._fallback  # opened by the previous attempt
             attempt = attrs.evolve(request, aggressive=aggressive)
             try:
                 with anyio.fail_after(self.settings.summary_timeout_s):
@@ -178,7 +227,9 @@ class Compactor:
                     aggressive=aggressive,
                     error=format_error(error),
                 )
+                self._model_failed(summarizer)
                 continue
+            self._model_answered(summarizer)
             text = checked(raw, attempt, self._estimate)
             if text is not None and render(text) < request.source_tokens:
                 return text, summarizer.id
@@ -237,8 +288,7 @@ class Compactor:
         try:
             outcome = await self._summarize(request, render, summarizer)
         except SummarizerAuthError:
-            self._breaker_until = time.monotonic() + self.settings.breaker_cooldown_s
-            _log.warning("summariser auth failed; circuit breaker open", summarizer=summarizer.id)
+            self._open_breaker(summarizer, "auth")
             return False
         if outcome is None:
             return None
@@ -277,12 +327,14 @@ class Compactor:
         *,
         force: bool,
         allow_model: bool,
+        llm: HostLlm | None = None,
         custom_instructions: str | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> SweepReport:
-        """Compact ``conversation_id`` toward ``budget`` in passes; ``stop`` (the host's
-        abort signal) is asked before each pass: once it says so, the sweep ends there with
-        what it committed (``reason`` "aborted")."""
+        """Compact ``conversation_id`` toward ``budget`` in passes; ``llm`` is the model the
+        host lent this call (if any); ``stop`` (the host's abort signal) is asked before each
+        pass: once it says so, the sweep ends there with what it committed (``reason``
+        "aborted")."""
         s = self.settings
         pool = self._pool()
         threshold = int(budget * s.threshold)
@@ -345,7 +397,7 @@ class Compactor:
                     reason = "nothing to compact outside the fresh tail"
                 break
             position, chunk = found
-            summarizer = self.usable_summarizer(allow_model)
+            summarizer = self.usable_summarizer(allow_model, llm)
             outcome = await self._pass(
                 conv, items, position, chunk, kind, summarizer, custom_instructions
             )

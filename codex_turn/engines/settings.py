@@ -6,7 +6,11 @@ threshold, so a forced compaction leaves headroom and a threshold compaction doe
 again on the next turn), the fresh tail is 32 messages (at most half the budget, always back
 to the newest user message), leaf chunks are 20k tokens, summaries aim for 2.4k (leaf) and 2k
 (condensed) tokens, condensation needs 8 (depth 0) or 4 (deeper) consecutive summaries, and a
-sweep is bounded by 64 passes and 120 s. The store is bounded by default (1 GiB, see
+sweep is bounded by 64 passes and 120 s. ``summarizer`` says who writes summaries when no
+summariser is given to the engine: ``"extractive"`` (the default: deterministic, no model) or
+``"auto"`` (the model the host lends in the runtime context of a background compaction, else
+extractive); the model is held off for ``breaker_cooldown_s`` after a refused login or
+``breaker_failures`` consecutive failures. The store is bounded by default (1 GiB, see
 ``max_db_bytes``).
 
 Every field is checked when the settings are built (``attrs.evolve`` included), by the table
@@ -20,11 +24,11 @@ refused here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 
-from codex_turn._checks import Check, at_least, finite, flag, seconds, validate
+from codex_turn._checks import Check, at_least, finite, flag, one_of, seconds, validate
 from codex_turn.errors import CodexTurnError
 
 __all__ = ["EngineSettings", "InvalidEngineSettings"]
@@ -72,8 +76,16 @@ class EngineSettings:
     max_passes: int = 64
     sweep_deadline_s: float = 120.0
     summary_timeout_s: float = 120.0
-    #: How long the circuit breaker stays open after a summariser auth error.
+    #: Who writes summaries when the engine is given no summariser: ``"auto"`` (the host's
+    #: model when a compaction may call one and the host lends it, else extractive) or
+    #: ``"extractive"`` (never a model). Not ``"auto"`` by default: with a model lent, debt
+    #: waits for background maintenance (never a model in the foreground), so a host that
+    #: maintains inline after each turn would stop compacting there.
+    summarizer: Literal["auto", "extractive"] = "extractive"
+    #: How long the circuit breaker stays open after a summariser auth error, or after
+    #: ``breaker_failures`` consecutive model failures (errors or timeouts).
     breaker_cooldown_s: float = 1800.0
+    breaker_failures: int = 3
     #: First backoff after a failed debt drain (doubles per failure, at most an hour).
     debt_backoff_s: float = 30.0
     busy_timeout_s: float = 30.0
@@ -116,7 +128,9 @@ _CHECKS: Final[dict[str, Check]] = {
     "max_passes": at_least(1),
     "sweep_deadline_s": seconds(),
     "summary_timeout_s": seconds(),
+    "summarizer": one_of("auto", "extractive"),
     "breaker_cooldown_s": seconds(positive=False),
+    "breaker_failures": at_least(1),
     "debt_backoff_s": seconds(positive=False),
     "busy_timeout_s": seconds(at_most=_BUSY_TIMEOUT_MAX_S),
     "sync_chunk": at_least(1),

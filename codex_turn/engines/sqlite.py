@@ -38,8 +38,9 @@ or waiter leaves, so the table holds only the sessions in flight. A sweep's pass
 summarise outside any transaction, then commit optimistically (nothing is written if the
 context changed meanwhile), so turns never wait for a sweep, and several processes can share
 one store. ``after_turn`` only records compaction *debt* when stored context crosses
-``threshold`` x budget; ``maintain`` drains it, with a model-calling summariser only when the
-host runs it in the background (``allowDeferredCompactionExecution``).
+``threshold`` x budget; ``maintain`` drains it, with a model-calling summariser (the engine's
+own, or with ``summarizer="auto"`` the model the host lends in the runtime context) only when
+the host runs it in the background (``allowDeferredCompactionExecution``).
 
 *Deterministic assembly.* ``assemble`` streams the context newest-first from one joined
 query and keeps the fresh tail, then older items while they fit (``_plan.py``); the same
@@ -136,12 +137,14 @@ from codex_turn.harness.engine.host import (
     ControlCapabilities,
     ControlRequest,
     ControlResult,
+    HostLlm,
     SessionEndParams,
     SessionResetParams,
     SessionResetResult,
     SubagentEndedParams,
     SubagentSpawnParams,
     SubagentSpawnPreparation,
+    runtime_llm,
 )
 from codex_turn.harness.runtime_context import strip_runtime_context_messages
 from codex_turn.harness.session import SessionError, iter_session_messages
@@ -214,8 +217,10 @@ class SqliteContextEngine:
     """The reference context engine (see the module docstring).
 
     ``path`` is the SQLite file (created with its parent directories; an existing directory
-    gets ``context.sqlite`` inside it). ``summarizer`` defaults to the deterministic
-    :class:`~codex_turn.engines.summarizers.ExtractiveSummarizer`; ``token_estimator`` to the
+    gets ``context.sqlite`` inside it). ``summarizer`` defaults to ``settings.summarizer``'s
+    choice (the deterministic :class:`~codex_turn.engines.summarizers.ExtractiveSummarizer`,
+    or with ``"auto"`` the host's model when a background compaction is lent one);
+    ``token_estimator`` to the
     character heuristic :func:`~codex_turn.engines.estimate_tokens`. One instance serves any
     number of sessions, from one event loop at a time; several processes may share a file.
     """
@@ -249,7 +254,7 @@ class SqliteContextEngine:
         self._compactor = Compactor(
             settings=self.settings,
             estimator=token_estimator,
-            summarizer=self._summarizer,
+            summarizer=summarizer,
             fallback=self._fallback,
             db=self._access.run,
             pool=self._access.require,
@@ -735,6 +740,7 @@ class SqliteContextEngine:
                 budget,
                 force=params.force,
                 allow_model=True,
+                llm=runtime_llm(params.runtime_context),
                 custom_instructions=params.custom_instructions,
                 stop=_aborted(params.abort_signal),
             )
@@ -802,7 +808,7 @@ class SqliteContextEngine:
             budget = _positive_int(runtime.get("tokenBudget"))
             if budget is not None:
                 await self._note_pressure(conv.id, budget)
-            reason = await self._drain(key, conv.id, budget, background)
+            reason = await self._drain(key, conv.id, budget, background, runtime_llm(runtime))
         freed = 0
         if background and self.settings.max_db_bytes is not None:
             report = await self.prune(max_bytes=self.settings.max_db_bytes)
@@ -812,13 +818,18 @@ class SqliteContextEngine:
         )
 
     async def _drain(
-        self, key: str, conversation_id: int, budget: int | None, background: bool
+        self,
+        key: str,
+        conversation_id: int,
+        budget: int | None,
+        background: bool,
+        llm: HostLlm | None,
     ) -> str | None:
         pool = self._require_pool()
         debt = await self._db(_store.debt, pool, conversation_id)
         if debt is None or not debt.pending:
             return None
-        if self._summarizer.uses_model and not background:
+        if self._compactor.wants_model(llm) and not background:
             return "compaction deferred to background maintenance"
         if time.time() < debt.next_attempt_after:
             return "compaction backing off"
@@ -826,7 +837,7 @@ class SqliteContextEngine:
         try:
             async with self._hold("compact", key):
                 report = await self._compactor.sweep(
-                    conversation_id, budget, force=False, allow_model=background
+                    conversation_id, budget, force=False, allow_model=background, llm=llm
                 )
         except Exception as error:
             await self._db(

@@ -31,7 +31,7 @@ actions: status, doctor, rotate). Each is optional (:data:`HOST_HOOK_METHODS`), 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -151,13 +151,18 @@ class LlmMessage:
     content: str
 
 
+def _message_tuple(messages: Iterable[LlmMessage]) -> tuple[LlmMessage, ...]:
+    # A typed converter: ``converter=tuple`` leaves the field's type unresolved for mypy.
+    return tuple(messages)
+
+
 @attrs.frozen
 class LlmRequest:
     """One completion (OpenClaw's ``llm.complete({messages, systemPrompt, model?, maxTokens?,
     temperature?, purpose})``). ``messages`` are the conversation to complete, oldest first,
     ending with a user message; ``purpose`` is one of :data:`LLM_PURPOSES`."""
 
-    messages: tuple[LlmMessage, ...] = attrs.field(converter=tuple)
+    messages: tuple[LlmMessage, ...] = attrs.field(converter=_message_tuple)
     purpose: str
     system_prompt: str | None = None
     model: str | None = None
