@@ -6,6 +6,10 @@ line), and an abort stops the compaction sweep before its first pass."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,8 @@ import pytest
 from support.engine_sqlite_workload import SMALL, turn
 
 from codex_turn.cli import main
-from codex_turn.engines import SqliteContextEngine
+from codex_turn.engines import SqliteContextEngine, StoreError
+from codex_turn.engines._host_hooks import MAX_RESULTS, SubagentLedger
 from codex_turn.harness.engine import (
     AbortSignal,
     AfterTurnParams,
@@ -29,6 +34,8 @@ from codex_turn.harness.engine import (
 )
 from codex_turn.harness.session import mirror_turn
 from codex_turn.harness.session_lifecycle import engine_control
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.anyio
 
@@ -181,3 +188,41 @@ def test_the_command_line_runs_the_engines_control(
     spec = "codex_turn.testing:RecordingEngine"
     assert main(["engine", "status", str(session), "--engine", spec]) == 2
     assert "cannot status: it offers no control actions" in capsys.readouterr().err
+
+
+_LEDGER_WRITER = """
+import sys
+from codex_turn.engines._host_hooks import SubagentLedger
+store, parent, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ledger = SubagentLedger(store)
+ledger.results(parent)  # a stale cache: every write must re-read the file anyway
+for n in range(count):
+    ledger.record(f"{parent}-{n % 4}", {"child": f"c{n}", "answer": "a"})
+"""
+
+
+def test_processes_sharing_a_store_lose_none_of_each_others_subagent_results(
+    tmp_path: Path,
+) -> None:
+    store = str(tmp_path / "context.sqlite")
+    first, second = SubagentLedger(store), SubagentLedger(store)
+    first.results("p1"), second.results("p2")  # both read the (missing) ledger once
+    second.record("p2", {"child": "c", "answer": "two"})
+    first.record("p1", {"child": "c", "answer": "one"})  # once wrote back its stale copy
+    assert [e["answer"] for e in first.results("p2")] == ["two"]
+    assert [e["answer"] for e in second.results("p1")] == ["one"]
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _LEDGER_WRITER, store, name, "40"], cwd=ROOT)
+        for name in ("x", "y")
+    ]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    fresh = SubagentLedger(store)
+    for name in ("x", "y"):
+        for slot in range(4):  # each parent keeps its newest MAX_RESULTS of 10 records
+            assert len(fresh.results(f"{name}-{slot}")) == min(10, MAX_RESULTS)
+    assert stat.S_IMODE(os.stat(store + ".subagents.json.lock").st_mode) == 0o600
+    # An unreadable ledger is never rewritten from nothing: the change is refused.
+    Path(fresh.path).write_text("{torn")
+    with pytest.raises(StoreError, match="unreadable"):
+        SubagentLedger(store).record("p1", {"child": "d", "answer": "x"})
+    assert Path(fresh.path).read_text() == "{torn"

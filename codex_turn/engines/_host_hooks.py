@@ -12,7 +12,8 @@ silently outlives a reset. ``session_end`` releases what the instance caches for
 assembles the parent's stored context within :data:`SEED_TOKENS` and hands its text to the
 child as a developer-instruction addition (quoted, labelled as the parent's context: data,
 not instructions). ``on_subagent_ended`` records the child's outcome and answer (bounded) in a
-small ledger beside the store (``<store>.subagents.json``, replaced atomically; the newest
+small ledger beside the store (``<store>.subagents.json``, re-read under a lock and replaced
+atomically on every change, so processes sharing the store lose none of each other's; the newest
 :data:`MAX_RESULTS` per parent); the parent's next assemblies carry them as an addition, and
 its projection epoch names them, so a ``thread_bootstrap`` thread is re-projected once the
 result arrives. The ledger is deterministic (no clock), so assembly stays a function of state.
@@ -25,10 +26,13 @@ Nothing here logs text: ids and counts only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio.to_thread
@@ -36,6 +40,7 @@ import attrs
 
 from codex_turn._log import get_logger, mask_session_key
 from codex_turn.engines._messages import message_text
+from codex_turn.engines._schema import StoreError
 from codex_turn.harness._fs import atomic_write
 from codex_turn.harness.engine.contract import AssembleParams, AssembleResult
 from codex_turn.harness.engine.host import (
@@ -78,60 +83,83 @@ _RESULTS_HEAD: Final = (
 
 class SubagentLedger:
     """The subagent results per parent key, in ``<store>.subagents.json`` (see the module
-    docstring). A store opened as a private copy (``copy_of``) reads the ledger and keeps its
-    own changes in memory."""
+    docstring). Several processes may share a store, so every change re-reads the file under
+    an exclusive lock on ``<store>.subagents.json.lock`` and a failed read changes nothing (a
+    rewrite would drop what it did not see); reads are cached by the file's identity. A store
+    opened as a private copy (``copy_of``) reads the ledger and keeps its own changes in
+    memory."""
 
     def __init__(self, store_path: str) -> None:
         self.path = store_path + ".subagents.json"
         self.in_memory = False
         self._lock = threading.Lock()
         self._cache: dict[str, list[dict[str, str]]] | None = None
+        self._identity: tuple[int, int, int, int] | None = None
 
-    def _load(self) -> dict[str, list[dict[str, str]]]:
-        if self._cache is not None:
+    def _read(self, *, strict: bool) -> dict[str, list[dict[str, str]]]:
+        if self.in_memory and self._cache is not None:
             return self._cache
-        data: dict[str, list[dict[str, str]]] = {}
         try:
+            st = os.stat(self.path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._cache is not None and identity == self._identity:
+                return self._cache
             with open(self.path, encoding="utf-8") as file:
                 raw = json.load(file)
-            if isinstance(raw, dict):
-                data = {k: v for k, v in raw.items() if isinstance(v, list)}
+            if not isinstance(raw, dict):
+                raise ValueError("the subagent ledger is not an object")
         except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as error:  # unreadable: start over, said once
+            identity, raw = None, {}
+        except (OSError, ValueError) as error:
+            if strict:  # before a write: leave the file as it is
+                raise StoreError(f"the subagent ledger is unreadable: {error}") from None
             _log.warning("subagent ledger unreadable", error=type(error).__name__)
-        self._cache = data
-        return data
+            return {}
+        self._cache = {k: v for k, v in raw.items() if isinstance(v, list)}
+        self._identity = identity
+        return self._cache
 
-    def _save(self, data: dict[str, list[dict[str, str]]]) -> None:
-        self._cache = data
-        if not self.in_memory:
-            blob = json.dumps(data, sort_keys=True, ensure_ascii=False).encode()
-            atomic_write(self.path, blob)
+    def _load(self) -> dict[str, list[dict[str, str]]]:
+        return self._read(strict=False)
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[dict[str, list[dict[str, str]]]]:
+        """The ledger as the file holds it now, for one change written back under the lock."""
+        if self.in_memory:
+            data = dict(self._read(strict=False))
+            yield data
+            self._cache = data
+            return
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            data = dict(self._read(strict=True))
+            before = dict(data)
+            yield data
+            if data != before:
+                blob = json.dumps(data, sort_keys=True, ensure_ascii=False).encode()
+                atomic_write(self.path, blob)
+                self._cache, self._identity = None, None  # the next read sees the new file
+        finally:
+            os.close(fd)  # releases the lock
 
     def results(self, parent_key: str) -> list[dict[str, str]]:
         with self._lock:
             return list(self._load().get(parent_key, ()))
 
     def record(self, parent_key: str, entry: dict[str, str]) -> None:
-        with self._lock:
-            data = dict(self._load())
+        with self._lock, self._changing() as data:
             kept = [e for e in data.get(parent_key, ()) if e.get("child") != entry["child"]]
             data[parent_key] = [*kept, entry][-MAX_RESULTS:]
-            self._save(data)
 
     def forget(self, parent_key: str) -> bool:
-        with self._lock:
-            data = dict(self._load())
-            if data.pop(parent_key, None) is None:
-                return False
-            self._save(data)
-            return True
+        with self._lock, self._changing() as data:
+            return data.pop(parent_key, None) is not None
 
     def forget_all(self) -> None:
         """Drop the cache (the next read goes to the file again)."""
         with self._lock:
-            self._cache = None
+            self._cache, self._identity = None, None
 
 
 # --- Assembly ---------------------------------------------------------------------------------
