@@ -276,6 +276,9 @@ def test_engine_settings_refuse_hostile_values_with_invalid_engine_settings(
             assert math.isfinite(value), field.name
         elif field.type == "bool":  # switches
             assert type(value) is bool, field.name
+        elif str(field.type).startswith("Literal["):  # a choice: one of the names it lists
+            assert type(value) is str, field.name
+            assert repr(value) in str(field.type), field.name
         elif value is not None:  # counts
             assert type(value) is int, field.name
             assert 0 <= value <= INT64_MAX, field.name
