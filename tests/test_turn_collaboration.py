@@ -56,11 +56,11 @@ def test_memory_pointers_need_a_memory_tool_else_the_plain_text_goes_as_input() 
 
 def test_heartbeat_guidance_names_the_file_by_path_and_comes_first() -> None:
     plan = collaboration_plan(
-        MEMORY, tool_names=[], heartbeat=True, heartbeat_file="/work/HEARTBEAT.md"
+        MEMORY, tool_names=[], heartbeat=True, heartbeat_file="/srv/agent/HEARTBEAT.md"
     )
     assert plan.instructions is not None
     assert plan.instructions.startswith(HEARTBEAT_GUIDANCE)
-    assert "/work/HEARTBEAT.md" in plan.instructions
+    assert "/srv/agent/HEARTBEAT.md" in plan.instructions
     assert plan.instructions.endswith("SKILLS: deploy -> skills/deploy.md")
     unnamed = collaboration_plan(None, tool_names=[], heartbeat=True)
     assert unnamed.instructions == HEARTBEAT_GUIDANCE

@@ -40,7 +40,7 @@ import attrs
 
 from codex_turn._log import get_logger, mask_session_key
 from codex_turn.engines._messages import message_text
-from codex_turn.engines._schema import StoreError
+from codex_turn.engines._schema import StoreError, file_identity
 from codex_turn.harness._fs import atomic_write
 from codex_turn.harness.engine.contract import AssembleParams, AssembleResult
 from codex_turn.harness.engine.host import (
@@ -100,8 +100,7 @@ class SubagentLedger:
         if self.in_memory and self._cache is not None:
             return self._cache
         try:
-            st = os.stat(self.path)
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            identity = file_identity(self.path)
             if self._cache is not None and identity == self._identity:
                 return self._cache
             with open(self.path, encoding="utf-8") as file:

@@ -132,6 +132,7 @@ __all__ = [
     "StoreError",
     "decode_content",
     "encode_content",
+    "file_identity",
     "read_tx",
     "write_tx",
 ]
@@ -367,7 +368,8 @@ def _accept_file(path: str, busy_timeout_s: float) -> None:
         conn.close()
 
 
-def _file_identity(path: str) -> tuple[int, int, int, int]:
+def file_identity(path: str) -> tuple[int, int, int, int]:
+    """What changes when a file is replaced or written: device, inode, size, mtime."""
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -379,15 +381,15 @@ def _private_copy(path: str, busy_timeout_s: float) -> sqlite3.Connection:
         raise StoreError(f"no store at {path}")
     log = path + "-wal"
     if not os.path.exists(log):  # no connection has it open: read it as it is
-        before = _file_identity(path)
+        before = file_identity(path)
         try:
             copy = _copy(path, busy_timeout_s, immutable=True)
         except (sqlite3.DatabaseError, StoreError):
-            if _file_identity(path) == before and not os.path.exists(log):
+            if file_identity(path) == before and not os.path.exists(log):
                 raise  # a consistent read: the answer stands
             copy = None  # read while a writer changed it
         if copy is not None:
-            if _file_identity(path) == before and not os.path.exists(log):
+            if file_identity(path) == before and not os.path.exists(log):
                 return copy
             copy.close()  # a writer came and went while it was read
     return _copy(path, busy_timeout_s, immutable=False)  # the ordinary way, under SQLite's locks
